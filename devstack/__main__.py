@@ -1,0 +1,88 @@
+"""Command line for supervisord: ``python -m devstack {postgres,nats} ...``.
+
+Each subcommand prepares its data directory and then *execs* the server, so the
+server process is the one supervisord started and receives its signals directly.
+All settings come from the command line (supervisord expands ``%(ENV_...)s`` there).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from devstack import nats, postgres
+
+
+def _setting(text: str) -> tuple[str, str]:
+    """Parse NAME=VALUE for --set."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    """The argparse parser with one subcommand per server."""
+    parser = argparse.ArgumentParser(
+        prog="python -m devstack",
+        description="Run a real dev/test server in the foreground (for supervisord). "
+        "Not for production.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    pg = commands.add_parser(
+        "postgres",
+        help="run PostgreSQL (initializes the data directory on first use)",
+        description="Initialize DATA_DIR if needed, then exec the PostgreSQL postmaster "
+        "listening on HOST:PORT. As root it runs as the unprivileged user "
+        f"{postgres.SYSTEM_USER!r}. Clients connect as user 'postgres' without password.",
+    )
+    pg.add_argument("--data-dir", type=Path, required=True, help="cluster data directory")
+    pg.add_argument("--port", type=int, required=True, help="TCP port to listen on")
+    pg.add_argument("--host", default=postgres.DEFAULT_HOST, help="address to listen on")
+    pg.add_argument(
+        "--set",
+        dest="settings",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra server setting, e.g. --set fsync=off (repeatable)",
+    )
+
+    ns = commands.add_parser(
+        "nats",
+        help="run nats-server with JetStream",
+        description="Write DATA_DIR/nats-server.conf (JetStream stored in DATA_DIR, "
+        "fsync on every write), then exec nats-server with it.",
+    )
+    ns.add_argument("--data-dir", type=Path, required=True, help="config and JetStream dir")
+    ns.add_argument("--port", type=int, required=True, help="client port to listen on")
+    ns.add_argument("--monitor-port", type=int, help="HTTP monitoring port (off if omitted)")
+    ns.add_argument("--host", default=nats.DEFAULT_HOST, help="address to listen on")
+    ns.add_argument("--server-name", default=nats.DEFAULT_SERVER_NAME, help="server name")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse ``argv`` and exec the chosen server; returns only on error (via SystemExit)."""
+    args = _build_parser().parse_args(argv)
+    if args.command == "postgres":
+        postgres.run_foreground(
+            args.data_dir, args.port, args.host, extra_settings=dict(args.settings)
+        )
+    else:
+        config = nats.write_config(
+            args.data_dir / nats.CONFIG_NAME,
+            port=args.port,
+            store_dir=args.data_dir,
+            monitor_port=args.monitor_port,
+            host=args.host,
+            server_name=args.server_name,
+        )
+        nats.run_foreground(config)
+
+
+if __name__ == "__main__":
+    main()

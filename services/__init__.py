@@ -1,0 +1,1 @@
+"""One package per role; each runs as ``python -m services.<role>``."""

@@ -1,0 +1,1 @@
+"""outbox-publisher: moves committed outbox rows of one context into its JetStream stream."""

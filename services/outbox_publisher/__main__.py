@@ -1,0 +1,126 @@
+"""``python -m services.outbox_publisher [--context NAME]``: wires settings to the publisher."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from shared.adapters.nats import connect_nats
+from shared.adapters.notify import listen
+from shared.adapters.postgres import create_pool
+from shared.domain.errors import ConfigurationError, TransientError
+from shared.runtime import (
+    EXIT_CONFIG,
+    EXIT_DRAIN_TIMEOUT,
+    EXIT_OK,
+    HealthServer,
+    configure_logging,
+    stop_on_signals,
+)
+from shared.settings import PublisherSettings
+
+from .publisher import OutboxPublisher
+
+ROLE = "outbox-publisher"
+log = logging.getLogger("ferry.outbox_publisher")
+
+
+async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) -> int:
+    """Run until SIGTERM/SIGINT (or ``stop``), then drain inside the deadline."""
+    stop = stop or asyncio.Event()
+    topology = settings.load_topology()
+    context = topology.context(settings.context)
+    if context.stream is None:
+        raise ConfigurationError(f"context {settings.context!r} owns no stream to publish to")
+    dsn = settings.dsn(context.database)
+    pool = await _create_pool_retrying(dsn, settings.concurrency + 1, stop)
+    nats_up = {"connected": False}
+    nc = await connect_nats(
+        settings.nats_servers(),
+        name=f"{ROLE}:{settings.context}",
+        ping_interval=settings.nats_ping_interval,
+        on_state=lambda up: nats_up.__setitem__("connected", up),
+    )
+    publisher = OutboxPublisher(
+        pool=pool,
+        js=nc.jetstream(),
+        context=settings.context,
+        namespace=context.namespace,
+        stream=context.stream.name,
+        batch_size=settings.batch_size,
+        publish_timeout=settings.publish_timeout,
+        retry_initial=settings.retry_initial,
+        retry_max=settings.retry_max,
+    )
+    health = HealthServer(
+        host=settings.health_host,
+        port=settings.health_port or 0,
+        checks={"nats": lambda: nats_up["connected"], "postgres": lambda: publisher.stats.last_db_ok},
+    )
+    if settings.health_port:
+        await health.start()
+    listener_stop = asyncio.Event()
+    listener = asyncio.create_task(listen(dsn, "ferry_outbox", publisher.notify, listener_stop))
+    workers = [
+        asyncio.create_task(publisher.run_worker(stop, poll_interval=settings.poll_interval))
+        for _ in range(settings.concurrency)
+    ]
+    log.info("publishing context %s into %s", settings.context, context.stream.name)
+    await stop.wait()
+    code = await _drain(workers, settings.drain_deadline)
+    listener_stop.set()
+    await asyncio.gather(listener, return_exceptions=True)
+    await health.stop()
+    await nc.close()
+    await pool.close()
+    log.info("stopped", extra={"published": publisher.stats.published})
+    return code
+
+
+async def _drain(workers: list[asyncio.Task[None]], deadline: float) -> int:
+    """Let in-flight batches finish; cancel (rolling back their claims) at the deadline."""
+    _, pending = await asyncio.wait(workers, timeout=deadline)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+    return EXIT_DRAIN_TIMEOUT if pending else EXIT_OK
+
+
+async def _create_pool_retrying(dsn: str, size: int, stop: asyncio.Event):  # type: ignore[no-untyped-def]
+    delay = 0.2
+    while True:
+        try:
+            return await create_pool(dsn, min_size=1, max_size=size)
+        except TransientError as exc:
+            if stop.is_set():
+                raise
+            log.warning("postgres not reachable (%s); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def _main(settings: PublisherSettings) -> int:
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    return await run(settings, stop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; ``--context`` overrides FERRY_CONTEXT."""
+    parser = argparse.ArgumentParser(prog="python -m services.outbox_publisher")
+    parser.add_argument("--context", help="context to publish (default: FERRY_CONTEXT)")
+    args = parser.parse_args(argv)
+    overrides = {"context": args.context} if args.context else {}
+    settings = PublisherSettings(**overrides)
+    configure_logging(ROLE, settings.log_level)
+    try:
+        return asyncio.run(_main(settings))
+    except ConfigurationError as exc:
+        log.error("configuration error: %s", exc)
+        return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

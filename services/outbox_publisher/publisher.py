@@ -1,0 +1,217 @@
+"""The publisher's behaviour: claim, publish pipelined, mark — over and over.
+
+Each of ``concurrency`` workers loops: open a transaction, claim a batch (see
+:mod:`shared.adapters.outbox`), publish it with many PubAcks in flight, mark the
+acknowledged rows published and the failed ones failed, commit. Rows of one aggregate
+are published in waves, so a failed publish never lets a later event of the same
+aggregate overtake it. A crash anywhere before the commit leaves the rows unpublished;
+they are published again with the same ``Nats-Msg-Id`` and JetStream drops the copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import asyncpg
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+
+from shared.adapters import outbox
+from shared.adapters.outbox import OutboxRow
+from shared.adapters.postgres import CONNECTION_ERRORS
+from shared.domain.envelope import Envelope, payload_digest
+from shared.domain.subjects import event_subject
+
+log = logging.getLogger("ferry.outbox_publisher")
+
+
+@dataclass
+class PublisherStats:
+    """Counters the role exposes (and tests read)."""
+
+    published: int = 0
+    duplicates: int = 0
+    publish_errors: int = 0
+    batches: int = 0
+    last_db_ok: bool = False
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+
+
+def build_message(row: OutboxRow, *, namespace: str, context: str) -> tuple[str, bytes, dict[str, str]]:
+    """Subject, body and headers of one row's JetStream message."""
+    subject = str(event_subject(namespace, row.event_type, row.event_version))
+    payload = json.loads(row.payload)
+    envelope = Envelope(
+        message_id=str(row.id),
+        subject=subject,
+        context=context,
+        event_type=row.event_type,
+        event_version=row.event_version,
+        occurred_at=row.occurred_at,
+        aggregate_type=row.aggregate_type,
+        aggregate_id=row.aggregate_id,
+        payload=payload,
+        correlation_id=str(row.correlation_id) if row.correlation_id else None,
+        causation_id=str(row.causation_id) if row.causation_id else None,
+        payload_digest=payload_digest(payload),
+    )
+    headers = {"Nats-Msg-Id": str(row.id)}
+    if row.traceparent:
+        headers["traceparent"] = row.traceparent
+    if row.tracestate:
+        headers["tracestate"] = row.tracestate
+    return subject, envelope.to_wire(), headers
+
+
+class OutboxPublisher:
+    """Publishes one context's outbox into its stream."""
+
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        js: JetStreamContext,
+        context: str,
+        namespace: str,
+        stream: str,
+        batch_size: int,
+        publish_timeout: float,
+        retry_initial: float = 0.2,
+        retry_max: float = 5.0,
+    ) -> None:
+        self.pool, self.js = pool, js
+        self.context, self.namespace, self.stream = context, namespace, stream
+        self.batch_size, self.publish_timeout = batch_size, publish_timeout
+        self.retry_initial, self.retry_max = retry_initial, retry_max
+        self.stats = PublisherStats()
+        self._wakeups: list[asyncio.Event] = []
+
+    def notify(self) -> None:
+        """A commit with outbox rows happened (NOTIFY): wake every idle worker."""
+        for event in self._wakeups:
+            event.set()
+
+    async def run_worker(self, stop: asyncio.Event, *, poll_interval: float) -> None:
+        """Loop until ``stop``: publish batches while there are any, else wait for a wake-up."""
+        delay = self.retry_initial
+        wakeup = asyncio.Event()
+        self._wakeups.append(wakeup)
+        while not stop.is_set():
+            # Cleared before the claim, so a commit that lands during it is not missed.
+            wakeup.clear()
+            try:
+                count, failed = await self.publish_batch()
+            except CONNECTION_ERRORS + (asyncpg.PostgresError,) as exc:
+                self.stats.last_db_ok = False
+                self._count_error(type(exc).__name__)
+                log.warning("outbox batch failed: %s; retrying in %.1fs", exc, delay)
+                await _sleep_unless(stop, delay)
+                delay = min(delay * 2, self.retry_max)
+                continue
+            if failed:
+                await _sleep_unless(stop, delay)
+                delay = min(delay * 2, self.retry_max)
+            else:
+                delay = self.retry_initial
+            if count < self.batch_size and not failed:
+                await _wait_any(wakeup, stop, timeout=poll_interval)
+        self._wakeups.remove(wakeup)
+
+    async def publish_batch(self) -> tuple[int, int]:
+        """Claim, publish and mark one batch; return (rows claimed, rows failed)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            rows = await outbox.claim(conn, self.batch_size)
+            self.stats.last_db_ok = True
+            if not rows:
+                return 0, 0
+            published, failures = await self.publish_rows(rows)
+            await outbox.mark_published(conn, published)
+            await outbox.mark_failed(conn, failures)
+        self.stats.batches += 1
+        self.stats.published += len(published)
+        self.stats.publish_errors += len(failures)
+        return len(rows), len(failures)
+
+    async def publish_rows(self, rows: list[OutboxRow]) -> tuple[list[int], dict[int, str]]:
+        """Publish ``rows`` in per-aggregate waves; return (published seqs, failed seq → error).
+
+        A row whose predecessor in its aggregate failed is not attempted at all: it stays
+        pending, unmarked, behind the failed one.
+        """
+        queues: OrderedDict[tuple[str, str], deque[OutboxRow]] = OrderedDict()
+        for row in rows:
+            queues.setdefault(row.aggregate, deque()).append(row)
+        published: list[int] = []
+        failures: dict[int, str] = {}
+        while queues:
+            wave = [queue[0] for queue in queues.values()]
+            results = await self._publish_wave(wave)
+            for row, error in zip(wave, results, strict=True):
+                queue = queues[row.aggregate]
+                if error is None:
+                    published.append(row.seq)
+                    queue.popleft()
+                    if not queue:
+                        del queues[row.aggregate]
+                else:
+                    failures[row.seq] = error
+                    del queues[row.aggregate]
+        return published, failures
+
+    async def _publish_wave(self, wave: list[OutboxRow]) -> list[str | None]:
+        """Publish every row of ``wave`` pipelined; None for success, else the error text."""
+        futures: list[asyncio.Future[PubAck] | None] = []
+        errors: list[str | None] = []
+        for row in wave:
+            try:
+                subject, body, headers = build_message(
+                    row, namespace=self.namespace, context=self.context
+                )
+                futures.append(
+                    await self.js.publish_async(subject, body, headers=headers, stream=self.stream)
+                )
+                errors.append(None)
+            except Exception as exc:  # any failure is recorded on the row, never raised
+                futures.append(None)
+                errors.append(f"{type(exc).__name__}: {exc}")
+        live = [f for f in futures if f is not None]
+        if live:
+            _, pending = await asyncio.wait(live, timeout=self.publish_timeout)
+            for future in pending:
+                future.cancel()
+        return [err if fut is None else self._outcome(fut) for fut, err in zip(futures, errors, strict=True)]
+
+    def _outcome(self, future: asyncio.Future[PubAck]) -> str | None:
+        if future.cancelled():
+            self._count_error("timeout")
+            return f"no PubAck within {self.publish_timeout}s"
+        exc = future.exception()
+        if exc is not None:
+            self._count_error(type(exc).__name__)
+            return f"{type(exc).__name__}: {exc}"
+        if future.result().duplicate:
+            self.stats.duplicates += 1
+        return None
+
+    def _count_error(self, kind: str) -> None:
+        self.stats.errors_by_kind[kind] = self.stats.errors_by_kind.get(kind, 0) + 1
+
+
+async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        return
+
+
+async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

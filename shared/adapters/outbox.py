@@ -1,0 +1,129 @@
+"""The outbox repository (PORT-047-001) on PostgreSQL.
+
+Claiming is the heart of the publisher's guarantees:
+
+* rows are found by ``published_at IS NULL``, never by a cursor, so a row whose
+  transaction commits after later ones is never skipped;
+* ``FOR UPDATE SKIP LOCKED`` makes claims of concurrent replicas (and of one
+  replica's concurrent batches) disjoint; a crashed claimer's locks die with its
+  connection, and its rows are claimed again;
+* a row is published only when no earlier row of its aggregate is still pending
+  outside this claim, so per-aggregate order holds across replicas;
+* a row that failed waits out an exponential back-off (by ``last_attempt_at``) so a
+  row the stream refuses cannot spin, while its aggregate's later rows wait behind it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+#: Longest back-off between attempts of one failing row.
+ROW_RETRY_CAP_SECONDS = 60
+
+_CLAIM = f"""
+WITH cand AS (
+  SELECT seq FROM outbox_events
+  WHERE published_at IS NULL
+    AND (publish_attempts = 0
+         OR last_attempt_at < now() - LEAST(interval '100 milliseconds' * power(2, publish_attempts),
+                                            interval '{ROW_RETRY_CAP_SECONDS} seconds'))
+  ORDER BY seq
+  LIMIT $1
+  FOR UPDATE SKIP LOCKED
+)
+SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
+       o.payload::text AS payload, o.occurred_at, o.correlation_id, o.causation_id,
+       o.traceparent, o.tracestate
+FROM outbox_events o JOIN cand c ON c.seq = o.seq
+WHERE NOT EXISTS (
+  SELECT 1 FROM outbox_events p
+  WHERE p.published_at IS NULL
+    AND p.aggregate_type = o.aggregate_type
+    AND p.aggregate_id = o.aggregate_id
+    AND p.seq < o.seq
+    AND p.seq NOT IN (SELECT seq FROM cand)
+)
+ORDER BY o.seq
+"""
+
+_MARK_PUBLISHED = """
+UPDATE outbox_events
+SET published_at = now(), publish_attempts = publish_attempts + 1,
+    publish_error = NULL, last_attempt_at = now()
+WHERE seq = ANY($1::bigint[])
+"""
+
+_MARK_FAILED = """
+UPDATE outbox_events
+SET publish_attempts = publish_attempts + 1, publish_error = $2, last_attempt_at = now()
+WHERE seq = ANY($1::bigint[])
+"""
+
+_BACKLOG = """
+SELECT count(*) AS count, min(occurred_at) AS oldest_at,
+       count(*) FILTER (WHERE publish_error IS NOT NULL) AS failing,
+       max(publish_attempts) AS max_attempts
+FROM outbox_events WHERE published_at IS NULL
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """A claimed outbox row; ``payload`` is the JSON text as stored."""
+
+    id: UUID
+    seq: int
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    event_version: int
+    payload: str
+    occurred_at: datetime
+    correlation_id: UUID | None
+    causation_id: UUID | None
+    traceparent: str | None
+    tracestate: str | None
+
+    @property
+    def aggregate(self) -> tuple[str, str]:
+        """The aggregate key whose order the stream must keep."""
+        return (self.aggregate_type, self.aggregate_id)
+
+
+async def claim(conn: asyncpg.Connection, limit: int) -> list[OutboxRow]:
+    """Lock and return up to ``limit`` publishable rows; run inside a transaction."""
+    return [OutboxRow(**dict(r)) for r in await conn.fetch(_CLAIM, limit)]
+
+
+async def mark_published(conn: asyncpg.Connection, seqs: list[int]) -> None:
+    """CMD-050: set published_at and count the attempt."""
+    if seqs:
+        await conn.execute(_MARK_PUBLISHED, seqs)
+
+
+async def mark_failed(conn: asyncpg.Connection, failures: dict[int, str]) -> None:
+    """Record failed attempts; one UPDATE per distinct error text."""
+    by_error: dict[str, list[int]] = defaultdict(list)
+    for seq, error in failures.items():
+        by_error[error[:2000]].append(seq)
+    for error, seqs in by_error.items():
+        await conn.execute(_MARK_FAILED, seqs, error)
+
+
+async def backlog(conn: asyncpg.Connection) -> dict[str, Any]:
+    """QRY-050: unpublished count and oldest occurred_at (plus failing rows)."""
+    row = await conn.fetchrow(_BACKLOG)
+    assert row is not None
+    oldest = row["oldest_at"]
+    return {
+        "count": row["count"],
+        "oldest_at": oldest.isoformat() if oldest else None,
+        "failing": row["failing"],
+        "max_attempts": row["max_attempts"] or 0,
+    }

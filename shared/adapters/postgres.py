@@ -1,0 +1,171 @@
+"""PostgreSQL plumbing shared by every role: pools, database creation, migrations."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from shared.domain.errors import ConfigurationError, TransientError
+
+log = logging.getLogger("ferry.postgres")
+
+#: Migrations live at the repository root, beside this package.
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+#: Advisory-lock key that serialises concurrent migrators on one database.
+MIGRATION_LOCK_KEY = 0x46455252  # "FERR"
+#: Errors that mean "the server is (temporarily) not there", not "your SQL is wrong".
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    ConnectionError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+    TimeoutError,
+)
+
+
+def redact(dsn: str) -> str:
+    """``dsn`` without its password, for logs and errors."""
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+async def connect(dsn: str, *, timeout: float = 10.0) -> asyncpg.Connection:
+    """One connection, with driver errors translated to Ferry's kinds."""
+    try:
+        return await asyncpg.connect(dsn, timeout=timeout)
+    except asyncpg.exceptions.InvalidPasswordError as exc:
+        raise ConfigurationError(f"{redact(dsn)}: authentication failed: {exc}") from exc
+    except asyncpg.exceptions.InvalidCatalogNameError as exc:
+        raise ConfigurationError(f"{redact(dsn)}: {exc}") from exc
+    except CONNECTION_ERRORS as exc:
+        raise TransientError(f"{redact(dsn)}: cannot connect: {exc}") from exc
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+    """A connection pool; see :func:`connect` for error translation."""
+    try:
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, timeout=10.0, command_timeout=60.0
+        )
+    except asyncpg.exceptions.InvalidPasswordError as exc:
+        raise ConfigurationError(f"{redact(dsn)}: authentication failed: {exc}") from exc
+    except asyncpg.exceptions.InvalidCatalogNameError as exc:
+        raise ConfigurationError(f"{redact(dsn)}: {exc}") from exc
+    except CONNECTION_ERRORS as exc:
+        raise TransientError(f"{redact(dsn)}: cannot connect: {exc}") from exc
+    assert pool is not None
+    return pool
+
+
+async def ensure_database(dsn: str) -> bool:
+    """Create the database named in ``dsn`` if it is missing; True if it was created.
+
+    Connects to the server's ``postgres`` database to do so, which needs CREATEDB.
+    """
+    parts = urlsplit(dsn)
+    name = parts.path.lstrip("/")
+    if not name:
+        raise ConfigurationError(f"{redact(dsn)}: the DSN names no database")
+    admin = await connect(urlunsplit(parts._replace(path="/postgres")))
+    try:
+        exists = await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if exists:
+            return False
+        try:
+            await admin.execute(f'CREATE DATABASE "{name}"')
+        except asyncpg.exceptions.DuplicateDatabaseError:
+            return False
+        log.info("created database %s", name)
+        return True
+    finally:
+        await admin.close()
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One SQL file of migrations/."""
+
+    version: str
+    path: Path
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        """sha256 of the file, to catch an applied migration edited afterwards."""
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+def discover_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """Every ``NNNN_name.sql`` file, in version order."""
+    files = sorted(directory.glob("[0-9][0-9][0-9][0-9]_*.sql"))
+    if not files:
+        raise ConfigurationError(f"{directory}: no migrations found")
+    return [Migration(f.stem, f, f.read_text()) for f in files]
+
+
+async def migrate(conn: asyncpg.Connection, migrations: list[Migration]) -> list[str]:
+    """Apply pending migrations in order, each in its own transaction; return their versions.
+
+    Concurrent migrators are serialised by an advisory lock; an applied migration whose
+    file changed since is an error, because the database no longer matches the tree.
+    """
+    await conn.execute(
+        "CREATE TABLE IF NOT EXISTS ferry_schema_migrations ("
+        " version TEXT PRIMARY KEY, checksum TEXT NOT NULL,"
+        " applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+    )
+    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+    try:
+        applied = {
+            r["version"]: r["checksum"]
+            for r in await conn.fetch("SELECT version, checksum FROM ferry_schema_migrations")
+        }
+        done: list[str] = []
+        for migration in migrations:
+            if migration.version in applied:
+                _check_unchanged(migration, applied[migration.version])
+                continue
+            async with conn.transaction():
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    "INSERT INTO ferry_schema_migrations (version, checksum) VALUES ($1, $2)",
+                    migration.version,
+                    migration.checksum,
+                )
+            done.append(migration.version)
+        return done
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+
+
+def _check_unchanged(migration: Migration, recorded: str) -> None:
+    if migration.checksum != recorded:
+        raise ConfigurationError(
+            f"{migration.path}: already applied with a different checksum; "
+            "write a new migration instead of editing an applied one"
+        )
+
+
+async def migrate_database(dsn: str, *, create: bool = True) -> list[str]:
+    """Create (optionally) and migrate one database; return the versions applied."""
+    if create:
+        await ensure_database(dsn)
+    conn = await connect(dsn)
+    try:
+        return await migrate(conn, discover_migrations())
+    finally:
+        await conn.close()
+

@@ -1,0 +1,137 @@
+"""``ferry``: the operator's commands.
+
+    ferry migrate                 create and migrate every context database
+    ferry provision [--check]     create/update streams and consumers; --check only reports
+    ferry outbox-backlog CONTEXT  QRY-050: unpublished count and oldest occurred_at
+    ferry inbox-backlog DURABLE   QRY-051: unprocessed count and oldest received_at
+
+All read FERRY_* settings (README.md). ``--json`` prints machine-readable output.
+Exit codes: 0 ok, 1 drift or refusal found, 2 configuration error, 3 cannot connect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from shared.adapters import inbox, outbox
+from shared.adapters.nats import connect_nats
+from shared.adapters.postgres import connect, migrate_database, redact
+from shared.domain.errors import ConfigurationError, TransientError
+from shared.provision import is_clean, provision
+from shared.runtime import EXIT_CONFIG, EXIT_CONNECT
+from shared.settings import CommonSettings
+
+Command = Callable[[CommonSettings, argparse.Namespace], Awaitable[int]]
+
+
+def _emit(args: argparse.Namespace, doc: Any, human: str) -> None:
+    print(json.dumps(doc, indent=2, default=str) if args.json else human)
+
+
+async def cmd_migrate(settings: CommonSettings, args: argparse.Namespace) -> int:
+    """Create and migrate each database of the topology."""
+    topology = settings.load_topology()
+    report = {}
+    for database in topology.databases():
+        dsn = settings.dsn(database)
+        report[database] = await migrate_database(dsn, create=not args.no_create)
+    lines = [f"{db}: applied {', '.join(v) or 'nothing (up to date)'}" for db, v in report.items()]
+    _emit(args, report, "\n".join(lines))
+    return 0
+
+
+async def cmd_provision(settings: CommonSettings, args: argparse.Namespace) -> int:
+    """Provision (or with --check, compare) streams and consumers."""
+    topology = settings.load_topology()
+    nc = await connect_nats(settings.nats_servers(), name="ferry-provision", give_up_after=10)
+    try:
+        changes = await provision(
+            nc.jetstream(), topology, apply=not args.check, max_replicas=settings.max_stream_replicas
+        )
+    finally:
+        await nc.close()
+    doc = [vars(c) for c in changes]
+    _emit(args, doc, "\n".join(c.describe() for c in changes))
+    return 0 if is_clean(changes) else 1
+
+
+async def cmd_outbox_backlog(settings: CommonSettings, args: argparse.Namespace) -> int:
+    """QRY-050 for one context."""
+    topology = settings.load_topology()
+    dsn = settings.dsn(topology.context(args.context).database)
+    conn = await connect(dsn)
+    try:
+        doc = {"context": args.context, **await outbox.backlog(conn)}
+    finally:
+        await conn.close()
+    _emit(args, doc, _backlog_line(f"outbox {args.context}", doc))
+    return 0
+
+
+async def cmd_inbox_backlog(settings: CommonSettings, args: argparse.Namespace) -> int:
+    """QRY-051 for one durable (or all of them)."""
+    topology = settings.load_topology()
+    names = [args.durable] if args.durable else sorted(topology.durables)
+    docs = []
+    for name in names:
+        durable = topology.durable(name)
+        conn = await connect(settings.dsn(topology.context(durable.target).database))
+        try:
+            docs.append({"durable": name, **await inbox.backlog(conn, name)})
+        finally:
+            await conn.close()
+    _emit(args, docs if len(docs) != 1 else docs[0],
+          "\n".join(_backlog_line(f"inbox {d['durable']}", d) for d in docs))
+    return 0
+
+
+def _backlog_line(label: str, doc: dict[str, Any]) -> str:
+    oldest = doc.get("oldest_at") or "-"
+    extra = ", ".join(f"{k}={v}" for k, v in doc.items() if k not in ("count", "oldest_at"))
+    return f"{label}: {doc['count']} pending, oldest {oldest} ({extra})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used to document the commands)."""
+    parser = argparse.ArgumentParser(prog="ferry", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = parser.add_subparsers(dest="command", required=True)
+    migrate = sub.add_parser("migrate", help="create and migrate every context database")
+    migrate.add_argument("--no-create", action="store_true", help="do not CREATE DATABASE")
+    migrate.set_defaults(func=cmd_migrate)
+    prov = sub.add_parser("provision", help="create/update streams and consumers")
+    prov.add_argument("--check", action="store_true", help="report drift, change nothing")
+    prov.set_defaults(func=cmd_provision)
+    out = sub.add_parser("outbox-backlog", help="QRY-050: outbox backlog of a context")
+    out.add_argument("context")
+    out.set_defaults(func=cmd_outbox_backlog)
+    inb = sub.add_parser("inbox-backlog", help="QRY-051: inbox backlog per durable")
+    inb.add_argument("durable", nargs="?", help="one durable (default: all)")
+    inb.set_defaults(func=cmd_inbox_backlog)
+    for p in (migrate, prov, out, inb):
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``ferry`` command."""
+    args = build_parser().parse_args(argv)
+    settings = CommonSettings()
+    func: Command = args.func
+    try:
+        return asyncio.run(func(settings, args))
+    except ConfigurationError as exc:
+        print(f"ferry: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except TransientError as exc:
+        print(f"ferry: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_CONNECT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

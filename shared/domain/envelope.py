@@ -1,0 +1,185 @@
+"""The event envelope: what travels in a JetStream message body and to ``POST /handle``.
+
+SDS-047 §12 / REQ-058 fields, plus ``context`` (the producing context) and
+``payload_digest`` (INFRA-005 §2) so a consumer can tell a payload that was altered
+in transit from one that is merely unexpected. Parsing never raises anything but
+:class:`PoisonError`, whose ``reason_code`` names what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from shared.domain.errors import OutboxValidationError, PoisonError
+from shared.domain.subjects import parse_subject
+
+#: Fields a well-formed envelope must carry; the rest are optional.
+REQUIRED_FIELDS = (
+    "message_id", "subject", "event_type", "event_version", "occurred_at",
+    "aggregate_type", "aggregate_id", "payload",
+)
+
+
+def canonical_json(value: Any) -> str:
+    """Serialise ``value`` so equal documents give equal strings (sorted keys, no spaces)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def payload_digest(payload: Any) -> str:
+    """``sha256:<hex>`` of the canonical JSON of ``payload`` (INFRA-005 payloadDigest)."""
+    return "sha256:" + hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+def format_timestamp(moment: datetime) -> str:
+    """RFC 3339 in UTC with microseconds and a ``Z``."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_timestamp(text: str) -> datetime:
+    """Parse an RFC 3339 timestamp; naive ones are refused because they are ambiguous."""
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        raise ValueError(f"{text!r} has no time zone")
+    return moment
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One domain event as Ferry carries it."""
+
+    message_id: str
+    subject: str
+    event_type: str
+    event_version: int
+    occurred_at: datetime
+    aggregate_type: str
+    aggregate_id: str
+    payload: dict[str, Any]
+    context: str = ""
+    correlation_id: str | None = None
+    causation_id: str | None = None
+    payload_digest: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document of the envelope (the handler request body's core)."""
+        body: dict[str, Any] = {
+            "message_id": self.message_id,
+            "subject": self.subject,
+            "context": self.context,
+            "event_type": self.event_type,
+            "event_version": self.event_version,
+            "occurred_at": format_timestamp(self.occurred_at),
+            "correlation_id": self.correlation_id,
+            "causation_id": self.causation_id,
+            "aggregate_type": self.aggregate_type,
+            "aggregate_id": self.aggregate_id,
+            "payload": self.payload,
+            "payload_digest": self.payload_digest or payload_digest(self.payload),
+        }
+        body.update(self.extra)
+        return body
+
+    def to_wire(self) -> bytes:
+        """Bytes for the JetStream message body."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False).encode()
+
+    @classmethod
+    def from_wire(cls, data: bytes, *, nats_subject: str | None = None) -> Envelope:
+        """Parse and check a message body; raise :class:`PoisonError` naming the defect."""
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PoisonError("MALFORMED_JSON", f"body is not JSON: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise PoisonError("MALFORMED_ENVELOPE", "body is JSON but not an object")
+        return cls.from_dict(doc, nats_subject=nats_subject)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], *, nats_subject: str | None = None) -> Envelope:
+        """Build from a decoded document; see :meth:`from_wire`."""
+        missing = [name for name in REQUIRED_FIELDS if doc.get(name) in (None, "")]
+        if missing:
+            raise PoisonError("MISSING_FIELD", f"envelope lacks {', '.join(missing)}")
+        envelope = cls(
+            message_id=_uuid_field(doc, "message_id"),
+            subject=_str_field(doc, "subject"),
+            event_type=_str_field(doc, "event_type"),
+            event_version=_version_field(doc),
+            occurred_at=_timestamp_field(doc),
+            aggregate_type=_str_field(doc, "aggregate_type"),
+            aggregate_id=_str_field(doc, "aggregate_id"),
+            payload=_payload_field(doc),
+            context=str(doc.get("context") or ""),
+            correlation_id=_optional_uuid(doc, "correlation_id"),
+            causation_id=_optional_uuid(doc, "causation_id"),
+            payload_digest=str(doc.get("payload_digest") or ""),
+        )
+        envelope.check(nats_subject=nats_subject)
+        return envelope
+
+    def check(self, *, nats_subject: str | None = None) -> None:
+        """Cross-field checks: subject rule, subject agreement, payload digest."""
+        try:
+            parsed = parse_subject(self.subject)
+        except OutboxValidationError as exc:
+            raise PoisonError("INVALID_SUBJECT", exc.reason) from exc
+        if (parsed.event_type, parsed.version) != (self.event_type, self.event_version):
+            raise PoisonError(
+                "SUBJECT_MISMATCH",
+                f"subject {self.subject!r} disagrees with event_type/event_version "
+                f"{self.event_type!r}/{self.event_version}",
+            )
+        if nats_subject is not None and nats_subject != self.subject:
+            raise PoisonError(
+                "SUBJECT_MISMATCH",
+                f"delivered on {nats_subject!r} but the envelope says {self.subject!r}",
+            )
+        if self.payload_digest and self.payload_digest != payload_digest(self.payload):
+            raise PoisonError("DIGEST_MISMATCH", "payload_digest does not match the payload")
+
+
+def _str_field(doc: dict[str, Any], name: str) -> str:
+    value = doc[name]
+    if not isinstance(value, str):
+        raise PoisonError("INVALID_FIELD", f"{name} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _uuid_field(doc: dict[str, Any], name: str) -> str:
+    value = _str_field(doc, name)
+    try:
+        return str(uuid.UUID(value))
+    except ValueError as exc:
+        raise PoisonError("INVALID_FIELD", f"{name} {value!r} is not a UUID") from exc
+
+
+def _optional_uuid(doc: dict[str, Any], name: str) -> str | None:
+    return None if doc.get(name) in (None, "") else _uuid_field(doc, name)
+
+
+def _version_field(doc: dict[str, Any]) -> int:
+    value = doc["event_version"]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PoisonError("INVALID_FIELD", f"event_version must be a positive integer: {value!r}")
+    return value
+
+
+def _timestamp_field(doc: dict[str, Any]) -> datetime:
+    value = doc["occurred_at"]
+    try:
+        return parse_timestamp(str(value))
+    except ValueError as exc:
+        raise PoisonError("INVALID_FIELD", f"occurred_at {value!r}: {exc}") from exc
+
+
+def _payload_field(doc: dict[str, Any]) -> dict[str, Any]:
+    value = doc["payload"]
+    if not isinstance(value, dict):
+        raise PoisonError("INVALID_FIELD", "payload must be a JSON object")
+    return value

@@ -1,0 +1,79 @@
+"""The subject rule (REQ-057, ADR-032): ``{namespace}.{snake_case_name}.v{n}``.
+
+For SEA and VibesPro the namespace is ``{context}.event``; the Mediation lanes keep
+INFRA-005's names (``mediation.e_to_f.events``). Either way the last two tokens are
+the event type in snake_case and its version, so one parser serves both.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from shared.domain.errors import OutboxValidationError
+
+SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
+NAMESPACE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*$")
+_VERSION = re.compile(r"^v([1-9][0-9]*)$")
+#: A version beyond this is almost certainly a bug (a timestamp, a counter).
+MAX_EVENT_VERSION = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class EventSubject:
+    """A parsed event subject."""
+
+    namespace: str
+    event_type: str
+    version: int
+
+    def __str__(self) -> str:
+        return f"{self.namespace}.{self.event_type}.v{self.version}"
+
+
+def validate_event_type(event_type: object) -> str:
+    """Return ``event_type`` if it is snake_case, else raise ``INVALID_SUBJECT``."""
+    if not isinstance(event_type, str) or not event_type:
+        raise OutboxValidationError("INVALID_OUTBOX", "event_type", "must be a non-empty string")
+    if not SNAKE_CASE.match(event_type):
+        raise OutboxValidationError(
+            "INVALID_SUBJECT",
+            "event_type",
+            f"{event_type!r} is not snake_case (lower-case words joined by '_')",
+        )
+    return event_type
+
+
+def validate_event_version(version: object) -> int:
+    """Return ``version`` if it is an int in 1..MAX_EVENT_VERSION."""
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise OutboxValidationError("INVALID_SUBJECT", "event_version", "must be an integer")
+    if not 1 <= version <= MAX_EVENT_VERSION:
+        raise OutboxValidationError(
+            "INVALID_SUBJECT", "event_version", f"{version} is outside 1..{MAX_EVENT_VERSION}"
+        )
+    return version
+
+
+def event_subject(namespace: str, event_type: str, version: int) -> EventSubject:
+    """Build the subject of an event, validating every part."""
+    if not NAMESPACE.match(namespace):
+        raise OutboxValidationError(
+            "INVALID_SUBJECT", "namespace", f"{namespace!r} is not a dotted lower-case namespace"
+        )
+    return EventSubject(namespace, validate_event_type(event_type), validate_event_version(version))
+
+
+def parse_subject(subject: str) -> EventSubject:
+    """Split ``a.b.event_type.vN`` into its parts; raise ``INVALID_SUBJECT`` if it breaks the rule."""
+    parts = subject.split(".")
+    if len(parts) < 3:
+        raise OutboxValidationError(
+            "INVALID_SUBJECT", "subject", f"{subject!r} has fewer than three tokens"
+        )
+    match = _VERSION.match(parts[-1])
+    if match is None:
+        raise OutboxValidationError(
+            "INVALID_SUBJECT", "subject", f"{subject!r} does not end in .v<n>"
+        )
+    return event_subject(".".join(parts[:-2]), parts[-2], int(match.group(1)))

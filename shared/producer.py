@@ -1,0 +1,107 @@
+"""The producer API (REQ-050, INV-022): record an event inside the caller's transaction.
+
+    async with conn.transaction():
+        await conn.execute("UPDATE vibes SET title = $1 WHERE id = $2", title, vibe_id)
+        await record_event(conn, aggregate_type="vibe", aggregate_id=vibe_id,
+                           event_type="vibe_created", payload={...})
+
+If the transaction rolls back, neither the state change nor the event exists; if it
+commits, both do, and the outbox-publisher takes it from there. Producers in other
+languages INSERT the SDS-047 columns into ``outbox_events`` themselves; the table's
+constraints enforce the same rules.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from shared.domain.errors import OutboxValidationError
+from shared.domain.subjects import validate_event_type, validate_event_version
+
+_INSERT = """
+INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version,
+                           payload, occurred_at, correlation_id, causation_id, traceparent)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, COALESCE($7, now()), $8, $9, $10)
+"""
+
+
+def _require_text(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise OutboxValidationError("INVALID_OUTBOX", name, "must be a non-empty string")
+    return value
+
+
+def _optional_uuid(name: str, value: uuid.UUID | str | None) -> uuid.UUID | None:
+    if value is None or isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise OutboxValidationError("INVALID_OUTBOX", name, f"{value!r} is not a UUID") from None
+
+
+def _check_occurred_at(occurred_at: datetime | None) -> datetime | None:
+    if occurred_at is None:
+        return None
+    if occurred_at.tzinfo is None:
+        raise OutboxValidationError("INVALID_OUTBOX", "occurred_at", "must be timezone-aware")
+    if occurred_at > datetime.now(UTC):
+        raise OutboxValidationError(
+            "FUTURE_EVENT", "occurred_at", f"{occurred_at.isoformat()} is in the future (POL-047-002)"
+        )
+    return occurred_at
+
+
+def _payload_json(payload: object) -> str:
+    if not isinstance(payload, dict):
+        raise OutboxValidationError("INVALID_OUTBOX", "payload", "must be a JSON object (a dict)")
+    try:
+        return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise OutboxValidationError("INVALID_OUTBOX", "payload", f"not JSON-serialisable: {exc}") from exc
+
+
+async def record_event(
+    conn: asyncpg.Connection,
+    *,
+    aggregate_type: str,
+    aggregate_id: str,
+    event_type: str,
+    payload: dict[str, Any],
+    event_version: int = 1,
+    event_id: uuid.UUID | str | None = None,
+    occurred_at: datetime | None = None,
+    correlation_id: uuid.UUID | str | None = None,
+    causation_id: uuid.UUID | str | None = None,
+    traceparent: str | None = None,
+) -> uuid.UUID:
+    """Insert one outbox row on ``conn``, which must be inside a transaction.
+
+    Validates POL-047-001 (id and event type present), POL-047-002 (not in the future)
+    and the subject rule, raising :class:`OutboxValidationError` before anything is
+    written. Returns the event id, which becomes the ``Nats-Msg-Id``.
+    """
+    if not conn.is_in_transaction():
+        raise OutboxValidationError(
+            "INVALID_OUTBOX", "conn", "record_event must run inside the caller's transaction"
+        )
+    row_id = _optional_uuid("event_id", event_id) or uuid.uuid4()
+    args = (
+        row_id,
+        _require_text("aggregate_type", aggregate_type),
+        _require_text("aggregate_id", aggregate_id),
+        validate_event_type(event_type),
+        validate_event_version(event_version),
+        _payload_json(payload),
+        _check_occurred_at(occurred_at),
+        _optional_uuid("correlation_id", correlation_id),
+        _optional_uuid("causation_id", causation_id),
+        traceparent,
+    )
+    await conn.execute(_INSERT, *args)
+    return row_id

@@ -1,0 +1,209 @@
+"""Provision streams and consumers from the topology, idempotently, reporting drift.
+
+Create what is missing; compare what exists with what the topology says; apply a
+change the server accepts, refuse loudly one it cannot take (storage type, ack
+policy), and never leave a difference unreported. ``check`` mode changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from nats.js.errors import APIError, NotFoundError
+
+from shared.topology import DeadLetterStreamSpec, DurableSpec, StreamSpec, Topology
+
+Action = Literal["created", "unchanged", "updated", "drift", "refused", "missing"]
+
+#: Stream fields the server will not change in place.
+IMMUTABLE_STREAM_FIELDS = frozenset({"storage", "retention"})
+#: Consumer fields the server will not change in place.
+IMMUTABLE_CONSUMER_FIELDS = frozenset({"ack_policy", "deliver_policy"})
+
+
+@dataclass
+class Change:
+    """What provisioning found or did for one stream or consumer."""
+
+    kind: Literal["stream", "consumer"]
+    name: str
+    action: Action
+    diffs: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    error: str | None = None
+
+    def describe(self) -> str:
+        """One human line: ``consumer sea__from_vibespro: updated (ack_wait 60 -> 120)``."""
+        text = f"{self.kind} {self.name}: {self.action}"
+        if self.diffs:
+            text += " (" + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in self.diffs.items()) + ")"
+        if self.error:
+            text += f": {self.error}"
+        return text
+
+
+def stream_config(spec: StreamSpec | DeadLetterStreamSpec, max_replicas: int | None) -> js_api.StreamConfig:
+    """The JetStream config of a stream spec (dead-letter streams use limits retention)."""
+    replicas = spec.replicas if max_replicas is None else min(spec.replicas, max_replicas)
+    if isinstance(spec, StreamSpec):
+        return js_api.StreamConfig(
+            name=spec.name,
+            subjects=list(spec.subjects),
+            retention=js_api.RetentionPolicy(spec.retention),
+            max_age=spec.max_age,
+            max_bytes=spec.max_bytes,
+            max_msg_size=spec.max_msg_size,
+            storage=js_api.StorageType(spec.storage),
+            num_replicas=replicas,
+            duplicate_window=spec.duplicate_window,
+            discard=js_api.DiscardPolicy(spec.discard),
+        )
+    return js_api.StreamConfig(
+        name=spec.name,
+        subjects=list(spec.subjects),
+        retention=js_api.RetentionPolicy.LIMITS,
+        max_age=spec.max_age,
+        max_bytes=spec.max_bytes,
+        storage=js_api.StorageType.FILE,
+        num_replicas=replicas,
+        duplicate_window=120.0,
+        discard=js_api.DiscardPolicy.OLD,
+    )
+
+
+def consumer_config(name: str, spec: DurableSpec) -> js_api.ConsumerConfig:
+    """The JetStream config of a durable.
+
+    No ``backoff`` list: JetStream applies it to ack timeouts only, and would shorten
+    the first ack_wait to its first step; retries carry explicit nak delays instead.
+    """
+    filters = list(spec.filter_subjects)
+    return js_api.ConsumerConfig(
+        name=name,
+        durable_name=name,
+        deliver_policy=js_api.DeliverPolicy.ALL,
+        ack_policy=js_api.AckPolicy.EXPLICIT,
+        ack_wait=spec.ack_wait,
+        max_deliver=spec.max_deliver,
+        max_ack_pending=spec.max_ack_pending,
+        filter_subject=filters[0] if len(filters) == 1 else None,
+        filter_subjects=filters if len(filters) > 1 else None,
+        replay_policy=js_api.ReplayPolicy.INSTANT,
+    )
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, float) and math.isfinite(value):
+        return round(value, 3)
+    if hasattr(value, "value"):  # enums
+        return value.value
+    if isinstance(value, list):
+        return sorted(value)
+    return value
+
+
+def _diff(want: Any, have: Any, fields: tuple[str, ...]) -> dict[str, tuple[Any, Any]]:
+    diffs = {}
+    for name in fields:
+        wanted, actual = _norm(getattr(want, name)), _norm(getattr(have, name))
+        if wanted != actual:
+            diffs[name] = (actual, wanted)
+    return diffs
+
+
+_STREAM_FIELDS = (
+    "subjects", "retention", "max_age", "max_bytes", "max_msg_size", "storage",
+    "num_replicas", "duplicate_window", "discard",
+)
+_CONSUMER_FIELDS = (
+    "deliver_policy", "ack_policy", "ack_wait", "max_deliver", "max_ack_pending",
+    "filter_subject", "filter_subjects",
+)
+
+
+async def provision_stream(
+    js: JetStreamContext, want: js_api.StreamConfig, *, apply: bool
+) -> Change:
+    """Create, compare or update one stream."""
+    assert want.name is not None
+    try:
+        info = await js.stream_info(want.name)
+    except NotFoundError:
+        if not apply:
+            return Change("stream", want.name, "missing")
+        await js.add_stream(want)
+        return Change("stream", want.name, "created")
+    diffs = _diff(want, info.config, _STREAM_FIELDS)
+    return await _settle(
+        Change("stream", want.name, "unchanged", diffs),
+        immutable=IMMUTABLE_STREAM_FIELDS,
+        apply=apply,
+        update=lambda: js.update_stream(want),
+    )
+
+
+async def provision_consumer(
+    js: JetStreamContext, stream: str, want: js_api.ConsumerConfig, *, apply: bool
+) -> Change:
+    """Create, compare or update one durable consumer."""
+    assert want.durable_name is not None
+    try:
+        info = await js.consumer_info(stream, want.durable_name)
+    except NotFoundError:
+        if not apply:
+            return Change("consumer", want.durable_name, "missing")
+        await js.add_consumer(stream, want)
+        return Change("consumer", want.durable_name, "created")
+    diffs = _diff(want, info.config, _CONSUMER_FIELDS)
+    return await _settle(
+        Change("consumer", want.durable_name, "unchanged", diffs),
+        immutable=IMMUTABLE_CONSUMER_FIELDS,
+        apply=apply,
+        update=lambda: js.add_consumer(stream, want),
+    )
+
+
+async def _settle(change: Change, *, immutable: frozenset[str], apply: bool, update: Any) -> Change:
+    if not change.diffs:
+        return change
+    blocked = sorted(immutable & change.diffs.keys())
+    if blocked:
+        change.action = "refused"
+        change.error = f"{', '.join(blocked)} cannot change in place; recreate it deliberately"
+        return change
+    if not apply:
+        change.action = "drift"
+        return change
+    try:
+        await update()
+    except APIError as exc:
+        change.action = "refused"
+        change.error = f"server refused the update: {exc.description or exc}"
+        return change
+    change.action = "updated"
+    return change
+
+
+async def provision(
+    js: JetStreamContext, topology: Topology, *, apply: bool = True, max_replicas: int | None = None
+) -> list[Change]:
+    """Provision every stream, dead-letter stream and durable of ``topology``."""
+    changes = []
+    specs: list[StreamSpec | DeadLetterStreamSpec] = [
+        *topology.streams_by_name().values(),
+        *topology.dead_letter_streams,
+    ]
+    for spec in specs:
+        changes.append(await provision_stream(js, stream_config(spec, max_replicas), apply=apply))
+    for name, durable in topology.durables.items():
+        config = consumer_config(name, durable)
+        changes.append(await provision_consumer(js, durable.stream, config, apply=apply))
+    return changes
+
+
+def is_clean(changes: list[Change]) -> bool:
+    """True when nothing was refused and nothing is left drifting or missing."""
+    return all(c.action in ("created", "unchanged", "updated") for c in changes)

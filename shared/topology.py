@@ -1,0 +1,255 @@
+"""The topology: every deployment-specific fact about streams, durables and events.
+
+A topology file (YAML) is validated by these pydantic models. Errors name the file,
+the field path and the reason, e.g.::
+
+    topologies/sea-vibespro.yaml: durables.sea__from_vibespro.max_deliver: must be >= 1
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from shared.domain.durations import parse_duration, parse_size
+from shared.domain.errors import ConfigurationError
+from shared.domain.subjects import NAMESPACE, SNAKE_CASE
+
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+Bytes = Annotated[int, BeforeValidator(parse_size)]
+_STREAM_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_DURABLE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StreamSpec(_Model):
+    """A JetStream stream owned by one context (REQ-055, SDS-047 §10)."""
+
+    name: str
+    subjects: list[str] = Field(min_length=1)
+    retention: Literal["limits", "interest", "workqueue"] = "limits"
+    max_age: Seconds = 7 * 86400.0
+    max_bytes: Bytes = 10 * 1000**3
+    max_msg_size: Bytes = 1024 * 1024
+    storage: Literal["file", "memory"] = "file"
+    replicas: int = Field(default=3, ge=1, le=5)
+    #: Window in which a re-published Nats-Msg-Id is dropped as a duplicate.
+    duplicate_window: Seconds = 120.0
+    discard: Literal["old", "new"] = "old"
+
+    @model_validator(mode="after")
+    def _check_name(self) -> StreamSpec:
+        if not _STREAM_NAME.match(self.name):
+            raise ValueError(f"stream name {self.name!r} must be UPPER_SNAKE (no dots)")
+        if self.duplicate_window > self.max_age:
+            raise ValueError("duplicate_window cannot exceed max_age")
+        return self
+
+
+class ContextSpec(_Model):
+    """A bounded context: its database, its subject namespace, its stream."""
+
+    database: str
+    #: Events are published on ``{namespace}.{event_type}.v{n}``.
+    namespace: str
+    stream: StreamSpec | None = None
+    #: Where this context's dead letters go (``{context}.dlq`` → ``sea.dlq.<durable>``).
+    dead_letter_subject: str
+
+    @model_validator(mode="after")
+    def _check_namespace(self) -> ContextSpec:
+        if not NAMESPACE.match(self.namespace):
+            raise ValueError(f"namespace {self.namespace!r} must be dotted lower-case")
+        if self.stream and not any(_covers(s, self.namespace + ".x.v1") for s in self.stream.subjects):
+            raise ValueError(f"stream {self.stream.name} does not capture {self.namespace}.>")
+        return self
+
+
+class HandlerSpec(_Model):
+    """The handler service a durable dispatches to."""
+
+    url: str
+    timeout: Seconds = 10.0
+
+
+class DurableSpec(_Model):
+    """A pull consumer: one inbox-consumer process group per durable."""
+
+    stream: str
+    #: The context whose database holds this durable's inbox.
+    target: str
+    filter_subjects: list[str] = Field(min_length=1)
+    ack_wait: Seconds = 120.0
+    max_deliver: int = Field(default=20, ge=1)
+    max_ack_pending: int = Field(default=50, ge=1)
+    #: Delay before redelivery after the n-th failed attempt (naks carry it explicitly).
+    backoff: list[Seconds] = Field(default_factory=lambda: [1.0, 5.0, 30.0, 120.0, 600.0])
+    batch_size: int = Field(default=50, ge=1, le=1000)
+    handler: HandlerSpec
+    dead_letter_subject: str
+    replay: Literal["automatic", "operator"] = "automatic"
+
+    @model_validator(mode="after")
+    def _check(self) -> DurableSpec:
+        if not self.backoff:
+            raise ValueError("backoff needs at least one delay")
+        if self.max_ack_pending < self.batch_size:
+            raise ValueError(
+                f"batch_size {self.batch_size} exceeds max_ack_pending {self.max_ack_pending}: "
+                "fetches would stall"
+            )
+        return self
+
+
+class EventSpec(_Model):
+    """One published event version (a manifest entry)."""
+
+    context: str
+    type: str
+    version: int = Field(ge=1)
+    #: JSON Schema of the payload (draft 2020-12 subset), if declared.
+    payload_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    handled_by: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> EventSpec:
+        if not SNAKE_CASE.match(self.type):
+            raise ValueError(f"event type {self.type!r} must be snake_case")
+        return self
+
+
+class DeadLetterStreamSpec(_Model):
+    """A dead-letter stream (limits retention so records stay inspectable)."""
+
+    name: str
+    subjects: list[str] = Field(min_length=1)
+    max_age: Seconds = 30 * 86400.0
+    max_bytes: Bytes = 10 * 1000**3
+    replicas: int = Field(default=3, ge=1, le=5)
+
+
+class Topology(_Model):
+    """A whole deployment: contexts, durables, dead-letter streams, events."""
+
+    name: str
+    contexts: dict[str, ContextSpec]
+    durables: dict[str, DurableSpec]
+    dead_letter_streams: list[DeadLetterStreamSpec] = Field(default_factory=list)
+    events: list[EventSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Topology:
+        streams = self.streams_by_name()
+        for name, durable in self.durables.items():
+            _check_durable(name, durable, streams, self)
+        for event in self.events:
+            if event.context not in self.contexts:
+                raise ValueError(f"event {event.type}.v{event.version}: unknown context")
+            for durable_name in event.handled_by:
+                if durable_name not in self.durables:
+                    raise ValueError(
+                        f"event {event.type}.v{event.version}: unknown durable {durable_name!r}"
+                    )
+        return self
+
+    def streams_by_name(self) -> dict[str, StreamSpec]:
+        """Every context stream, keyed by stream name."""
+        return {c.stream.name: c.stream for c in self.contexts.values() if c.stream}
+
+    def context_of_stream(self, stream: str) -> str:
+        """Name of the context that owns ``stream``."""
+        for name, ctx in self.contexts.items():
+            if ctx.stream and ctx.stream.name == stream:
+                return name
+        raise KeyError(stream)
+
+    def context(self, name: str) -> ContextSpec:
+        """The context called ``name``, or a :class:`ConfigurationError` listing the known ones."""
+        try:
+            return self.contexts[name]
+        except KeyError:
+            known = ", ".join(sorted(self.contexts))
+            raise ConfigurationError(
+                f"topology {self.name!r} has no context {name!r} (known: {known})"
+            ) from None
+
+    def durable(self, name: str) -> DurableSpec:
+        """The durable called ``name``, or a :class:`ConfigurationError` listing the known ones."""
+        try:
+            return self.durables[name]
+        except KeyError:
+            known = ", ".join(sorted(self.durables))
+            raise ConfigurationError(
+                f"topology {self.name!r} has no durable {name!r} (known: {known})"
+            ) from None
+
+    def databases(self) -> list[str]:
+        """Distinct database names, in a stable order."""
+        return sorted({c.database for c in self.contexts.values()})
+
+
+def _check_durable(
+    name: str, durable: DurableSpec, streams: dict[str, StreamSpec], topo: Topology
+) -> None:
+    if not _DURABLE_NAME.match(name):
+        raise ValueError(f"durable {name!r} must be lower_snake")
+    stream = streams.get(durable.stream)
+    if stream is None:
+        raise ValueError(f"durable {name}: unknown stream {durable.stream!r}")
+    if durable.target not in topo.contexts:
+        raise ValueError(f"durable {name}: unknown target context {durable.target!r}")
+    for subject in durable.filter_subjects:
+        if not any(_covers(pattern, subject) for pattern in stream.subjects):
+            raise ValueError(
+                f"durable {name}: filter {subject!r} is outside stream {stream.name}'s subjects"
+            )
+
+
+def _covers(pattern: str, subject: str) -> bool:
+    """Whether NATS wildcard ``pattern`` matches every subject ``subject`` matches."""
+    p_tokens, s_tokens = pattern.split("."), subject.split(".")
+    for index, token in enumerate(p_tokens):
+        if token == ">":
+            return len(s_tokens) > index
+        if index >= len(s_tokens):
+            return False
+        if token not in ("*", s_tokens[index]):
+            return False
+    return len(p_tokens) == len(s_tokens)
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard match of a concrete ``subject`` against ``pattern``."""
+    return _covers(pattern, subject)
+
+
+def load_topology(path: Path | str) -> Topology:
+    """Read and validate a topology file; every error names the file and the field."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigurationError(f"{path}: cannot read topology: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigurationError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"{path}: the top level must be a mapping")
+    try:
+        return Topology.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigurationError(_describe(path, exc)) from None
+
+
+def _describe(path: Path, exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        lines.append(f"{path}: {where}: {error['msg']}")
+    return "\n".join(lines)
