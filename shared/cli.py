@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from shared.adapters import inbox, outbox
@@ -26,7 +26,7 @@ from shared.provision import is_clean, provision
 from shared.runtime import EXIT_CONFIG, EXIT_CONNECT
 from shared.settings import CommonSettings
 
-Command = Callable[[CommonSettings, argparse.Namespace], Awaitable[int]]
+Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
 
 
 def _emit(args: argparse.Namespace, doc: Any, human: str) -> None:
@@ -51,7 +51,7 @@ async def cmd_provision(settings: CommonSettings, args: argparse.Namespace) -> i
     nc = await connect_nats(settings.nats_servers(), name="ferry-provision", give_up_after=10)
     try:
         changes = await provision(
-            nc.jetstream(), topology, apply=not args.check, max_replicas=settings.max_stream_replicas
+            nc.jetstream(), topology, apply=not args.check, caps=settings.stream_caps()
         )
     finally:
         await nc.close()
@@ -85,8 +85,11 @@ async def cmd_inbox_backlog(settings: CommonSettings, args: argparse.Namespace) 
             docs.append({"durable": name, **await inbox.backlog(conn, name)})
         finally:
             await conn.close()
-    _emit(args, docs if len(docs) != 1 else docs[0],
-          "\n".join(_backlog_line(f"inbox {d['durable']}", d) for d in docs))
+    _emit(
+        args,
+        docs if len(docs) != 1 else docs[0],
+        "\n".join(_backlog_line(f"inbox {d['durable']}", d) for d in docs),
+    )
     return 0
 
 

@@ -52,7 +52,9 @@ def _check_occurred_at(occurred_at: datetime | None) -> datetime | None:
         raise OutboxValidationError("INVALID_OUTBOX", "occurred_at", "must be timezone-aware")
     if occurred_at > datetime.now(UTC):
         raise OutboxValidationError(
-            "FUTURE_EVENT", "occurred_at", f"{occurred_at.isoformat()} is in the future (POL-047-002)"
+            "FUTURE_EVENT",
+            "occurred_at",
+            f"{occurred_at.isoformat()} is in the future (POL-047-002)",
         )
     return occurred_at
 
@@ -63,7 +65,9 @@ def _payload_json(payload: object) -> str:
     try:
         return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise OutboxValidationError("INVALID_OUTBOX", "payload", f"not JSON-serialisable: {exc}") from exc
+        raise OutboxValidationError(
+            "INVALID_OUTBOX", "payload", f"not JSON-serialisable: {exc}"
+        ) from exc
 
 
 async def record_event(

@@ -39,22 +39,42 @@ class Change:
         """One human line: ``consumer sea__from_vibespro: updated (ack_wait 60 -> 120)``."""
         text = f"{self.kind} {self.name}: {self.action}"
         if self.diffs:
-            text += " (" + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in self.diffs.items()) + ")"
+            text += (
+                " (" + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in self.diffs.items()) + ")"
+            )
         if self.error:
             text += f": {self.error}"
         return text
 
 
-def stream_config(spec: StreamSpec | DeadLetterStreamSpec, max_replicas: int | None) -> js_api.StreamConfig:
+@dataclass(frozen=True)
+class Caps:
+    """Limits of a smaller deployment (the dev stack) applied over the topology's values."""
+
+    #: At most this many replicas (a single dev server cannot hold 3).
+    max_replicas: int | None = None
+    #: At most this many bytes per stream (JetStream reserves max_bytes up front).
+    max_bytes: int | None = None
+
+    def replicas(self, wanted: int) -> int:
+        """``wanted`` capped."""
+        return wanted if self.max_replicas is None else min(wanted, self.max_replicas)
+
+    def bytes(self, wanted: int) -> int:
+        """``wanted`` capped."""
+        return wanted if self.max_bytes is None else min(wanted, self.max_bytes)
+
+
+def stream_config(spec: StreamSpec | DeadLetterStreamSpec, caps: Caps) -> js_api.StreamConfig:
     """The JetStream config of a stream spec (dead-letter streams use limits retention)."""
-    replicas = spec.replicas if max_replicas is None else min(spec.replicas, max_replicas)
+    replicas = caps.replicas(spec.replicas)
     if isinstance(spec, StreamSpec):
         return js_api.StreamConfig(
             name=spec.name,
             subjects=list(spec.subjects),
             retention=js_api.RetentionPolicy(spec.retention),
             max_age=spec.max_age,
-            max_bytes=spec.max_bytes,
+            max_bytes=caps.bytes(spec.max_bytes),
             max_msg_size=spec.max_msg_size,
             storage=js_api.StorageType(spec.storage),
             num_replicas=replicas,
@@ -66,7 +86,7 @@ def stream_config(spec: StreamSpec | DeadLetterStreamSpec, max_replicas: int | N
         subjects=list(spec.subjects),
         retention=js_api.RetentionPolicy.LIMITS,
         max_age=spec.max_age,
-        max_bytes=spec.max_bytes,
+        max_bytes=caps.bytes(spec.max_bytes),
         storage=js_api.StorageType.FILE,
         num_replicas=replicas,
         duplicate_window=120.0,
@@ -115,12 +135,24 @@ def _diff(want: Any, have: Any, fields: tuple[str, ...]) -> dict[str, tuple[Any,
 
 
 _STREAM_FIELDS = (
-    "subjects", "retention", "max_age", "max_bytes", "max_msg_size", "storage",
-    "num_replicas", "duplicate_window", "discard",
+    "subjects",
+    "retention",
+    "max_age",
+    "max_bytes",
+    "max_msg_size",
+    "storage",
+    "num_replicas",
+    "duplicate_window",
+    "discard",
 )
 _CONSUMER_FIELDS = (
-    "deliver_policy", "ack_policy", "ack_wait", "max_deliver", "max_ack_pending",
-    "filter_subject", "filter_subjects",
+    "deliver_policy",
+    "ack_policy",
+    "ack_wait",
+    "max_deliver",
+    "max_ack_pending",
+    "filter_subject",
+    "filter_subjects",
 )
 
 
@@ -134,8 +166,7 @@ async def provision_stream(
     except NotFoundError:
         if not apply:
             return Change("stream", want.name, "missing")
-        await js.add_stream(want)
-        return Change("stream", want.name, "created")
+        return await _create("stream", want.name, lambda: js.add_stream(want))
     diffs = _diff(want, info.config, _STREAM_FIELDS)
     return await _settle(
         Change("stream", want.name, "unchanged", diffs),
@@ -155,8 +186,7 @@ async def provision_consumer(
     except NotFoundError:
         if not apply:
             return Change("consumer", want.durable_name, "missing")
-        await js.add_consumer(stream, want)
-        return Change("consumer", want.durable_name, "created")
+        return await _create("consumer", want.durable_name, lambda: js.add_consumer(stream, want))
     diffs = _diff(want, info.config, _CONSUMER_FIELDS)
     return await _settle(
         Change("consumer", want.durable_name, "unchanged", diffs),
@@ -164,6 +194,16 @@ async def provision_consumer(
         apply=apply,
         update=lambda: js.add_consumer(stream, want),
     )
+
+
+async def _create(kind: Literal["stream", "consumer"], name: str, create: Any) -> Change:
+    try:
+        await create()
+    except APIError as exc:
+        return Change(
+            kind, name, "refused", error=f"server refused to create it: {exc.description or exc}"
+        )
+    return Change(kind, name, "created")
 
 
 async def _settle(change: Change, *, immutable: frozenset[str], apply: bool, update: Any) -> Change:
@@ -188,16 +228,17 @@ async def _settle(change: Change, *, immutable: frozenset[str], apply: bool, upd
 
 
 async def provision(
-    js: JetStreamContext, topology: Topology, *, apply: bool = True, max_replicas: int | None = None
+    js: JetStreamContext, topology: Topology, *, apply: bool = True, caps: Caps | None = None
 ) -> list[Change]:
     """Provision every stream, dead-letter stream and durable of ``topology``."""
+    caps = caps or Caps()
     changes = []
     specs: list[StreamSpec | DeadLetterStreamSpec] = [
         *topology.streams_by_name().values(),
         *topology.dead_letter_streams,
     ]
     for spec in specs:
-        changes.append(await provision_stream(js, stream_config(spec, max_replicas), apply=apply))
+        changes.append(await provision_stream(js, stream_config(spec, caps), apply=apply))
     for name, durable in topology.durables.items():
         config = consumer_config(name, durable)
         changes.append(await provision_consumer(js, durable.stream, config, apply=apply))

@@ -12,7 +12,9 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.domain.durations import parse_size
 from shared.domain.errors import ConfigurationError
+from shared.provision import Caps
 from shared.topology import Topology, load_topology
 
 #: Default DSN template: ``{database}`` is replaced by the context's database name.
@@ -34,6 +36,14 @@ class CommonSettings(BaseSettings):
     dsn_template: str = DEFAULT_DSN_TEMPLATE
     #: Caps every stream's replicas (1 for a single dev server; unset in production).
     max_stream_replicas: int | None = None
+    #: Caps every stream's max_bytes, e.g. "1GB" (JetStream reserves it; unset in production).
+    max_stream_bytes: str | None = None
+
+    def stream_caps(self) -> Caps:
+        """The caps provisioning applies over the topology."""
+        size = None if self.max_stream_bytes is None else parse_size(self.max_stream_bytes)
+        return Caps(max_replicas=self.max_stream_replicas, max_bytes=size)
+
     #: Port of /healthz, /readyz (0 or unset: no HTTP health endpoint).
     health_port: int | None = None
     #: Interface the health endpoint binds.
@@ -81,3 +91,22 @@ class PublisherSettings(CommonSettings):
     #: First and longest back-off after a failed batch, in seconds.
     retry_initial: float = Field(default=0.2, gt=0)
     retry_max: float = Field(default=5.0, gt=0)
+
+
+class ConsumerSettings(CommonSettings):
+    """inbox-consumer: one process (or several replicas) per durable."""
+
+    #: The durable this process consumes (a key of the topology's ``durables``).
+    durable: str = "sea__from_vibespro"
+    #: Overrides the topology's handler URL (ports differ per deployment).
+    handler_url: str | None = None
+    #: Handler calls in flight at once (also bounded by the durable's max_ack_pending).
+    concurrency: int = Field(default=64, ge=1, le=1000)
+    #: How long one fetch waits for messages before looping, in seconds.
+    fetch_timeout: float = Field(default=1.0, gt=0)
+    #: Extra seconds an inbox lease outlives the handler timeout.
+    lease_margin: float = Field(default=30.0, ge=0)
+    #: Longest Retry-After honoured, in seconds.
+    retry_after_cap: float = Field(default=600.0, gt=0)
+    #: Seconds SIGTERM allows for in-flight messages (< supervisord stopwaitsecs).
+    drain_deadline: float = Field(default=8.0, gt=0)

@@ -67,7 +67,9 @@ class ContextSpec(_Model):
     def _check_namespace(self) -> ContextSpec:
         if not NAMESPACE.match(self.namespace):
             raise ValueError(f"namespace {self.namespace!r} must be dotted lower-case")
-        if self.stream and not any(_covers(s, self.namespace + ".x.v1") for s in self.stream.subjects):
+        if self.stream and not any(
+            _covers(s, self.namespace + ".x.v1") for s in self.stream.subjects
+        ):
             raise ValueError(f"stream {self.stream.name} does not capture {self.namespace}.>")
         return self
 

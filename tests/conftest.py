@@ -29,11 +29,14 @@ from nats.aio.client import Client as NATS
 from devstack.nats import NatsServer
 from devstack.postgres import PostgresServer
 from shared.adapters.postgres import migrate_database
+from shared.provision import Caps
 from shared.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Speed over durability for the test PostgreSQL: the OS never crashes in a test.
 FAST_PG = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+#: A single test server holds one replica; JetStream reserves max_bytes, so keep it small.
+CAPS = Caps(max_replicas=1, max_bytes=256 * 1000**2)
 #: For a server a test SIGKILLs: an acknowledged commit must survive the process dying.
 CRASHABLE_PG = {"fsync": "off"}
 
@@ -113,14 +116,13 @@ class Env:
     def settings_env(self, **extra: str) -> dict[str, str]:
         """Environment for a role subprocess."""
         databases = {c.database: self.pg.dsn(c.database) for c in self.topology.contexts.values()}
-        env = {
-            k: v for k, v in os.environ.items() if not k.startswith("FERRY_")
-        }
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
         env.update(
             FERRY_TOPOLOGY=str(self.path),
             FERRY_NATS_URL=self.nats_url,
             FERRY_DATABASES=json.dumps(databases),
             FERRY_MAX_STREAM_REPLICAS="1",
+            FERRY_MAX_STREAM_BYTES="256MB",
             FERRY_LOG_LEVEL="INFO",
             PYTHONPATH=str(ROOT),
         )

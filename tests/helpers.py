@@ -53,8 +53,13 @@ async def stream_messages(js: JetStreamContext, stream: str) -> list[StreamMsg]:
             continue
         headers = dict(raw.headers or {})
         out.append(
-            StreamMsg(seq, raw.subject or "", headers.get("Nats-Msg-Id", ""), headers,
-                      json.loads(raw.data or b"{}"))
+            StreamMsg(
+                seq,
+                raw.subject or "",
+                headers.get("Nats-Msg-Id", ""),
+                headers,
+                json.loads(raw.data or b"{}"),
+            )
         )
     return out
 
@@ -65,7 +70,11 @@ async def stream_count(js: JetStreamContext, stream: str) -> int:
 
 
 async def insert_events(
-    conn: asyncpg.Connection, count: int, *, aggregates: int = 10, event_type: str = "model_published"
+    conn: asyncpg.Connection,
+    count: int,
+    *,
+    aggregates: int = 10,
+    event_type: str = "model_published",
 ) -> list[str]:
     """Commit ``count`` events spread over ``aggregates`` aggregates; return their ids in order."""
     ids = []
@@ -85,8 +94,16 @@ async def insert_events(
 class RunningPublisher:
     """An in-process outbox-publisher (the same class the role runs), for tests."""
 
-    def __init__(self, topology: Topology, context: str, dsn: str, js: JetStreamContext,
-                 *, batch_size: int = 100, concurrency: int = 2) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        context: str,
+        dsn: str,
+        js: JetStreamContext,
+        *,
+        batch_size: int = 100,
+        concurrency: int = 2,
+    ) -> None:
         self.topology, self.context, self.dsn, self.js = topology, context, dsn, js
         self.batch_size, self.concurrency = batch_size, concurrency
         self.stop = asyncio.Event()
@@ -97,13 +114,23 @@ class RunningPublisher:
         assert ctx.stream is not None
         self.pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.concurrency + 1)
         publisher = OutboxPublisher(
-            pool=self.pool, js=self.js, context=self.context, namespace=ctx.namespace,
-            stream=ctx.stream.name, batch_size=self.batch_size, publish_timeout=2.0,
-            retry_initial=0.05, retry_max=0.5,
+            pool=self.pool,
+            js=self.js,
+            context=self.context,
+            namespace=ctx.namespace,
+            stream=ctx.stream.name,
+            batch_size=self.batch_size,
+            publish_timeout=2.0,
+            retry_initial=0.05,
+            retry_max=0.5,
         )
-        self.tasks.append(asyncio.create_task(listen(self.dsn, "ferry_outbox", publisher.notify, self.stop)))
+        self.tasks.append(
+            asyncio.create_task(listen(self.dsn, "ferry_outbox", publisher.notify, self.stop))
+        )
         for _ in range(self.concurrency):
-            self.tasks.append(asyncio.create_task(publisher.run_worker(self.stop, poll_interval=0.5)))
+            self.tasks.append(
+                asyncio.create_task(publisher.run_worker(self.stop, poll_interval=0.5))
+            )
         return publisher
 
     async def __aexit__(self, *exc: object) -> None:

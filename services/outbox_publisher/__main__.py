@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 
+import asyncpg
 from shared.adapters.nats import connect_nats
 from shared.adapters.notify import listen
 from shared.adapters.postgres import create_pool
@@ -57,7 +58,10 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
     health = HealthServer(
         host=settings.health_host,
         port=settings.health_port or 0,
-        checks={"nats": lambda: nats_up["connected"], "postgres": lambda: publisher.stats.last_db_ok},
+        checks={
+            "nats": lambda: nats_up["connected"],
+            "postgres": lambda: publisher.stats.last_db_ok,
+        },
     )
     if settings.health_port:
         await health.start()
@@ -88,7 +92,7 @@ async def _drain(workers: list[asyncio.Task[None]], deadline: float) -> int:
     return EXIT_DRAIN_TIMEOUT if pending else EXIT_OK
 
 
-async def _create_pool_retrying(dsn: str, size: int, stop: asyncio.Event):  # type: ignore[no-untyped-def]
+async def _create_pool_retrying(dsn: str, size: int, stop: asyncio.Event) -> asyncpg.Pool:
     delay = 0.2
     while True:
         try:

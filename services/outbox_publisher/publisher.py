@@ -22,7 +22,7 @@ from nats.js.api import PubAck
 
 from shared.adapters import outbox
 from shared.adapters.outbox import OutboxRow
-from shared.adapters.postgres import CONNECTION_ERRORS
+from shared.adapters.postgres import DATABASE_ERRORS
 from shared.domain.envelope import Envelope, payload_digest
 from shared.domain.subjects import event_subject
 
@@ -41,7 +41,9 @@ class PublisherStats:
     errors_by_kind: dict[str, int] = field(default_factory=dict)
 
 
-def build_message(row: OutboxRow, *, namespace: str, context: str) -> tuple[str, bytes, dict[str, str]]:
+def build_message(
+    row: OutboxRow, *, namespace: str, context: str
+) -> tuple[str, bytes, dict[str, str]]:
     """Subject, body and headers of one row's JetStream message."""
     subject = str(event_subject(namespace, row.event_type, row.event_version))
     payload = json.loads(row.payload)
@@ -105,7 +107,7 @@ class OutboxPublisher:
             wakeup.clear()
             try:
                 count, failed = await self.publish_batch()
-            except CONNECTION_ERRORS + (asyncpg.PostgresError,) as exc:
+            except DATABASE_ERRORS as exc:
                 self.stats.last_db_ok = False
                 self._count_error(type(exc).__name__)
                 log.warning("outbox batch failed: %s; retrying in %.1fs", exc, delay)
@@ -183,7 +185,10 @@ class OutboxPublisher:
             _, pending = await asyncio.wait(live, timeout=self.publish_timeout)
             for future in pending:
                 future.cancel()
-        return [err if fut is None else self._outcome(fut) for fut, err in zip(futures, errors, strict=True)]
+        return [
+            err if fut is None else self._outcome(fut)
+            for fut, err in zip(futures, errors, strict=True)
+        ]
 
     def _outcome(self, future: asyncio.Future[PubAck]) -> str | None:
         if future.cancelled():

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
+from uuid import UUID
 
-import asyncpg
+from shared.adapters.postgres import Conn
 
 _BACKLOG = """
 SELECT count(*) AS count, min(received_at) AS oldest_at,
@@ -14,7 +18,7 @@ FROM inbox_messages WHERE durable = $1 AND processed_at IS NULL
 """
 
 
-async def backlog(conn: asyncpg.Connection, durable: str) -> dict[str, Any]:
+async def backlog(conn: Conn, durable: str) -> dict[str, Any]:
     """QRY-051: unprocessed count and oldest received_at for ``durable``.
 
     Dead-lettered rows (status 'failed') have no processed_at; they are counted and
@@ -29,3 +33,146 @@ async def backlog(conn: asyncpg.Connection, durable: str) -> dict[str, Any]:
         "retrying": row["retrying"],
         "failed": row["failed"],
     }
+
+
+# Record-before-processing (REQ-051), for a whole fetched batch in one round trip.
+# A row is (re)claimed unless its outcome is final or another delivery holds a live
+# lease on it; 'inserted' tells a first delivery from a retry.
+_CLAIM = """
+INSERT INTO inbox_messages AS i (message_id, durable, subject, status, lease_owner, lease_until,
+                                 attempts, event_type, event_version, occurred_at, stream_seq,
+                                 traceparent)
+SELECT m.message_id, $1, m.subject, 'processing', $2, clock_timestamp() + $3 * interval '1 second',
+       1, m.event_type, m.event_version, m.occurred_at, m.stream_seq, m.traceparent
+FROM unnest($4::uuid[], $5::text[], $6::text[], $7::int[], $8::timestamptz[], $9::bigint[],
+            $10::text[])
+     AS m(message_id, subject, event_type, event_version, occurred_at, stream_seq, traceparent)
+ON CONFLICT (durable, message_id) DO UPDATE
+  SET status = 'processing', lease_owner = EXCLUDED.lease_owner,
+      lease_until = EXCLUDED.lease_until, attempts = i.attempts + 1,
+      stream_seq = EXCLUDED.stream_seq, updated_at = clock_timestamp()
+  WHERE i.status IN ('received', 'retrying')
+     OR (i.status = 'processing' AND i.lease_until < clock_timestamp())
+RETURNING i.message_id, i.attempts
+"""
+
+_STATE = """
+SELECT message_id, status, lease_until > clock_timestamp() AS leased,
+       extract(epoch FROM lease_until - clock_timestamp()) AS lease_left
+FROM inbox_messages WHERE durable = $1 AND message_id = ANY($2::uuid[])
+"""
+
+_DUPLICATE = """
+UPDATE inbox_messages SET duplicates = duplicates + 1, updated_at = clock_timestamp()
+WHERE durable = $1 AND message_id = ANY($2::uuid[])
+"""
+
+_PROCESSED = """
+UPDATE inbox_messages AS i
+SET status = 'processed', processed_at = greatest(clock_timestamp(), i.received_at),
+    handler_status = m.status, lease_owner = NULL, lease_until = NULL,
+    last_error = NULL, updated_at = clock_timestamp()
+FROM unnest($2::uuid[], $3::int[]) AS m(message_id, status)
+WHERE i.durable = $1 AND i.message_id = m.message_id
+"""
+
+_RETRYING = """
+UPDATE inbox_messages
+SET status = 'retrying', lease_owner = NULL, lease_until = NULL, last_error = $3,
+    handler_status = $4, reason_code = $5,
+    retry_history = retry_history || jsonb_build_array($6::jsonb),
+    updated_at = clock_timestamp()
+WHERE durable = $1 AND message_id = $2
+"""
+
+_FAILED = """
+UPDATE inbox_messages
+SET status = 'failed', lease_owner = NULL, lease_until = NULL, last_error = $3,
+    handler_status = $4, reason_code = $5, dlq_metadata = $6::jsonb,
+    retry_history = retry_history || jsonb_build_array($7::jsonb),
+    updated_at = clock_timestamp()
+WHERE durable = $1 AND message_id = $2
+"""
+
+_HISTORY = "SELECT retry_history FROM inbox_messages WHERE durable = $1 AND message_id = $2"
+
+
+@dataclass(frozen=True, slots=True)
+class InboxEntry:
+    """What the consumer knows of a delivery when it records it."""
+
+    message_id: UUID
+    subject: str
+    event_type: str | None
+    event_version: int | None
+    occurred_at: datetime | None
+    stream_seq: int
+    traceparent: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """Per message id: claimed (with attempt count), final (a duplicate), or leased elsewhere."""
+
+    claimed: dict[UUID, int]
+    final: set[UUID]
+    leased: dict[UUID, float]
+
+
+async def claim_batch(
+    conn: Conn, *, durable: str, owner: str, lease_seconds: float, entries: list[InboxEntry]
+) -> ClaimResult:
+    """Record and lease ``entries`` (unique ids); classify those that could not be claimed."""
+    rows = await conn.fetch(
+        _CLAIM, durable, owner, lease_seconds,
+        [e.message_id for e in entries], [e.subject for e in entries],
+        [e.event_type for e in entries], [e.event_version for e in entries],
+        [e.occurred_at for e in entries], [e.stream_seq for e in entries],
+        [e.traceparent for e in entries],
+    )
+    claimed = {r["message_id"]: r["attempts"] for r in rows}
+    rest = [e.message_id for e in entries if e.message_id not in claimed]
+    final: set[UUID] = set()
+    leased: dict[UUID, float] = {}
+    if rest:
+        for r in await conn.fetch(_STATE, durable, rest):
+            if r["status"] in ("processed", "failed"):
+                final.add(r["message_id"])
+            else:
+                leased[r["message_id"]] = max(float(r["lease_left"] or 0.0), 0.0)
+        if final:
+            await conn.execute(_DUPLICATE, durable, list(final))
+    return ClaimResult(claimed, final, leased)
+
+
+async def mark_processed(conn: Conn, durable: str, outcomes: dict[UUID, int]) -> None:
+    """Final outcome 'processed' for each id, with the handler's status."""
+    if outcomes:
+        await conn.execute(_PROCESSED, durable, list(outcomes), list(outcomes.values()))
+
+
+async def mark_retrying(
+    conn: Conn, durable: str, message_id: UUID, *, error: str, status: int | None,
+    reason_code: str, history_entry: dict[str, Any],
+) -> None:
+    """No final outcome yet: release the lease, remember why."""
+    await conn.execute(
+        _RETRYING, durable, message_id, error, status, reason_code, json.dumps(history_entry)
+    )
+
+
+async def mark_failed(
+    conn: Conn, durable: str, message_id: UUID, *, error: str, status: int | None,
+    reason_code: str, dlq_metadata: dict[str, Any], history_entry: dict[str, Any],
+) -> None:
+    """Final outcome 'failed' (dead-lettered, REQ-053)."""
+    await conn.execute(
+        _FAILED, durable, message_id, error, status, reason_code,
+        json.dumps(dlq_metadata), json.dumps(history_entry),
+    )
+
+
+async def retry_history(conn: Conn, durable: str, message_id: UUID) -> list[dict[str, Any]]:
+    """The recorded attempts of one message."""
+    raw = await conn.fetchval(_HISTORY, durable, message_id)
+    return list(json.loads(raw)) if raw else []

@@ -66,8 +66,8 @@ async def connect_nats(
                 name=name,
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
-                reconnect_time_wait=RECONNECT_WAIT_SECONDS,  # type: ignore[arg-type]
-                ping_interval=ping_interval,  # type: ignore[arg-type]
+                reconnect_time_wait=RECONNECT_WAIT_SECONDS,
+                ping_interval=ping_interval,
                 max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                 connect_timeout=2,
                 user=user,
@@ -78,7 +78,9 @@ async def connect_nats(
             )
         except (NoServersError, OSError, TimeoutError) as exc:
             if deadline is not None and loop.time() + wait > deadline:
-                raise ConfigurationError(f"cannot reach NATS at {', '.join(servers)}: {exc}") from exc
+                raise ConfigurationError(
+                    f"cannot reach NATS at {', '.join(servers)}: {exc}"
+                ) from exc
             log.warning("nats not reachable at %s (%s); retrying in %.1fs", servers, exc, wait)
             await asyncio.sleep(wait)
             wait = min(wait * 2, INITIAL_CONNECT_MAX_WAIT)

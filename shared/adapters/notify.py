@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import asyncpg
 
-from shared.adapters.postgres import CONNECTION_ERRORS, connect
+from shared.adapters.postgres import DATABASE_ERRORS, connect
 from shared.domain.errors import TransientError
 
 log = logging.getLogger("ferry.notify")
@@ -21,7 +21,9 @@ log = logging.getLogger("ferry.notify")
 LIVENESS_INTERVAL_SECONDS = 5.0
 
 
-async def listen(dsn: str, channel: str, on_notify: Callable[[], None], stop: asyncio.Event) -> None:
+async def listen(
+    dsn: str, channel: str, on_notify: Callable[[], None], stop: asyncio.Event
+) -> None:
     """Call ``on_notify`` for each NOTIFY on ``channel`` until ``stop`` is set."""
     delay = 0.2
     while not stop.is_set():
@@ -37,7 +39,7 @@ async def listen(dsn: str, channel: str, on_notify: Callable[[], None], stop: as
             await conn.add_listener(channel, lambda *_: on_notify())
             on_notify()
             await _watch(conn, stop)
-        except CONNECTION_ERRORS + (asyncpg.PostgresError,) as exc:
+        except DATABASE_ERRORS as exc:
             log.warning("listener lost its connection: %s", exc)
         finally:
             conn.terminate()

@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import asyncpg
+from shared.adapters.postgres import Conn
 
 #: Longest back-off between attempts of one failing row.
 ROW_RETRY_CAP_SECONDS = 60
@@ -31,8 +31,9 @@ WITH cand AS (
   SELECT seq FROM outbox_events
   WHERE published_at IS NULL
     AND (publish_attempts = 0
-         OR last_attempt_at < now() - LEAST(interval '100 milliseconds' * power(2, publish_attempts),
-                                            interval '{ROW_RETRY_CAP_SECONDS} seconds'))
+         OR last_attempt_at < now() - LEAST(
+              interval '100 milliseconds' * power(2, publish_attempts),
+              interval '{ROW_RETRY_CAP_SECONDS} seconds'))
   ORDER BY seq
   LIMIT $1
   FOR UPDATE SKIP LOCKED
@@ -96,18 +97,18 @@ class OutboxRow:
         return (self.aggregate_type, self.aggregate_id)
 
 
-async def claim(conn: asyncpg.Connection, limit: int) -> list[OutboxRow]:
+async def claim(conn: Conn, limit: int) -> list[OutboxRow]:
     """Lock and return up to ``limit`` publishable rows; run inside a transaction."""
     return [OutboxRow(**dict(r)) for r in await conn.fetch(_CLAIM, limit)]
 
 
-async def mark_published(conn: asyncpg.Connection, seqs: list[int]) -> None:
+async def mark_published(conn: Conn, seqs: list[int]) -> None:
     """CMD-050: set published_at and count the attempt."""
     if seqs:
         await conn.execute(_MARK_PUBLISHED, seqs)
 
 
-async def mark_failed(conn: asyncpg.Connection, failures: dict[int, str]) -> None:
+async def mark_failed(conn: Conn, failures: dict[int, str]) -> None:
     """Record failed attempts; one UPDATE per distinct error text."""
     by_error: dict[str, list[int]] = defaultdict(list)
     for seq, error in failures.items():
@@ -116,7 +117,7 @@ async def mark_failed(conn: asyncpg.Connection, failures: dict[int, str]) -> Non
         await conn.execute(_MARK_FAILED, seqs, error)
 
 
-async def backlog(conn: asyncpg.Connection) -> dict[str, Any]:
+async def backlog(conn: Conn) -> dict[str, Any]:
     """QRY-050: unpublished count and oldest occurred_at (plus failing rows)."""
     row = await conn.fetchrow(_BACKLOG)
     assert row is not None

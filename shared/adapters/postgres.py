@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from shared.domain.errors import ConfigurationError, TransientError
 
@@ -31,6 +32,10 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InternalClientError,
     TimeoutError,
 )
+#: Connection errors plus server-side errors: what a retry loop around a batch catches.
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, asyncpg.PostgresError)
+#: A connection or a pool's proxy of one: what repository functions accept.
+Conn = asyncpg.Connection | PoolConnectionProxy
 
 
 def redact(dsn: str) -> str:
@@ -168,4 +173,3 @@ async def migrate_database(dsn: str, *, create: bool = True) -> list[str]:
         return await migrate(conn, discover_migrations())
     finally:
         await conn.close()
-

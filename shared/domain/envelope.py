@@ -20,8 +20,14 @@ from shared.domain.subjects import parse_subject
 
 #: Fields a well-formed envelope must carry; the rest are optional.
 REQUIRED_FIELDS = (
-    "message_id", "subject", "event_type", "event_version", "occurred_at",
-    "aggregate_type", "aggregate_id", "payload",
+    "message_id",
+    "subject",
+    "event_type",
+    "event_version",
+    "occurred_at",
+    "aggregate_type",
+    "aggregate_id",
+    "payload",
 )
 
 

@@ -65,7 +65,7 @@ def event_subject(namespace: str, event_type: str, version: int) -> EventSubject
 
 
 def parse_subject(subject: str) -> EventSubject:
-    """Split ``a.b.event_type.vN`` into its parts; raise ``INVALID_SUBJECT`` if it breaks the rule."""
+    """Split ``a.b.event_type.vN`` into parts; raise ``INVALID_SUBJECT`` if it breaks the rule."""
     parts = subject.split(".")
     if len(parts) < 3:
         raise OutboxValidationError(

@@ -19,7 +19,7 @@ from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import migrate_database
 from shared.producer import record_event
 from shared.provision import provision
-from tests.conftest import CRASHABLE_PG, ROOT, Env, postgres, sea_vibespro_doc
+from tests.conftest import CAPS, CRASHABLE_PG, ROOT, Env, postgres, sea_vibespro_doc
 from tests.helpers import (
     RunningPublisher,
     eventually,
@@ -52,12 +52,18 @@ async def _assert_exactly_once_in_order(nc: NATS, conn: asyncpg.Connection) -> N
     assert seen == expected, "per-aggregate order differs from outbox order"
 
 
-async def test_publishes_with_msg_id_subject_and_envelope(env: Env, nc: NATS, sea_conn: asyncpg.Connection) -> None:
-    await provision(nc.jetstream(), env.topology, max_replicas=1)
+async def test_publishes_with_msg_id_subject_and_envelope(
+    env: Env, nc: NATS, sea_conn: asyncpg.Connection
+) -> None:
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
     async with sea_conn.transaction():
         event_id = await record_event(
-            sea_conn, aggregate_type="model", aggregate_id="m1", event_type="model_published",
-            event_version=2, payload={"model_id": "m1", "name": "x"},
+            sea_conn,
+            aggregate_type="model",
+            aggregate_id="m1",
+            event_type="model_published",
+            event_version=2,
+            payload={"model_id": "m1", "name": "x"},
             correlation_id="6f1c1e38-9d7c-4c65-9a8e-2b8f3fa0a001",
             traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         )
@@ -82,13 +88,16 @@ async def _is_zero(conn: asyncpg.Connection) -> bool:
 async def test_late_committing_transaction_is_still_published(
     env: Env, nc: NATS, sea_conn: asyncpg.Connection
 ) -> None:
-    await provision(nc.jetstream(), env.topology, max_replicas=1)
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
     late = await asyncpg.connect(env.dsn("sea"))
     try:
         tx = late.transaction()
         await tx.start()
         late_id = await record_event(  # takes the lower seq, commits last
-            late, aggregate_type="model", aggregate_id="late", event_type="model_published",
+            late,
+            aggregate_type="model",
+            aggregate_id="late",
+            event_type="model_published",
             payload={"model_id": "late", "name": "l"},
         )
         async with RunningPublisher(env.topology, "sea", env.dsn("sea"), nc.jetstream()):
@@ -111,7 +120,7 @@ async def _count_is(nc: NATS, expected: int) -> bool:
 async def test_two_replicas_publish_everything_once_in_aggregate_order(
     env: Env, nc: NATS, sea_conn: asyncpg.Connection
 ) -> None:
-    await provision(nc.jetstream(), env.topology, max_replicas=1)
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
     js = nc.jetstream()
     async with (
         RunningPublisher(env.topology, "sea", env.dsn("sea"), js, batch_size=50, concurrency=3),
@@ -124,7 +133,9 @@ async def test_two_replicas_publish_everything_once_in_aggregate_order(
     await _assert_exactly_once_in_order(nc, sea_conn)
 
 
-async def test_stream_refusal_is_recorded_and_retried(env: Env, nc: NATS, sea_conn: asyncpg.Connection) -> None:
+async def test_stream_refusal_is_recorded_and_retried(
+    env: Env, nc: NATS, sea_conn: asyncpg.Connection
+) -> None:
     """With no stream, publishes fail: the row keeps its error and is published once it exists."""
     await insert_events(sea_conn, 3, aggregates=1)
     async with RunningPublisher(env.topology, "sea", env.dsn("sea"), nc.jetstream()):
@@ -134,15 +145,19 @@ async def test_stream_refusal_is_recorded_and_retried(env: Env, nc: NATS, sea_co
         )
         assert row["publish_attempts"] >= 1 and row["publish_error"]
         # Only the head of the aggregate was attempted; the rest waited behind it.
-        assert await sea_conn.fetchval(
-            "SELECT count(*) FROM outbox_events WHERE publish_attempts > 0") == 1
-        await provision(nc.jetstream(), env.topology, max_replicas=1)
+        assert (
+            await sea_conn.fetchval("SELECT count(*) FROM outbox_events WHERE publish_attempts > 0")
+            == 1
+        )
+        await provision(nc.jetstream(), env.topology, caps=CAPS)
         await eventually(lambda: _is_zero(sea_conn), timeout=20, what="rows published after fix")
     await _assert_exactly_once_in_order(nc, sea_conn)
 
 
 async def _has_error(conn: asyncpg.Connection) -> bool:
-    return bool(await conn.fetchval("SELECT count(*) FROM outbox_events WHERE publish_error IS NOT NULL"))
+    return bool(
+        await conn.fetchval("SELECT count(*) FROM outbox_events WHERE publish_error IS NOT NULL")
+    )
 
 
 def _spawn_publisher(env: Env, *, nats_url: str | None = None) -> subprocess.Popen[bytes]:
@@ -152,7 +167,10 @@ def _spawn_publisher(env: Env, *, nats_url: str | None = None) -> subprocess.Pop
     with open(env.tmp_path / "publisher.log", "ab") as log:  # the child keeps its own copy
         return subprocess.Popen(
             [sys.executable, "-m", "services.outbox_publisher"],
-            cwd=ROOT, env=env.settings_env(**extra), stdout=log, stderr=log,
+            cwd=ROOT,
+            env=env.settings_env(**extra),
+            stdout=log,
+            stderr=log,
         )
 
 
@@ -160,12 +178,13 @@ async def test_kill_between_puback_and_mark_publishes_each_id_once(
     env: Env, nc: NATS, sea_conn: asyncpg.Connection
 ) -> None:
     """SIGKILL the real process while its UPDATE is stuck after the PubAcks."""
-    await provision(nc.jetstream(), env.topology, max_replicas=1)
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
     # A trigger that stalls the publisher's mark, opening the PubAck-to-mark window wide.
     await sea_conn.execute(
         "CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS"
         " $$ BEGIN PERFORM pg_sleep(60); RETURN NEW; END $$;"
-        "CREATE TRIGGER stall BEFORE UPDATE ON outbox_events FOR EACH STATEMENT EXECUTE FUNCTION stall()"
+        "CREATE TRIGGER stall BEFORE UPDATE ON outbox_events"
+        " FOR EACH STATEMENT EXECUTE FUNCTION stall()"
     )
     await insert_events(sea_conn, 200, aggregates=20)
     proc = _spawn_publisher(env)
@@ -193,8 +212,10 @@ async def test_kill_between_puback_and_mark_publishes_each_id_once(
     await _assert_exactly_once_in_order(nc, sea_conn)
 
 
-async def test_sigterm_drains_and_exits_zero(env: Env, nc: NATS, sea_conn: asyncpg.Connection) -> None:
-    await provision(nc.jetstream(), env.topology, max_replicas=1)
+async def test_sigterm_drains_and_exits_zero(
+    env: Env, nc: NATS, sea_conn: asyncpg.Connection
+) -> None:
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
     proc = _spawn_publisher(env)
     try:
         await insert_events(sea_conn, 2000, aggregates=50)
@@ -214,10 +235,12 @@ async def _stream_nonempty(nc: NATS) -> bool:
     return await stream_count(nc.jetstream(), STREAM) > 0
 
 
-async def test_rides_out_a_nats_restart(env: Env, nats_server: NatsServer, sea_conn: asyncpg.Connection) -> None:
+async def test_rides_out_a_nats_restart(
+    env: Env, nats_server: NatsServer, sea_conn: asyncpg.Connection
+) -> None:
     nc = await connect_nats([nats_server.url], name="test", ping_interval=1)
     try:
-        await provision(nc.jetstream(), env.topology, max_replicas=1)
+        await provision(nc.jetstream(), env.topology, caps=CAPS)
         proc = _spawn_publisher(env)
         try:
             await insert_events(sea_conn, 300, aggregates=10)
@@ -241,7 +264,7 @@ async def test_rides_out_a_postgres_crash(tmp_path: Path, nats_server: NatsServe
         world = Env(tmp_path, pg, nats_server.url, sea_vibespro_doc("crash"))
         await migrate_database(world.dsn("sea"))
         nc = await connect_nats([nats_server.url], name="test")
-        await provision(nc.jetstream(), world.topology, max_replicas=1)
+        await provision(nc.jetstream(), world.topology, caps=CAPS)
         proc = _spawn_publisher(world)
         try:
             await _insert_with_fresh_connection(world.dsn("sea"), 300)
@@ -268,11 +291,19 @@ async def _insert_with_fresh_connection(dsn: str, count: int) -> None:
 
 
 def test_entry_point_refuses_unknown_context(tmp_path: Path) -> None:
-    env = dict(os.environ, FERRY_TOPOLOGY=str(ROOT / "topologies/sea-vibespro.yaml"),
-               FERRY_CONTEXT="nope", PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        FERRY_TOPOLOGY=str(ROOT / "topologies/sea-vibespro.yaml"),
+        FERRY_CONTEXT="nope",
+        PYTHONPATH=str(ROOT),
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "services.outbox_publisher"], cwd=ROOT, env=env,
-        capture_output=True, timeout=30, check=False,
+        [sys.executable, "-m", "services.outbox_publisher"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=30,
+        check=False,
     )
     assert result.returncode == 2
     assert b"no context 'nope'" in result.stderr

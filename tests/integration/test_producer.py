@@ -29,8 +29,11 @@ async def test_commit_keeps_state_and_event(sea_conn: asyncpg.Connection) -> Non
     async with sea_conn.transaction():
         await sea_conn.execute("INSERT INTO models VALUES ('m1', 'first')")
         event_id = await record_event(
-            sea_conn, aggregate_type="model", aggregate_id="m1",
-            event_type="model_published", payload={"model_id": "m1", "name": "first"},
+            sea_conn,
+            aggregate_type="model",
+            aggregate_id="m1",
+            event_type="model_published",
+            payload={"model_id": "m1", "name": "first"},
         )
     assert await _counts(sea_conn) == (1, 1)
     row = await sea_conn.fetchrow("SELECT * FROM outbox_events WHERE id = $1", event_id)
@@ -44,8 +47,11 @@ async def test_rollback_leaves_neither(sea_conn: asyncpg.Connection) -> None:
         async with sea_conn.transaction():
             await sea_conn.execute("INSERT INTO models VALUES ('m1', 'first')")
             await record_event(
-                sea_conn, aggregate_type="model", aggregate_id="m1",
-                event_type="model_published", payload={"model_id": "m1", "name": "first"},
+                sea_conn,
+                aggregate_type="model",
+                aggregate_id="m1",
+                event_type="model_published",
+                payload={"model_id": "m1", "name": "first"},
             )
             raise RuntimeError("domain failure after the event was recorded")
     assert await _counts(sea_conn) == (0, 0)
@@ -57,8 +63,11 @@ async def test_a_refused_event_aborts_the_callers_transaction(sea_conn: asyncpg.
         async with sea_conn.transaction():
             await sea_conn.execute("INSERT INTO models VALUES ('m1', 'first')")
             await record_event(
-                sea_conn, aggregate_type="model", aggregate_id="m1",
-                event_type="ModelPublished", payload={},
+                sea_conn,
+                aggregate_type="model",
+                aggregate_id="m1",
+                event_type="ModelPublished",
+                payload={},
             )
     assert await _counts(sea_conn) == (0, 0)
 
@@ -66,8 +75,11 @@ async def test_a_refused_event_aborts_the_callers_transaction(sea_conn: asyncpg.
 async def test_outside_a_transaction_is_refused(sea_conn: asyncpg.Connection) -> None:
     with pytest.raises(OutboxValidationError, match="inside the caller's transaction"):
         await record_event(
-            sea_conn, aggregate_type="model", aggregate_id="m1",
-            event_type="model_published", payload={},
+            sea_conn,
+            aggregate_type="model",
+            aggregate_id="m1",
+            event_type="model_published",
+            payload={},
         )
     assert await sea_conn.fetchval("SELECT count(*) FROM outbox_events") == 0
 
@@ -91,8 +103,10 @@ async def test_policy_violations_are_named(
     sea_conn: asyncpg.Connection, kwargs: dict[str, object], code: str, field: str
 ) -> None:
     args: dict[str, object] = {
-        "aggregate_type": "model", "aggregate_id": "m1",
-        "event_type": "model_published", "payload": {"model_id": "m1"},
+        "aggregate_type": "model",
+        "aggregate_id": "m1",
+        "event_type": "model_published",
+        "payload": {"model_id": "m1"},
     }
     args.update(kwargs)
     with pytest.raises(OutboxValidationError) as caught:

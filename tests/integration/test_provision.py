@@ -6,7 +6,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from shared.provision import is_clean, provision
-from tests.conftest import Env
+from tests.conftest import CAPS, Env
 
 pytestmark = pytest.mark.integration
 
@@ -17,46 +17,53 @@ def _actions(changes: list) -> dict[str, str]:  # type: ignore[type-arg]
 
 async def test_first_run_creates_second_is_a_no_op(env: Env, nc: NATS) -> None:
     js = nc.jetstream()
-    first = await provision(js, env.topology, max_replicas=1)
+    first = await provision(js, env.topology, caps=CAPS)
     assert set(_actions(first).values()) == {"created"}
     assert set(_actions(first)) == {
-        "SEA_EVENTS", "VIBESPRO_EVENTS", "SEA_DLQ", "VIBESPRO_DLQ",
-        "sea__from_vibespro", "vibespro__from_sea",
+        "SEA_EVENTS",
+        "VIBESPRO_EVENTS",
+        "SEA_DLQ",
+        "VIBESPRO_DLQ",
+        "sea__from_vibespro",
+        "vibespro__from_sea",
     }
-    second = await provision(js, env.topology, max_replicas=1)
+    second = await provision(js, env.topology, caps=CAPS)
     assert set(_actions(second).values()) == {"unchanged"}
     info = await js.stream_info("SEA_EVENTS")
     assert info.config.max_age == pytest.approx(7 * 86400)
     assert info.config.duplicate_window == pytest.approx(120)
     consumer = await js.consumer_info("VIBESPRO_EVENTS", "sea__from_vibespro")
-    assert (consumer.config.ack_wait, consumer.config.max_deliver, consumer.config.max_ack_pending) == (
-        pytest.approx(120), 20, 50)
+    assert (
+        consumer.config.ack_wait,
+        consumer.config.max_deliver,
+        consumer.config.max_ack_pending,
+    ) == (pytest.approx(120), 20, 50)
 
 
 async def test_changed_consumer_is_reported_then_applied(env: Env, nc: NATS) -> None:
     js = nc.jetstream()
-    await provision(js, env.topology, max_replicas=1)
+    await provision(js, env.topology, caps=CAPS)
     env.doc["durables"]["sea__from_vibespro"]["ack_wait"] = "90s"
     env.doc["durables"]["sea__from_vibespro"]["max_deliver"] = 7
     env.write()
-    check = await provision(js, env.topology, apply=False, max_replicas=1)
+    check = await provision(js, env.topology, apply=False, caps=CAPS)
     drift = next(c for c in check if c.name == "sea__from_vibespro")
     assert drift.action == "drift"
     assert drift.diffs["ack_wait"] == (120.0, 90.0) and drift.diffs["max_deliver"] == (20, 7)
     assert not is_clean(check)
-    applied = await provision(js, env.topology, max_replicas=1)
+    applied = await provision(js, env.topology, caps=CAPS)
     assert _actions(applied)["sea__from_vibespro"] == "updated"
     consumer = await js.consumer_info("VIBESPRO_EVENTS", "sea__from_vibespro")
     assert consumer.config.max_deliver == 7
-    assert is_clean(await provision(js, env.topology, apply=False, max_replicas=1))
+    assert is_clean(await provision(js, env.topology, apply=False, caps=CAPS))
 
 
 async def test_immutable_change_is_refused_not_ignored(env: Env, nc: NATS) -> None:
     js = nc.jetstream()
-    await provision(js, env.topology, max_replicas=1)
+    await provision(js, env.topology, caps=CAPS)
     env.doc["contexts"]["sea"]["stream"]["storage"] = "memory"
     env.write()
-    changes = await provision(js, env.topology, max_replicas=1)
+    changes = await provision(js, env.topology, caps=CAPS)
     refused = next(c for c in changes if c.name == "SEA_EVENTS")
     assert refused.action == "refused" and "storage" in (refused.error or "")
     assert not is_clean(changes)
@@ -65,9 +72,9 @@ async def test_immutable_change_is_refused_not_ignored(env: Env, nc: NATS) -> No
 
 async def test_changed_stream_limit_is_applied(env: Env, nc: NATS) -> None:
     js = nc.jetstream()
-    await provision(js, env.topology, max_replicas=1)
+    await provision(js, env.topology, caps=CAPS)
     env.doc["contexts"]["sea"]["stream"]["max_age"] = "3d"
     env.write()
-    changes = await provision(js, env.topology, max_replicas=1)
+    changes = await provision(js, env.topology, caps=CAPS)
     assert _actions(changes)["SEA_EVENTS"] == "updated"
     assert (await js.stream_info("SEA_EVENTS")).config.max_age == pytest.approx(3 * 86400)

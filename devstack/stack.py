@@ -1,0 +1,192 @@
+"""``python -m devstack.stack up [--demo]``: the whole platform under supervisord.
+
+Picks free ports (unless given), exports the FERRY_* variables supervisord.conf
+expands, starts supervisord in the foreground as a child, waits until every program
+runs and the bootstrap finished, then either drives the demo workload or waits.
+Ctrl-C (or SIGTERM) stops supervisord, which stops every role inside its deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from devstack.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Port variables supervisord.conf expands; each gets a free port unless already set.
+PORT_VARS = (
+    "FERRY_NATS_PORT",
+    "FERRY_NATS_MONITOR_PORT",
+    "FERRY_PG_PORT",
+    "FERRY_PORT_PUB_SEA",
+    "FERRY_PORT_PUB_VIBESPRO",
+    "FERRY_PORT_PUB_MODULE_E",
+    "FERRY_PORT_PUB_MODULE_F",
+    "FERRY_PORT_PUB_MODULE_G",
+    "FERRY_PORT_PUB_MODULE_H",
+)
+#: How long programs get to reach RUNNING (and bootstrap to finish).
+START_TIMEOUT = 120.0
+
+
+def stack_environment(var_dir: Path) -> dict[str, str]:
+    """The environment supervisord and every program inherit."""
+    env = dict(os.environ)
+    for name in PORT_VARS:
+        env.setdefault(name, str(free_port()))
+    external = "FERRY_NATS_URL" in os.environ and "FERRY_DSN_TEMPLATE" in os.environ
+    env.update(
+        FERRY_VAR=str(var_dir),
+        FERRY_PYTHON=sys.executable,
+        FERRY_EMBEDDED="false" if external else "true",
+        PYTHONPATH=str(ROOT),
+    )
+    env.setdefault("FERRY_NATS_URL", f"nats://127.0.0.1:{env['FERRY_NATS_PORT']}")
+    env.setdefault(
+        "FERRY_DSN_TEMPLATE", f"postgresql://postgres@127.0.0.1:{env['FERRY_PG_PORT']}/{{database}}"
+    )
+    env.setdefault("FERRY_MAX_STREAM_REPLICAS", "1")
+    env.setdefault("FERRY_MAX_STREAM_BYTES", "1GB")
+    return env
+
+
+def prepare_var_dir(var_dir: Path) -> None:
+    """Create the var directory; PostgreSQL's unprivileged user must be able to enter it."""
+    (var_dir / "log").mkdir(parents=True, exist_ok=True)
+    (var_dir / "pg").mkdir(exist_ok=True)
+    if os.geteuid() == 0:
+        var_dir.chmod(0o711)
+        (var_dir / "pg").chmod(0o711)
+
+
+def supervisorctl(env: dict[str, str], *args: str) -> str:
+    """Run supervisorctl against our supervisord; return its output."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "supervisor.supervisorctl",
+            "-c",
+            str(ROOT / "supervisord.conf"),
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return result.stdout
+
+
+def program_states(env: dict[str, str]) -> dict[str, str]:
+    """{program: STATE} from ``supervisorctl status``."""
+    states = {}
+    for line in supervisorctl(env, "status").splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            states[parts[0]] = parts[1]
+    return states
+
+
+def wait_until_up(env: dict[str, str], supervisord: subprocess.Popen[bytes]) -> dict[str, str]:
+    """Wait until bootstrap EXITED and every other program is RUNNING; fail loudly otherwise."""
+    deadline = time.monotonic() + START_TIMEOUT
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        if supervisord.poll() is not None:
+            raise SystemExit(
+                f"supervisord exited with {supervisord.returncode}; see {env['FERRY_VAR']}/log"
+            )
+        states = program_states(env)
+        if states.get("bootstrap") in ("FATAL", "BACKOFF"):
+            raise SystemExit(f"bootstrap failed; see {env['FERRY_VAR']}/log/bootstrap.log")
+        others = {k: v for k, v in states.items() if k != "bootstrap"}
+        embedded = env["FERRY_EMBEDDED"] == "true"
+        if states.get("bootstrap") == "EXITED" and all(
+            v == "RUNNING" or (not embedded and k in ("nats-server", "postgres"))
+            for k, v in others.items()
+        ):
+            return states
+        time.sleep(0.5)
+    raise SystemExit(f"stack did not come up within {START_TIMEOUT}s: {states}")
+
+
+def print_banner(env: dict[str, str], states: dict[str, str]) -> None:
+    """Tell the user where everything is."""
+    print("Ferry is up.")
+    print(f"  NATS        {env['FERRY_NATS_URL']}")
+    print(f"  PostgreSQL  {env['FERRY_DSN_TEMPLATE']}")
+    print(f"  logs        {env['FERRY_VAR']}/log/")
+    print(f"  control     {sys.executable} -m supervisor.supervisorctl -c supervisord.conf status")
+    for name, state in sorted(states.items()):
+        print(f"    {name:34} {state}")
+
+
+def up(var_dir: Path, *, demo: bool, demo_args: list[str]) -> int:
+    """Start the stack; run the demo or wait; always shut down cleanly."""
+    prepare_var_dir(var_dir)
+    env = stack_environment(var_dir)
+    (var_dir / "stack.env").write_text(
+        "".join(f"export {k}={v}\n" for k, v in sorted(env.items()) if k.startswith("FERRY_"))
+    )
+    supervisord = subprocess.Popen(
+        [sys.executable, "-m", "supervisor.supervisord", "-c", str(ROOT / "supervisord.conf")],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        print_banner(env, wait_until_up(env, supervisord))
+        if demo:
+            from devstack.demo import run_demo
+
+            return run_demo(env, demo_args)
+        print("Press Ctrl-C to stop.")
+        while supervisord.poll() is None:
+            time.sleep(1.0)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        shutdown(supervisord)
+
+
+def shutdown(supervisord: subprocess.Popen[bytes]) -> None:
+    """SIGTERM supervisord (it stops every program in priority order) and wait."""
+    if supervisord.poll() is None:
+        print("stopping the stack ...")
+        supervisord.send_signal(signal.SIGTERM)
+        try:
+            supervisord.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(supervisord.pid, signal.SIGKILL)
+            supervisord.wait(timeout=10)
+    print("stopped.")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    parser = argparse.ArgumentParser(prog="python -m devstack.stack")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up_cmd = sub.add_parser("up", help="start the platform under supervisord")
+    up_cmd.add_argument("--demo", action="store_true", help="drive the demo workload, then stop")
+    up_cmd.add_argument("--var-dir", type=Path, default=ROOT / ".var", help="data and logs")
+    args, rest = parser.parse_known_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    return up(args.var_dir.resolve(), demo=args.demo, demo_args=rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

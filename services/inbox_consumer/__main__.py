@@ -1,0 +1,123 @@
+"""``python -m services.inbox_consumer [--durable NAME]``: wires settings to the consumer."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+
+import asyncpg
+
+from shared.adapters.nats import connect_nats
+from shared.adapters.postgres import create_pool
+from shared.domain.ack import RetryPolicy
+from shared.domain.errors import ConfigurationError, TransientError
+from shared.runtime import (
+    EXIT_CONFIG,
+    EXIT_DRAIN_TIMEOUT,
+    EXIT_OK,
+    HealthServer,
+    configure_logging,
+    stop_on_signals,
+)
+from shared.settings import ConsumerSettings
+from shared.topology import Topology
+
+from .consumer import InboxConsumer
+from .dispatch import HttpHandler
+
+ROLE = "inbox-consumer"
+log = logging.getLogger("ferry.inbox_consumer")
+
+
+def accepted_events(topology: Topology, durable: str) -> frozenset[tuple[str, int]] | None:
+    """(type, version) pairs the manifests route to ``durable``; None when none are declared."""
+    pairs = frozenset((e.type, e.version) for e in topology.events if durable in e.handled_by)
+    return pairs or None
+
+
+async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
+    """Consume until ``stop``, then finish the batch in hand inside the drain deadline."""
+    topology = settings.load_topology()
+    spec = topology.durable(settings.durable)
+    dsn = settings.dsn(topology.context(spec.target).database)
+    pool = await _pool_when_up(dsn, stop)
+    nats_up = {"connected": False}
+    nc = await connect_nats(
+        settings.nats_servers(), name=f"{ROLE}:{settings.durable}",
+        ping_interval=settings.nats_ping_interval,
+        on_state=lambda up: nats_up.__setitem__("connected", up),
+    )
+    handler = HttpHandler(
+        settings.handler_url or spec.handler.url, timeout=spec.handler.timeout,
+        connections=settings.concurrency,
+    )
+    consumer = InboxConsumer(
+        pool=pool, js=nc.jetstream(), durable=settings.durable, spec=spec, handler=handler,
+        owner=f"{socket.gethostname()}:{os.getpid()}", concurrency=settings.concurrency,
+        lease_seconds=spec.handler.timeout + settings.lease_margin,
+        policy=RetryPolicy(tuple(spec.backoff), spec.max_deliver, settings.retry_after_cap),
+        accepted=accepted_events(topology, settings.durable),
+    )
+    health = HealthServer(
+        host=settings.health_host, port=settings.health_port or 0,
+        checks={"nats": lambda: nats_up["connected"], "durable": lambda: consumer.stats.bound},
+    )
+    if settings.health_port:
+        await health.start()
+    inner_stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(inner_stop, fetch_timeout=settings.fetch_timeout))
+    log.info("consuming %s from %s", settings.durable, spec.stream)
+    await asyncio.wait({task, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    inner_stop.set()
+    code = EXIT_OK
+    try:
+        await asyncio.wait_for(task, timeout=settings.drain_deadline + settings.fetch_timeout)
+    except TimeoutError:
+        code = EXIT_DRAIN_TIMEOUT  # unacked messages are redelivered after ack_wait
+    await health.stop()
+    await handler.close()
+    await nc.close()
+    await pool.close()
+    log.info("stopped", extra={"processed": consumer.stats.processed})
+    return code
+
+
+async def _pool_when_up(dsn: str, stop: asyncio.Event) -> asyncpg.Pool:
+    delay = 0.2
+    while True:
+        try:
+            return await create_pool(dsn, min_size=1, max_size=4)
+        except TransientError as exc:
+            if stop.is_set():
+                raise
+            log.warning("postgres not reachable (%s); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def _main(settings: ConsumerSettings) -> int:
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    return await run(settings, stop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; ``--durable`` overrides FERRY_DURABLE."""
+    parser = argparse.ArgumentParser(prog="python -m services.inbox_consumer")
+    parser.add_argument("--durable", help="durable to consume (default: FERRY_DURABLE)")
+    args = parser.parse_args(argv)
+    settings = ConsumerSettings(**({"durable": args.durable} if args.durable else {}))
+    configure_logging(ROLE, settings.log_level)
+    try:
+        return asyncio.run(_main(settings))
+    except ConfigurationError as exc:
+        log.error("configuration error: %s", exc)
+        return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""The consumer's behaviour: fetch a batch, record it in the inbox, dispatch, settle.
+
+Per fetched batch:
+
+1. parse each message (a malformed one is not an error here: it becomes a dead letter
+   with its reason, and is never lost);
+2. record the whole batch in the inbox in one statement (REQ-051) — a message whose
+   outcome is already final is a duplicate (ack, skip, count); one leased by another
+   delivery is left alone (nak until the lease ends), so the handler never runs twice
+   at once for one id;
+3. call the handler for every claimed message concurrently, heart-beating
+   ``in_progress`` so ack_wait never expires under a slow handler;
+4. settle each by :func:`shared.domain.ack.decide`: processed rows are marked in one
+   statement and then acked; retries are marked and nak'ed with an explicit delay;
+   dead letters are published (deduplicated per durable and id), marked failed, acked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+from nats.aio.msg import Msg
+from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+
+from services.inbox_consumer.dispatch import HttpHandler
+from shared.adapters import inbox
+from shared.adapters.inbox import ClaimResult, InboxEntry
+from shared.adapters.postgres import DATABASE_ERRORS
+from shared.domain.ack import Ack, DeadLetter, Decision, HandlerResponse, Nak, RetryPolicy, decide
+from shared.domain.dead_letter import dead_letter_record
+from shared.domain.envelope import Envelope, format_timestamp
+from shared.domain.errors import PoisonError
+from shared.topology import DurableSpec
+
+log = logging.getLogger("ferry.inbox_consumer")
+
+#: Namespace of surrogate ids for messages that carry no usable id of their own.
+SURROGATE_NAMESPACE = uuid.UUID("5b0e4c2e-55a2-4f0e-9a43-5f1b1c6f0a11")
+#: Delay before a copy that lost the race for an id is offered again.
+CONTENDED_DELAY = 1.0
+
+
+@dataclass
+class ConsumerStats:
+    """Counters the role exposes (and tests read)."""
+
+    fetched: int = 0
+    processed: int = 0
+    duplicates: int = 0
+    retries: int = 0
+    dead_lettered: int = 0
+    handler_calls: int = 0
+    contended: int = 0
+    alerts: int = 0
+    bound: bool = False
+    retries_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Delivery:
+    """One fetched message and what we could learn from it."""
+
+    msg: Msg
+    message_id: uuid.UUID
+    attempt: int
+    stream_seq: int
+    envelope: Envelope | None
+    poison: PoisonError | None
+
+    def entry(self) -> InboxEntry:
+        """The inbox row to record."""
+        env = self.envelope
+        return InboxEntry(
+            message_id=self.message_id,
+            subject=self.msg.subject,
+            event_type=env.event_type if env else None,
+            event_version=env.event_version if env else None,
+            occurred_at=env.occurred_at if env else None,
+            stream_seq=self.stream_seq,
+            traceparent=(self.msg.headers or {}).get("traceparent"),
+        )
+
+
+def parse_delivery(msg: Msg) -> Delivery:
+    """Parse without raising: a defect is kept as ``poison`` for the dead-letter path."""
+    meta = msg.metadata
+    headers = msg.headers or {}
+    envelope: Envelope | None = None
+    poison: PoisonError | None = None
+    try:
+        envelope = Envelope.from_wire(msg.data, nats_subject=msg.subject)
+    except PoisonError as exc:
+        poison = exc
+    # The inbox key is the envelope's message_id, not Nats-Msg-Id: a replay is published
+    # under a fresh Nats-Msg-Id (the duplicate window would drop it) but keeps its key.
+    message_id = _message_id(envelope, headers.get("Nats-Msg-Id"), meta.stream, meta.sequence.stream)
+    return Delivery(msg, message_id, meta.num_delivered, meta.sequence.stream, envelope, poison)
+
+
+def _message_id(envelope: Envelope | None, header: str | None, stream: str, seq: int) -> uuid.UUID:
+    if envelope is not None:
+        return uuid.UUID(envelope.message_id)
+    try:
+        return uuid.UUID(str(header))
+    except ValueError:
+        return uuid.uuid5(SURROGATE_NAMESPACE, f"{stream}:{seq}")
+
+
+class InboxConsumer:
+    """Consumes one durable into its target context's inbox and handler."""
+
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        js: JetStreamContext,
+        durable: str,
+        spec: DurableSpec,
+        handler: HttpHandler,
+        owner: str,
+        concurrency: int,
+        lease_seconds: float,
+        policy: RetryPolicy,
+        accepted: frozenset[tuple[str, int]] | None,
+    ) -> None:
+        self.pool, self.js, self.durable, self.spec = pool, js, durable, spec
+        self.handler, self.owner, self.policy = handler, owner, policy
+        self.lease_seconds, self.accepted = lease_seconds, accepted
+        self.slots = asyncio.Semaphore(concurrency)
+        self.stats = ConsumerStats()
+        self.heartbeat_every = max(spec.ack_wait / 3, 0.5)
+
+    async def run(self, stop: asyncio.Event, *, fetch_timeout: float) -> None:
+        """Fetch and process batches until ``stop``; the batch in hand is finished first."""
+        psub = await self.js.pull_subscribe_bind(durable=self.durable, stream=self.spec.stream)
+        self.stats.bound = True
+        while not stop.is_set():
+            try:
+                msgs = await psub.fetch(self.spec.batch_size, timeout=fetch_timeout)
+            except NatsTimeout:
+                continue
+            except (ConnectionClosedError, NoRespondersError, OSError) as exc:
+                log.warning("fetch failed: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            self.stats.fetched += len(msgs)
+            await self.process_batch(msgs)
+
+    async def process_batch(self, msgs: list[Msg]) -> None:
+        """Record, dispatch and settle one fetched batch."""
+        unique: dict[uuid.UUID, Delivery] = {}
+        for msg in msgs:
+            delivery = parse_delivery(msg)
+            if delivery.message_id in unique:  # the same id twice in one batch
+                await self._nak(delivery.msg, CONTENDED_DELAY)
+                continue
+            unique[delivery.message_id] = delivery
+        try:
+            claim = await self._claim(list(unique.values()))
+        except DATABASE_ERRORS as exc:
+            log.warning("inbox unavailable (%s): batch will be redelivered", exc)
+            for delivery in unique.values():
+                await self._nak(delivery.msg, self.policy.delay(delivery.attempt))
+            return
+        await self._settle_unclaimed(unique, claim)
+        claimed = [unique[mid] for mid in claim.claimed]
+        decisions = await asyncio.gather(*(self._decide(d) for d in claimed))
+        await self._settle(list(zip(claimed, decisions, strict=True)))
+
+    async def _claim(self, deliveries: list[Delivery]) -> ClaimResult:
+        async with self.pool.acquire() as conn:
+            return await inbox.claim_batch(
+                conn, durable=self.durable, owner=self.owner,
+                lease_seconds=self.lease_seconds, entries=[d.entry() for d in deliveries],
+            )
+
+    async def _settle_unclaimed(self, unique: dict[uuid.UUID, Delivery], claim: ClaimResult) -> None:
+        for mid in claim.final:
+            self.stats.duplicates += 1
+            await _quiet(unique[mid].msg.ack())
+        for mid, lease_left in claim.leased.items():
+            self.stats.contended += 1
+            await self._nak(unique[mid].msg, lease_left + CONTENDED_DELAY)
+
+    async def _decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
+        """What to do with a claimed delivery, and the handler status if it was called."""
+        if delivery.poison is not None:
+            return DeadLetter(delivery.poison.reason_code, delivery.poison.detail), None
+        envelope = delivery.envelope
+        assert envelope is not None
+        key = (envelope.event_type, envelope.event_version)
+        if self.accepted is not None and key not in self.accepted:
+            detail = f"{self.durable} handles no {envelope.event_type}.v{envelope.event_version}"
+            return DeadLetter("UNKNOWN_EVENT", detail), None
+        async with self.slots:
+            outcome = await self._call_with_heartbeat(delivery, envelope)
+        status = outcome.status if isinstance(outcome, HandlerResponse) else None
+        return decide(outcome, attempt=delivery.attempt, policy=self.policy), status
+
+    async def _call_with_heartbeat(self, delivery: Delivery, envelope: Envelope) -> Any:
+        call = asyncio.create_task(
+            self.handler.handle(self._request_body(delivery, envelope), self._headers(delivery))
+        )
+        self.stats.handler_calls += 1
+        while True:
+            done, _ = await asyncio.wait({call}, timeout=self.heartbeat_every)
+            if done:
+                return call.result()
+            await _quiet(delivery.msg.in_progress())
+
+    def _request_body(self, delivery: Delivery, envelope: Envelope) -> dict[str, Any]:
+        body = envelope.to_dict()
+        body["delivery"] = {
+            "attempt": delivery.attempt,
+            "max_attempts": self.policy.max_deliver,
+            "stream_sequence": delivery.stream_seq,
+            "durable": self.durable,
+        }
+        # INFRA-005 §2 names, for the Mediation workers.
+        body.update(
+            messageId=envelope.message_id,
+            traceKey=envelope.correlation_id or envelope.message_id,
+            opportunityKey=envelope.payload.get("opportunity_key"),
+            module=envelope.context,
+            eventType=envelope.event_type,
+            payloadDigest=body["payload_digest"],
+            createdAt=format_timestamp(envelope.occurred_at),
+            retryCount=delivery.attempt - 1,
+            maxRetries=self.policy.max_deliver - 1,
+        )
+        return body
+
+    def _headers(self, delivery: Delivery) -> dict[str, str]:
+        headers = {"Idempotency-Key": str(delivery.message_id)}
+        traceparent = (delivery.msg.headers or {}).get("traceparent")
+        if traceparent:
+            headers["traceparent"] = traceparent
+        return headers
+
+    async def _settle(self, results: list[tuple[Delivery, tuple[Decision, int | None]]]) -> None:
+        processed = {d.message_id: s or 200 for d, (dec, s) in results if isinstance(dec, Ack)}
+        try:
+            async with self.pool.acquire() as conn:
+                await inbox.mark_processed(conn, self.durable, processed)
+        except DATABASE_ERRORS as exc:
+            # The handler applied them; the redelivery will get 409 and be marked then.
+            log.warning("could not mark %d processed (%s); they will be redelivered",
+                        len(processed), exc)
+            processed = {}
+        for delivery, (decision, status) in results:
+            if isinstance(decision, Ack):
+                if delivery.message_id in processed:
+                    self.stats.processed += 1
+                    await _quiet(delivery.msg.ack())
+            elif isinstance(decision, Nak):
+                await self._retry(delivery, decision, status)
+            else:
+                await self._dead_letter(delivery, decision, status)
+
+    async def _retry(self, delivery: Delivery, decision: Nak, status: int | None) -> None:
+        self.stats.retries += 1
+        reason = "HTTP_" + str(status) if status else decision.reason.split(":")[0].replace(" ", "_")
+        self.stats.retries_by_reason[reason] = self.stats.retries_by_reason.get(reason, 0) + 1
+        if decision.alert:
+            self.stats.alerts += 1
+            log.error("handler configuration problem: %s", decision.reason,
+                      extra={"durable": self.durable, "message_id": str(delivery.message_id)})
+        entry = _history(delivery, status, reason, decision.reason)
+        try:
+            async with self.pool.acquire() as conn:
+                await inbox.mark_retrying(
+                    conn, self.durable, delivery.message_id, error=decision.reason,
+                    status=status, reason_code=reason, history_entry=entry,
+                )
+        except DATABASE_ERRORS as exc:
+            log.warning("could not record retry of %s: %s", delivery.message_id, exc)
+        await self._nak(delivery.msg, decision.delay)
+
+    async def _dead_letter(self, delivery: Delivery, decision: DeadLetter, status: int | None) -> None:
+        entry = _history(delivery, status, decision.reason_code, decision.detail)
+        try:
+            async with self.pool.acquire() as conn:
+                history = [*await inbox.retry_history(conn, self.durable, delivery.message_id), entry]
+                record = self._record(delivery, decision, history)
+                await self.js.publish(
+                    self.spec.dead_letter_subject,
+                    json.dumps(record, default=str).encode(),
+                    headers={"Nats-Msg-Id": f"{self.durable}:{delivery.message_id}"},
+                )
+                await inbox.mark_failed(
+                    conn, self.durable, delivery.message_id, error=decision.detail, status=status,
+                    reason_code=decision.reason_code,
+                    dlq_metadata={"subject": self.spec.dead_letter_subject,
+                                  "reason": decision.reason_code, "replay_attempts": 0},
+                    history_entry=entry,
+                )
+        except (*DATABASE_ERRORS, ConnectionClosedError, NoRespondersError, NatsTimeout) as exc:
+            log.warning("dead-lettering %s failed (%s); it will be redelivered",
+                        delivery.message_id, exc)
+            await self._nak(delivery.msg, self.policy.delay(delivery.attempt))
+            return
+        self.stats.dead_lettered += 1
+        log.info("dead-lettered", extra={"durable": self.durable, "message_id": str(delivery.message_id),
+                                         "reason": decision.reason_code})
+        await _quiet(delivery.msg.ack())
+
+    def _record(self, delivery: Delivery, decision: DeadLetter,
+                history: list[dict[str, Any]]) -> dict[str, Any]:
+        env = delivery.envelope
+        payload: Any = env.to_dict() if env else delivery.msg.data.decode("utf-8", "replace")
+        return dead_letter_record(
+            durable=self.durable, stream=self.spec.stream, stream_sequence=delivery.stream_seq,
+            message_id=str(delivery.message_id), original_subject=delivery.msg.subject,
+            reason_code=decision.reason_code, last_error=decision.detail,
+            attempts=delivery.attempt, payload=payload, retry_history=history,
+            traceparent=(delivery.msg.headers or {}).get("traceparent"),
+        )
+
+    async def _nak(self, msg: Msg, delay: float) -> None:
+        await _quiet(msg.nak(delay=delay))
+
+
+def _history(delivery: Delivery, status: int | None, reason: str, detail: str) -> dict[str, Any]:
+    return {
+        "attempt": delivery.attempt,
+        "at": format_timestamp(datetime.now(UTC)),
+        "status": status,
+        "reason": reason,
+        "detail": detail[:500],
+    }
+
+
+async def _quiet(ack: Any) -> None:
+    """Send an ack/nak/in_progress; a lost one only causes a redelivery the inbox absorbs."""
+    try:
+        await ack
+    except (ConnectionClosedError, OSError, NatsTimeout) as exc:
+        log.warning("could not send ack/nak: %s", exc)

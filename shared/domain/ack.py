@@ -1,0 +1,125 @@
+"""The ACK rules (POL-047-005..007) as one pure decision.
+
+``decide(outcome, attempt=..., policy=...)`` maps what the handler did to what the
+consumer does with the JetStream message:
+
+=================================  ===============================================
+handler outcome                    decision
+=================================  ===============================================
+2xx                                Ack (processed)
+409                                Ack (already processed; handler's own idempotency)
+422                                DeadLetter HANDLER_REJECTED, then ack
+400, 413, 415, other 4xx           DeadLetter HANDLER_BAD_REQUEST (will never succeed)
+401, 403                           Nak + alert: credentials/config are wrong, not the message
+404, 405                           Nak: route missing, typically mid-rollout
+408, 425, 429, 5xx                 Nak, honouring Retry-After (capped)
+3xx                                Nak: Ferry does not follow redirects; fix the URL
+timeout, connection refused/reset  Nak
+any Nak at attempt >= max_deliver  DeadLetter MAX_DELIVERIES_EXCEEDED, then ack
+=================================  ===============================================
+
+A Nak carries an explicit delay from the durable's back-off ladder (JetStream's
+BackOff list does not apply to naks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Statuses that mean the handler applied the event (or had already).
+ACK_STATUSES = frozenset({409})
+#: 4xx statuses worth retrying: the fault is elsewhere than in the message.
+RETRYABLE_4XX = frozenset({401, 403, 404, 405, 408, 425, 429})
+#: 4xx statuses that mean this configuration, not this message, is wrong (alert).
+CONFIG_4XX = frozenset({401, 403, 404, 405})
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerResponse:
+    """The handler answered with ``status``."""
+
+    status: int
+    retry_after: float | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerFailure:
+    """The handler could not be asked: ``kind`` is ``timeout`` or ``unreachable``."""
+
+    kind: str
+    detail: str = ""
+
+
+Outcome = HandlerResponse | HandlerFailure
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """A durable's retry settings."""
+
+    backoff: tuple[float, ...]
+    max_deliver: int
+    #: Longest Retry-After honoured; a handler cannot park a message for a day.
+    retry_after_cap: float = 600.0
+
+    def delay(self, attempt: int) -> float:
+        """Back-off before the delivery after ``attempt`` (1-based)."""
+        return self.backoff[min(max(attempt, 1), len(self.backoff)) - 1]
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Mark processed and ack."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Nak:
+    """Leave unprocessed; redeliver after ``delay`` seconds."""
+
+    delay: float
+    reason: str
+    alert: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Write a dead-letter record, mark failed, ack the original."""
+
+    reason_code: str
+    detail: str
+
+
+Decision = Ack | Nak | DeadLetter
+
+
+def decide(outcome: Outcome, *, attempt: int, policy: RetryPolicy) -> Decision:
+    """The one place where a handler outcome becomes an ack, a nak or a dead letter."""
+    first = _first_decision(outcome, attempt=attempt, policy=policy)
+    if isinstance(first, Nak) and attempt >= policy.max_deliver:
+        return DeadLetter(
+            "MAX_DELIVERIES_EXCEEDED",
+            f"{first.reason} on delivery {attempt} of {policy.max_deliver}",
+        )
+    return first
+
+
+def _first_decision(outcome: Outcome, *, attempt: int, policy: RetryPolicy) -> Decision:
+    if isinstance(outcome, HandlerFailure):
+        return Nak(policy.delay(attempt), f"handler {outcome.kind}: {outcome.detail}".strip(": "))
+    status = outcome.status
+    if 200 <= status < 300:
+        return Ack("processed")
+    if status in ACK_STATUSES:
+        return Ack("already_processed")
+    if status == 422:
+        return DeadLetter("HANDLER_REJECTED", outcome.detail or "handler answered 422")
+    if 400 <= status < 500 and status not in RETRYABLE_4XX:
+        return DeadLetter("HANDLER_BAD_REQUEST", f"handler answered {status}: {outcome.detail}")
+    delay = policy.delay(attempt)
+    if outcome.retry_after is not None:
+        delay = min(max(outcome.retry_after, 0.0), policy.retry_after_cap)
+    reason = f"handler answered {status}"
+    return Nak(delay, reason, alert=status in CONFIG_4XX or 300 <= status < 400)
