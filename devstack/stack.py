@@ -21,16 +21,15 @@ from devstack.ports import free_port
 ROOT = Path(__file__).resolve().parents[1]
 #: Port variables supervisord.conf expands; each gets a free port unless already set.
 PORT_VARS = (
-    "FERRY_NATS_PORT",
-    "FERRY_NATS_MONITOR_PORT",
-    "FERRY_PG_PORT",
-    "FERRY_PORT_PUB_SEA",
-    "FERRY_PORT_PUB_VIBESPRO",
-    "FERRY_PORT_PUB_MODULE_E",
-    "FERRY_PORT_PUB_MODULE_F",
-    "FERRY_PORT_PUB_MODULE_G",
-    "FERRY_PORT_PUB_MODULE_H",
-)
+    "FERRY_NATS_PORT", "FERRY_NATS_MONITOR_PORT", "FERRY_PG_PORT",
+    "FERRY_PORT_PUB_SEA", "FERRY_PORT_PUB_VIBESPRO", "FERRY_PORT_PUB_MODULE_E",
+    "FERRY_PORT_PUB_MODULE_F", "FERRY_PORT_PUB_MODULE_G", "FERRY_PORT_PUB_MODULE_H",
+    "FERRY_PORT_HANDLER_SEA", "FERRY_PORT_HANDLER_VIBESPRO", "FERRY_PORT_HANDLER_MODULE_F",
+    "FERRY_PORT_HANDLER_MODULE_G", "FERRY_PORT_HANDLER_MODULE_H",
+    "FERRY_PORT_CON_SEA__FROM_VIBESPRO", "FERRY_PORT_CON_VIBESPRO__FROM_SEA",
+    "FERRY_PORT_CON_CG_F_INGEST", "FERRY_PORT_CON_CG_G_ARCHIVE", "FERRY_PORT_CON_CG_H_PUBLISH",
+    "FERRY_PORT_CON_CG_REPLAY",
+)  # fmt: skip
 #: How long programs get to reach RUNNING (and bootstrap to finish).
 START_TIMEOUT = 120.0
 
@@ -136,19 +135,21 @@ def up(var_dir: Path, *, demo: bool, demo_args: list[str]) -> int:
     (var_dir / "stack.env").write_text(
         "".join(f"export {k}={v}\n" for k, v in sorted(env.items()) if k.startswith("FERRY_"))
     )
-    supervisord = subprocess.Popen(
-        [sys.executable, "-m", "supervisor.supervisord", "-c", str(ROOT / "supervisord.conf")],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    # supervisord's own start-up errors (a bad config) land here, not in its log file.
+    with open(var_dir / "log" / "supervisord.out", "ab") as out:
+        supervisord = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.supervisord", "-c", str(ROOT / "supervisord.conf")],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         print_banner(env, wait_until_up(env, supervisord))
         if demo:
             from devstack.demo import run_demo
 
-            return run_demo(env, demo_args)
+            return int(run_demo(env, demo_args))
         print("Press Ctrl-C to stop.")
         while supervisord.poll() is None:
             time.sleep(1.0)

@@ -18,8 +18,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
-
+from shared.adapters.postgres import Conn
 from shared.domain.errors import OutboxValidationError
 from shared.domain.subjects import validate_event_type, validate_event_version
 
@@ -71,7 +70,7 @@ def _payload_json(payload: object) -> str:
 
 
 async def record_event(
-    conn: asyncpg.Connection,
+    conn: Conn,
     *,
     aggregate_type: str,
     aggregate_id: str,

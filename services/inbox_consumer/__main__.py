@@ -47,23 +47,31 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
     pool = await _pool_when_up(dsn, stop)
     nats_up = {"connected": False}
     nc = await connect_nats(
-        settings.nats_servers(), name=f"{ROLE}:{settings.durable}",
+        settings.nats_servers(),
+        name=f"{ROLE}:{settings.durable}",
         ping_interval=settings.nats_ping_interval,
         on_state=lambda up: nats_up.__setitem__("connected", up),
     )
     handler = HttpHandler(
-        settings.handler_url or spec.handler.url, timeout=spec.handler.timeout,
+        settings.handler_url or spec.handler.url,
+        timeout=spec.handler.timeout,
         connections=settings.concurrency,
     )
     consumer = InboxConsumer(
-        pool=pool, js=nc.jetstream(), durable=settings.durable, spec=spec, handler=handler,
-        owner=f"{socket.gethostname()}:{os.getpid()}", concurrency=settings.concurrency,
+        pool=pool,
+        js=nc.jetstream(),
+        durable=settings.durable,
+        spec=spec,
+        handler=handler,
+        owner=f"{socket.gethostname()}:{os.getpid()}",
+        concurrency=settings.concurrency,
         lease_seconds=spec.handler.timeout + settings.lease_margin,
         policy=RetryPolicy(tuple(spec.backoff), spec.max_deliver, settings.retry_after_cap),
         accepted=accepted_events(topology, settings.durable),
     )
     health = HealthServer(
-        host=settings.health_host, port=settings.health_port or 0,
+        host=settings.health_host,
+        port=settings.health_port or 0,
         checks={"nats": lambda: nats_up["connected"], "durable": lambda: consumer.stats.bound},
     )
     if settings.health_port:
@@ -71,7 +79,9 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
     inner_stop = asyncio.Event()
     task = asyncio.create_task(consumer.run(inner_stop, fetch_timeout=settings.fetch_timeout))
     log.info("consuming %s from %s", settings.durable, spec.stream)
-    await asyncio.wait({task, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait(
+        {task, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED
+    )
     inner_stop.set()
     code = EXIT_OK
     try:

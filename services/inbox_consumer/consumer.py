@@ -47,6 +47,13 @@ log = logging.getLogger("ferry.inbox_consumer")
 SURROGATE_NAMESPACE = uuid.UUID("5b0e4c2e-55a2-4f0e-9a43-5f1b1c6f0a11")
 #: Delay before a copy that lost the race for an id is offered again.
 CONTENDED_DELAY = 1.0
+#: Failures that leave a dead letter unwritten: the message is nak'ed and tried again.
+DEAD_LETTER_ERRORS: tuple[type[BaseException], ...] = (
+    *DATABASE_ERRORS,
+    ConnectionClosedError,
+    NoRespondersError,
+    NatsTimeout,
+)
 
 
 @dataclass
@@ -102,7 +109,9 @@ def parse_delivery(msg: Msg) -> Delivery:
         poison = exc
     # The inbox key is the envelope's message_id, not Nats-Msg-Id: a replay is published
     # under a fresh Nats-Msg-Id (the duplicate window would drop it) but keeps its key.
-    message_id = _message_id(envelope, headers.get("Nats-Msg-Id"), meta.stream, meta.sequence.stream)
+    message_id = _message_id(
+        envelope, headers.get("Nats-Msg-Id"), meta.stream, meta.sequence.stream
+    )
     return Delivery(msg, message_id, meta.num_delivered, meta.sequence.stream, envelope, poison)
 
 
@@ -179,11 +188,16 @@ class InboxConsumer:
     async def _claim(self, deliveries: list[Delivery]) -> ClaimResult:
         async with self.pool.acquire() as conn:
             return await inbox.claim_batch(
-                conn, durable=self.durable, owner=self.owner,
-                lease_seconds=self.lease_seconds, entries=[d.entry() for d in deliveries],
+                conn,
+                durable=self.durable,
+                owner=self.owner,
+                lease_seconds=self.lease_seconds,
+                entries=[d.entry() for d in deliveries],
             )
 
-    async def _settle_unclaimed(self, unique: dict[uuid.UUID, Delivery], claim: ClaimResult) -> None:
+    async def _settle_unclaimed(
+        self, unique: dict[uuid.UUID, Delivery], claim: ClaimResult
+    ) -> None:
         for mid in claim.final:
             self.stats.duplicates += 1
             await _quiet(unique[mid].msg.ack())
@@ -253,8 +267,9 @@ class InboxConsumer:
                 await inbox.mark_processed(conn, self.durable, processed)
         except DATABASE_ERRORS as exc:
             # The handler applied them; the redelivery will get 409 and be marked then.
-            log.warning("could not mark %d processed (%s); they will be redelivered",
-                        len(processed), exc)
+            log.warning(
+                "could not mark %d processed (%s); they will be redelivered", len(processed), exc
+            )
             processed = {}
         for delivery, (decision, status) in results:
             if isinstance(decision, Ack):
@@ -268,28 +283,43 @@ class InboxConsumer:
 
     async def _retry(self, delivery: Delivery, decision: Nak, status: int | None) -> None:
         self.stats.retries += 1
-        reason = "HTTP_" + str(status) if status else decision.reason.split(":")[0].replace(" ", "_")
+        reason = (
+            "HTTP_" + str(status) if status else decision.reason.split(":")[0].replace(" ", "_")
+        )
         self.stats.retries_by_reason[reason] = self.stats.retries_by_reason.get(reason, 0) + 1
         if decision.alert:
             self.stats.alerts += 1
-            log.error("handler configuration problem: %s", decision.reason,
-                      extra={"durable": self.durable, "message_id": str(delivery.message_id)})
+            log.error(
+                "handler configuration problem: %s",
+                decision.reason,
+                extra={"durable": self.durable, "message_id": str(delivery.message_id)},
+            )
         entry = _history(delivery, status, reason, decision.reason)
         try:
             async with self.pool.acquire() as conn:
                 await inbox.mark_retrying(
-                    conn, self.durable, delivery.message_id, error=decision.reason,
-                    status=status, reason_code=reason, history_entry=entry,
+                    conn,
+                    self.durable,
+                    delivery.message_id,
+                    error=decision.reason,
+                    status=status,
+                    reason_code=reason,
+                    history_entry=entry,
                 )
         except DATABASE_ERRORS as exc:
             log.warning("could not record retry of %s: %s", delivery.message_id, exc)
         await self._nak(delivery.msg, decision.delay)
 
-    async def _dead_letter(self, delivery: Delivery, decision: DeadLetter, status: int | None) -> None:
+    async def _dead_letter(
+        self, delivery: Delivery, decision: DeadLetter, status: int | None
+    ) -> None:
         entry = _history(delivery, status, decision.reason_code, decision.detail)
         try:
             async with self.pool.acquire() as conn:
-                history = [*await inbox.retry_history(conn, self.durable, delivery.message_id), entry]
+                history = [
+                    *await inbox.retry_history(conn, self.durable, delivery.message_id),
+                    entry,
+                ]
                 record = self._record(delivery, decision, history)
                 await self.js.publish(
                     self.spec.dead_letter_subject,
@@ -297,31 +327,52 @@ class InboxConsumer:
                     headers={"Nats-Msg-Id": f"{self.durable}:{delivery.message_id}"},
                 )
                 await inbox.mark_failed(
-                    conn, self.durable, delivery.message_id, error=decision.detail, status=status,
+                    conn,
+                    self.durable,
+                    delivery.message_id,
+                    error=decision.detail,
+                    status=status,
                     reason_code=decision.reason_code,
-                    dlq_metadata={"subject": self.spec.dead_letter_subject,
-                                  "reason": decision.reason_code, "replay_attempts": 0},
+                    dlq_metadata={
+                        "subject": self.spec.dead_letter_subject,
+                        "reason": decision.reason_code,
+                        "replay_attempts": 0,
+                    },
                     history_entry=entry,
                 )
-        except (*DATABASE_ERRORS, ConnectionClosedError, NoRespondersError, NatsTimeout) as exc:
-            log.warning("dead-lettering %s failed (%s); it will be redelivered",
-                        delivery.message_id, exc)
+        except DEAD_LETTER_ERRORS as exc:
+            log.warning(
+                "dead-lettering %s failed (%s); it will be redelivered", delivery.message_id, exc
+            )
             await self._nak(delivery.msg, self.policy.delay(delivery.attempt))
             return
         self.stats.dead_lettered += 1
-        log.info("dead-lettered", extra={"durable": self.durable, "message_id": str(delivery.message_id),
-                                         "reason": decision.reason_code})
+        log.info(
+            "dead-lettered",
+            extra={
+                "durable": self.durable,
+                "message_id": str(delivery.message_id),
+                "reason": decision.reason_code,
+            },
+        )
         await _quiet(delivery.msg.ack())
 
-    def _record(self, delivery: Delivery, decision: DeadLetter,
-                history: list[dict[str, Any]]) -> dict[str, Any]:
+    def _record(
+        self, delivery: Delivery, decision: DeadLetter, history: list[dict[str, Any]]
+    ) -> dict[str, Any]:
         env = delivery.envelope
         payload: Any = env.to_dict() if env else delivery.msg.data.decode("utf-8", "replace")
         return dead_letter_record(
-            durable=self.durable, stream=self.spec.stream, stream_sequence=delivery.stream_seq,
-            message_id=str(delivery.message_id), original_subject=delivery.msg.subject,
-            reason_code=decision.reason_code, last_error=decision.detail,
-            attempts=delivery.attempt, payload=payload, retry_history=history,
+            durable=self.durable,
+            stream=self.spec.stream,
+            stream_sequence=delivery.stream_seq,
+            message_id=str(delivery.message_id),
+            original_subject=delivery.msg.subject,
+            reason_code=decision.reason_code,
+            last_error=decision.detail,
+            attempts=delivery.attempt,
+            payload=payload,
+            retry_history=history,
             traceparent=(delivery.msg.headers or {}).get("traceparent"),
         )
 

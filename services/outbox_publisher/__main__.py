@@ -8,6 +8,7 @@ import logging
 import sys
 
 import asyncpg
+
 from shared.adapters.nats import connect_nats
 from shared.adapters.notify import listen
 from shared.adapters.postgres import create_pool

@@ -124,10 +124,16 @@ async def claim_batch(
 ) -> ClaimResult:
     """Record and lease ``entries`` (unique ids); classify those that could not be claimed."""
     rows = await conn.fetch(
-        _CLAIM, durable, owner, lease_seconds,
-        [e.message_id for e in entries], [e.subject for e in entries],
-        [e.event_type for e in entries], [e.event_version for e in entries],
-        [e.occurred_at for e in entries], [e.stream_seq for e in entries],
+        _CLAIM,
+        durable,
+        owner,
+        lease_seconds,
+        [e.message_id for e in entries],
+        [e.subject for e in entries],
+        [e.event_type for e in entries],
+        [e.event_version for e in entries],
+        [e.occurred_at for e in entries],
+        [e.stream_seq for e in entries],
         [e.traceparent for e in entries],
     )
     claimed = {r["message_id"]: r["attempts"] for r in rows}
@@ -152,8 +158,14 @@ async def mark_processed(conn: Conn, durable: str, outcomes: dict[UUID, int]) ->
 
 
 async def mark_retrying(
-    conn: Conn, durable: str, message_id: UUID, *, error: str, status: int | None,
-    reason_code: str, history_entry: dict[str, Any],
+    conn: Conn,
+    durable: str,
+    message_id: UUID,
+    *,
+    error: str,
+    status: int | None,
+    reason_code: str,
+    history_entry: dict[str, Any],
 ) -> None:
     """No final outcome yet: release the lease, remember why."""
     await conn.execute(
@@ -162,13 +174,26 @@ async def mark_retrying(
 
 
 async def mark_failed(
-    conn: Conn, durable: str, message_id: UUID, *, error: str, status: int | None,
-    reason_code: str, dlq_metadata: dict[str, Any], history_entry: dict[str, Any],
+    conn: Conn,
+    durable: str,
+    message_id: UUID,
+    *,
+    error: str,
+    status: int | None,
+    reason_code: str,
+    dlq_metadata: dict[str, Any],
+    history_entry: dict[str, Any],
 ) -> None:
     """Final outcome 'failed' (dead-lettered, REQ-053)."""
     await conn.execute(
-        _FAILED, durable, message_id, error, status, reason_code,
-        json.dumps(dlq_metadata), json.dumps(history_entry),
+        _FAILED,
+        durable,
+        message_id,
+        error,
+        status,
+        reason_code,
+        json.dumps(dlq_metadata),
+        json.dumps(history_entry),
     )
 
 

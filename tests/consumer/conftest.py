@@ -94,7 +94,9 @@ def fast_durable(env: Env, url: str, **overrides: Any) -> None:
     """Shorten the durable's clocks so retries happen in test time."""
     durable = env.doc["durables"][DURABLE]
     durable.update(
-        ack_wait="3s", max_deliver=4, backoff=["200ms", "200ms", "200ms"],
+        ack_wait="3s",
+        max_deliver=4,
+        backoff=["200ms", "200ms", "200ms"],
         handler={"url": url, "timeout": "1s"},
     )
     durable.update(overrides)
@@ -111,10 +113,17 @@ class RunningConsumer:
     async def __aenter__(self) -> InboxConsumer:
         spec = self.env.topology.durables[DURABLE]
         self.pool = await asyncpg.create_pool(self.env.dsn("sea"), min_size=1, max_size=4)
-        self.http = HttpHandler(self.url, timeout=spec.handler.timeout, connections=self.concurrency)
+        self.http = HttpHandler(
+            self.url, timeout=spec.handler.timeout, connections=self.concurrency
+        )
         self.consumer = InboxConsumer(
-            pool=self.pool, js=self.nc.jetstream(), durable=DURABLE, spec=spec, handler=self.http,
-            owner=f"test-{uuid.uuid4().hex[:6]}", concurrency=self.concurrency,
+            pool=self.pool,
+            js=self.nc.jetstream(),
+            durable=DURABLE,
+            spec=spec,
+            handler=self.http,
+            owner=f"test-{uuid.uuid4().hex[:6]}",
+            concurrency=self.concurrency,
             lease_seconds=spec.handler.timeout + 2,
             policy=RetryPolicy(tuple(spec.backoff), spec.max_deliver, 5.0),
             accepted=accepted_events(self.env.topology, DURABLE),
@@ -135,9 +144,14 @@ def envelope(event_type: str = "vibe_created", version: int = 1, **payload: Any)
     if version == 2:
         body.setdefault("owner_id", "o1")
     return Envelope(
-        message_id=str(uuid.uuid4()), subject=f"vibespro.event.{event_type}.v{version}",
-        context="vibespro", event_type=event_type, event_version=version,
-        occurred_at=datetime.now(UTC), aggregate_type="vibe", aggregate_id=body["vibe_id"],
+        message_id=str(uuid.uuid4()),
+        subject=f"vibespro.event.{event_type}.v{version}",
+        context="vibespro",
+        event_type=event_type,
+        event_version=version,
+        occurred_at=datetime.now(UTC),
+        aggregate_type="vibe",
+        aggregate_id=body["vibe_id"],
         payload=body,
     )
 
@@ -164,7 +178,8 @@ async def inbox_row(env: Env, message_id: str) -> asyncpg.Record | None:
     conn = await asyncpg.connect(env.dsn("sea"))
     try:
         return await conn.fetchrow(
-            "SELECT * FROM inbox_messages WHERE durable = $1 AND message_id = $2", DURABLE,
+            "SELECT * FROM inbox_messages WHERE durable = $1 AND message_id = $2",
+            DURABLE,
             uuid.UUID(message_id),
         )
     finally:

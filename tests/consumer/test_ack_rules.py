@@ -58,11 +58,25 @@ async def test_200_and_409_mark_processed_and_ack(
     [call] = handler.calls
     assert call["headers"]["Idempotency-Key"] == event.message_id
     body = call["body"]
-    for name in ("message_id", "subject", "event_type", "event_version", "occurred_at",
-                 "correlation_id", "causation_id", "aggregate_type", "aggregate_id", "payload"):
+    for name in (
+        "message_id",
+        "subject",
+        "event_type",
+        "event_version",
+        "occurred_at",
+        "correlation_id",
+        "causation_id",
+        "aggregate_type",
+        "aggregate_id",
+        "payload",
+    ):
         assert name in body
-    assert body["delivery"] == {"attempt": 1, "max_attempts": 4,
-                                "stream_sequence": 1, "durable": DURABLE}
+    assert body["delivery"] == {
+        "attempt": 1,
+        "max_attempts": 4,
+        "stream_sequence": 1,
+        "durable": DURABLE,
+    }
     assert consumer.stats.processed == 1
 
 
@@ -123,9 +137,7 @@ async def test_timeout_is_retried(world: Env, nc: NATS, handler: ScriptedHandler
     assert json.loads(row["retry_history"])[0]["reason"].startswith("handler_timeout")
 
 
-async def test_connection_refused_until_max_deliver_then_dead_letter(
-    env: Env, nc: NATS
-) -> None:
+async def test_connection_refused_until_max_deliver_then_dead_letter(env: Env, nc: NATS) -> None:
     from shared.provision import provision
     from tests.conftest import CAPS
 
@@ -144,7 +156,9 @@ async def test_connection_refused_until_max_deliver_then_dead_letter(
     assert consumer.stats.dead_lettered == 1
 
 
-async def test_slow_handler_is_kept_alive_by_heartbeats(env: Env, nc: NATS, handler: ScriptedHandler) -> None:
+async def test_slow_handler_is_kept_alive_by_heartbeats(
+    env: Env, nc: NATS, handler: ScriptedHandler
+) -> None:
     from shared.provision import provision
     from tests.conftest import CAPS
 
@@ -248,7 +262,9 @@ async def test_v1_and_v2_are_handled_side_by_side(
     assert versions == [1, 2]
 
 
-async def test_burst_is_processed_exactly_once(world: Env, nc: NATS, handler: ScriptedHandler) -> None:
+async def test_burst_is_processed_exactly_once(
+    world: Env, nc: NATS, handler: ScriptedHandler
+) -> None:
     events = [envelope() for _ in range(300)]
     for index, event in enumerate(events):
         if index % 10 == 0:

@@ -57,7 +57,9 @@ def test_ladder_repeats_its_last_step() -> None:
     )
 
 
-@pytest.mark.parametrize(("retry_after", "delay"), [(0.5, 0.5), (10.0, 10.0), (3600.0, 60.0), (-5.0, 0.0)])
+@pytest.mark.parametrize(
+    ("retry_after", "delay"), [(0.5, 0.5), (10.0, 10.0), (3600.0, 60.0), (-5.0, 0.0)]
+)
 def test_retry_after_is_honoured_and_capped(retry_after: float, delay: float) -> None:
     decision = decide(HandlerResponse(503, retry_after=retry_after), attempt=1, policy=POLICY)
     assert isinstance(decision, Nak) and decision.delay == delay
@@ -70,10 +72,18 @@ def test_failures_to_answer_nak(kind: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "outcome", [HandlerResponse(500), HandlerResponse(429), HandlerResponse(401),
-                HandlerFailure("timeout"), HandlerFailure("unreachable")],
+    "outcome",
+    [
+        HandlerResponse(500),
+        HandlerResponse(429),
+        HandlerResponse(401),
+        HandlerFailure("timeout"),
+        HandlerFailure("unreachable"),
+    ],
 )
-def test_last_delivery_dead_letters_instead_of_nak(outcome: HandlerResponse | HandlerFailure) -> None:
+def test_last_delivery_dead_letters_instead_of_nak(
+    outcome: HandlerResponse | HandlerFailure,
+) -> None:
     assert isinstance(decide(outcome, attempt=5, policy=POLICY), Nak)
     decision = decide(outcome, attempt=6, policy=POLICY)
     assert isinstance(decision, DeadLetter) and decision.reason_code == "MAX_DELIVERIES_EXCEEDED"

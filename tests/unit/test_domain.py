@@ -25,16 +25,25 @@ def test_subject_rule_round_trip() -> None:
 
 
 @pytest.mark.parametrize(
-    "subject", ["vibe_created.v1", "sea.event.VibeCreated.v1", "sea.event.vibe_created.1",
-                "sea.event.vibe_created.v0", "sea.event.vibe-created.v1", "Sea.event.x.v1"],
+    "subject",
+    [
+        "vibe_created.v1",
+        "sea.event.VibeCreated.v1",
+        "sea.event.vibe_created.1",
+        "sea.event.vibe_created.v0",
+        "sea.event.vibe-created.v1",
+        "Sea.event.x.v1",
+    ],
 )
 def test_bad_subjects_are_refused(subject: str) -> None:
     with pytest.raises(OutboxValidationError, match="INVALID_SUBJECT"):
         parse_subject(subject)
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("500ms", 0.5), ("120s", 120), ("2m", 120),
-                                               ("7d", 604800), (3, 3.0), ("1.5", 1.5)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("500ms", 0.5), ("120s", 120), ("2m", 120), ("7d", 604800), (3, 3.0), ("1.5", 1.5)],
+)
 def test_durations(text: object, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
@@ -54,9 +63,13 @@ def test_sizes() -> None:
 def _envelope() -> Envelope:
     return Envelope(
         message_id="550e8400-e29b-41d4-a716-446655440000",
-        subject="vibespro.event.vibe_created.v1", event_type="vibe_created", event_version=1,
-        occurred_at=datetime(2025, 12, 28, 22, 0, tzinfo=UTC), aggregate_type="vibe",
-        aggregate_id="v1", payload={"vibe_id": "v1", "title": "t"},
+        subject="vibespro.event.vibe_created.v1",
+        event_type="vibe_created",
+        event_version=1,
+        occurred_at=datetime(2025, 12, 28, 22, 0, tzinfo=UTC),
+        aggregate_type="vibe",
+        aggregate_id="v1",
+        payload={"vibe_id": "v1", "title": "t"},
     )
 
 
@@ -101,13 +114,18 @@ def test_shipped_topologies_load(name: str) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("name: x\ncontexts: {}\ndurables: {}\nbogus: 1\n", "bogus: Extra inputs are not permitted"),
+        (
+            "name: x\ncontexts: {}\ndurables: {}\nbogus: 1\n",
+            "bogus: Extra inputs are not permitted",
+        ),
         ("name: x\ncontexts: [1]\ndurables: {}\n", "contexts: Input should be a valid dictionary"),
         ("[unclosed", "not valid YAML"),
         ("- a list", "the top level must be a mapping"),
     ],
 )
-def test_broken_topology_names_file_field_and_reason(tmp_path: Path, text: str, message: str) -> None:
+def test_broken_topology_names_file_field_and_reason(
+    tmp_path: Path, text: str, message: str
+) -> None:
     path = tmp_path / "broken.yaml"
     path.write_text(text)
     with pytest.raises(ConfigurationError) as caught:
@@ -116,8 +134,10 @@ def test_broken_topology_names_file_field_and_reason(tmp_path: Path, text: str, 
 
 
 def test_durable_field_error_names_the_durable(tmp_path: Path) -> None:
-    text = (ROOT / "topologies/sea-vibespro.yaml").read_text().replace(
-        "max_deliver: 20", "max_deliver: 0", 1
+    text = (
+        (ROOT / "topologies/sea-vibespro.yaml")
+        .read_text()
+        .replace("max_deliver: 20", "max_deliver: 0", 1)
     )
     path = tmp_path / "t.yaml"
     path.write_text(text)
@@ -132,8 +152,12 @@ def test_missing_topology_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("pattern", "subject", "matches"),
-    [("sea.event.>", "sea.event.a.v1", True), ("sea.event.>", "sea.event", False),
-     ("sea.*.a.v1", "sea.event.a.v1", True), ("sea.event.a.v1", "sea.event.a.v2", False)],
+    [
+        ("sea.event.>", "sea.event.a.v1", True),
+        ("sea.event.>", "sea.event", False),
+        ("sea.*.a.v1", "sea.event.a.v1", True),
+        ("sea.event.a.v1", "sea.event.a.v2", False),
+    ],
 )
 def test_subject_matching(pattern: str, subject: str, matches: bool) -> None:
     assert subject_matches(pattern, subject) is matches
