@@ -1,0 +1,158 @@
+"""``python -m services.handlers --service NAME [--port P] [--host H]``: serve one handler.
+
+Wires settings to a :class:`HandlerService` and an aiohttp runner, then waits for
+SIGTERM/SIGINT. Exit codes: 0 after a clean stop, 2 on a configuration error (unknown
+service, bad settings, port in use), 3 when the database fails while starting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+from aiohttp import web
+from pydantic import ValidationError
+
+from shared.adapters.postgres import CONNECTION_ERRORS, create_pool
+from shared.domain.errors import ConfigurationError, TransientError
+from shared.runtime import EXIT_CONFIG, EXIT_CONNECT, EXIT_OK, configure_logging, stop_on_signals
+from shared.topology import Topology
+
+from .app import make_app
+from .registry import SERVICES, service_spec
+from .service import build_service
+from .settings import HandlerSettings
+
+ROLE_PREFIX = "handler-"
+#: Pool size: one connection per call in flight; beyond it calls wait (then 503).
+POOL_SIZE = 10
+#: Seconds SIGTERM allows in-flight calls to finish, below supervisord's stopwaitsecs.
+SHUTDOWN_TIMEOUT = 8.0
+#: Longest pause between attempts to reach PostgreSQL at start.
+RETRY_MAX = 5.0
+
+log = logging.getLogger("ferry.handlers")
+
+
+def listen_ports(settings: HandlerSettings, topology: Topology, service: str) -> list[int]:
+    """``--port`` if given, else the ports of the handler URLs of durables targeting us."""
+    if settings.port is not None:
+        return [settings.port]
+    ports = {
+        urlsplit(durable.handler.url).port or 80
+        for durable in topology.durables.values()
+        if durable.target == service
+    }
+    if not ports:
+        raise ConfigurationError(
+            f"no durable of topology {topology.name!r} targets {service!r}: give --port"
+        )
+    return sorted(ports)
+
+
+async def run(settings: HandlerSettings, stop: asyncio.Event) -> int:
+    """Serve until ``stop`` is set, then finish in-flight calls and close."""
+    if not settings.service:
+        raise ConfigurationError("no service given: use --service NAME or FERRY_SERVICE")
+    spec = service_spec(settings.service)
+    topology = settings.load_topology()
+    context = topology.context(spec.name)
+    ports = listen_ports(settings, topology, spec.name)
+    pool = await _create_pool_retrying(settings.dsn(context.database), stop)
+    if pool is None:
+        return EXIT_OK
+    try:
+        service = build_service(spec, pool=pool, topology=topology)
+        await _serve(make_app(service=service), settings.host, ports, stop)
+    finally:
+        await _close_pool(pool)
+    return EXIT_OK
+
+
+async def _serve(app: web.Application, host: str, ports: list[int], stop: asyncio.Event) -> None:
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
+    await runner.setup()
+    try:
+        for port in ports:
+            await _start_site(runner, host, port)
+        # Port 0 asks the OS for one; log the real ones so a caller can find us.
+        bound = sorted({int(address[1]) for address in runner.addresses})
+        log.info("serving on %s", ", ".join(f"http://{host}:{p}/handle" for p in bound))
+        await stop.wait()
+        log.info("stopping: finishing calls in flight")
+    finally:
+        await runner.cleanup()
+
+
+async def _start_site(runner: web.AppRunner, host: str, port: int) -> None:
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+
+
+async def _create_pool_retrying(dsn: str, stop: asyncio.Event) -> asyncpg.Pool | None:
+    """A pool, retrying while PostgreSQL is away; None if stopped before one was made."""
+    delay = 0.2
+    while not stop.is_set():
+        try:
+            return await create_pool(dsn, min_size=1, max_size=POOL_SIZE)
+        except TransientError as exc:
+            log.warning("postgres not reachable (%s); retrying in %.1fs", exc, delay)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=delay)
+        delay = min(delay * 2, RETRY_MAX)
+    return None
+
+
+async def _close_pool(pool: asyncpg.Pool) -> None:
+    try:
+        await asyncio.wait_for(pool.close(), timeout=SHUTDOWN_TIMEOUT)
+    except TimeoutError:
+        pool.terminate()
+
+
+async def _main(settings: HandlerSettings) -> int:
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    return await run(settings, stop)
+
+
+def _parse_args(argv: list[str] | None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="python -m services.handlers")
+    parser.add_argument("--service", help=f"one of {', '.join(SERVICES)} (default: FERRY_SERVICE)")
+    parser.add_argument("--port", type=int, help="port (default: the topology's handler URLs)")
+    parser.add_argument("--host", help="interface to bind (default: FERRY_HOST or 127.0.0.1)")
+    args = parser.parse_args(argv)
+    return {name: value for name, value in vars(args).items() if value is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; options win over ``FERRY_SERVICE``, ``FERRY_PORT``, ``FERRY_HOST``."""
+    overrides = _parse_args(argv)
+    try:
+        settings = HandlerSettings(**overrides)
+    except ValidationError as exc:
+        configure_logging(f"{ROLE_PREFIX}{overrides.get('service', 'unknown')}")
+        log.error("invalid settings: %s", exc)
+        return EXIT_CONFIG
+    configure_logging(f"{ROLE_PREFIX}{settings.service or 'unknown'}", settings.log_level)
+    try:
+        return asyncio.run(_main(settings))
+    except ConfigurationError as exc:
+        log.error("configuration error: %s", exc)
+        return EXIT_CONFIG
+    except CONNECTION_ERRORS as exc:
+        log.error("database failed while starting: %s", exc)
+        return EXIT_CONNECT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The example handler services, one module per target context (named after it)."""

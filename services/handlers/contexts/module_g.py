@@ -1,0 +1,66 @@
+"""Module G: the archive worker (lane F→G, ``cg_g_archive``) and the replay worker
+(``cg_replay``), both in G's database.
+
+The archive is append-only. ``message_id`` is UNIQUE there as well, a second guard
+behind ``handler_applied``: were the claim ever bypassed, the append would fail loudly
+instead of archiving twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from shared.adapters.postgres import Conn
+
+from ..fields import business_json, text
+from ..request import HandleRequest
+from ..service import ServiceSpec
+
+TABLES = (
+    """
+    CREATE TABLE IF NOT EXISTS handler_g_archive (
+      id BIGSERIAL PRIMARY KEY,
+      message_id UUID NOT NULL UNIQUE,
+      opportunity_key TEXT NOT NULL,
+      archived_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS handler_g_replays (
+      message_id UUID PRIMARY KEY,
+      opportunity_key TEXT NOT NULL,
+      payload JSONB NOT NULL,
+      requested_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+    )
+    """,
+)
+
+
+async def opportunity_archived_v1(conn: Conn, request: HandleRequest) -> None:
+    """Append the archived opportunity."""
+    await conn.execute(
+        "INSERT INTO handler_g_archive (message_id, opportunity_key) VALUES ($1, $2)",
+        uuid.UUID(request.message_id),
+        text(request.payload, "opportunity_key"),
+    )
+
+
+async def replay_requested_v1(conn: Conn, request: HandleRequest) -> None:
+    """Record a replay request."""
+    await conn.execute(
+        "INSERT INTO handler_g_replays (message_id, opportunity_key, payload)"
+        " VALUES ($1, $2, $3::jsonb)",
+        uuid.UUID(request.message_id),
+        text(request.payload, "opportunity_key"),
+        business_json(request.payload),
+    )
+
+
+SPEC = ServiceSpec(
+    name="module_g",
+    tables=TABLES,
+    routes={
+        ("opportunity_archived", 1): opportunity_archived_v1,
+        ("replay_requested", 1): replay_requested_v1,
+    },
+)

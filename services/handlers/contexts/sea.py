@@ -1,0 +1,56 @@
+"""SEA's handler: VibesPro's ``vibe_created`` v1 and v2, routed side by side (INV-023).
+
+v2 adds ``owner_id``; v1 knows nothing about owners, so it stores NULL for a new vibe
+and leaves an owner already known (from a v2) in place rather than erasing it.
+"""
+
+from __future__ import annotations
+
+from shared.adapters.postgres import Conn
+
+from ..fields import text
+from ..request import HandleRequest
+from ..service import ServiceSpec
+
+TABLES = (
+    """
+    CREATE TABLE IF NOT EXISTS handler_sea_vibes (
+      vibe_id TEXT PRIMARY KEY,
+      title TEXT NOT NULL,
+      owner_id TEXT,
+      version INT NOT NULL,
+      updated_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+    )
+    """,
+)
+
+_UPSERT = """
+INSERT INTO handler_sea_vibes (vibe_id, title, owner_id, version, updated_at)
+VALUES ($1, $2, $3, $4, clock_timestamp())
+ON CONFLICT (vibe_id) DO UPDATE SET
+  title = EXCLUDED.title,
+  owner_id = COALESCE(EXCLUDED.owner_id, handler_sea_vibes.owner_id),
+  version = EXCLUDED.version,
+  updated_at = EXCLUDED.updated_at
+"""
+
+
+async def vibe_created_v1(conn: Conn, request: HandleRequest) -> None:
+    """Store a vibe without an owner."""
+    payload = request.payload
+    await conn.execute(_UPSERT, text(payload, "vibe_id"), text(payload, "title"), None, 1)
+
+
+async def vibe_created_v2(conn: Conn, request: HandleRequest) -> None:
+    """Store a vibe with its owner."""
+    payload = request.payload
+    await conn.execute(
+        _UPSERT, text(payload, "vibe_id"), text(payload, "title"), text(payload, "owner_id"), 2
+    )
+
+
+SPEC = ServiceSpec(
+    name="sea",
+    tables=TABLES,
+    routes={("vibe_created", 1): vibe_created_v1, ("vibe_created", 2): vibe_created_v2},
+)

@@ -1,0 +1,37 @@
+"""VibesPro's handler: SEA's ``model_published`` v1."""
+
+from __future__ import annotations
+
+from shared.adapters.postgres import Conn
+
+from ..fields import text
+from ..request import HandleRequest
+from ..service import ServiceSpec
+
+TABLES = (
+    """
+    CREATE TABLE IF NOT EXISTS handler_vibespro_models (
+      model_id TEXT PRIMARY KEY,
+      name TEXT NOT NULL,
+      updated_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+    )
+    """,
+)
+
+
+async def model_published_v1(conn: Conn, request: HandleRequest) -> None:
+    """Store (or rename) a published model."""
+    payload = request.payload
+    await conn.execute(
+        "INSERT INTO handler_vibespro_models (model_id, name, updated_at)"
+        " VALUES ($1, $2, clock_timestamp())"
+        " ON CONFLICT (model_id) DO UPDATE"
+        " SET name = EXCLUDED.name, updated_at = EXCLUDED.updated_at",
+        text(payload, "model_id"),
+        text(payload, "name"),
+    )
+
+
+SPEC = ServiceSpec(
+    name="vibespro", tables=TABLES, routes={("model_published", 1): model_published_v1}
+)

@@ -1,0 +1,135 @@
+"""Fault injection driven by the payload, for demos and tests.
+
+A payload may carry a ``"_ferry_test"`` object; without it the call is processed
+normally. Its keys, all optional:
+
+``"slow_ms": M``
+    Sleep M milliseconds before doing anything else (the outcome is unchanged, so a
+    consumer whose timeout is shorter sees a timeout while the effect may still commit
+    afterwards, which is exactly the case the 409 contract exists for).
+``"poison": true``
+    Answer 422 on every attempt (``reason_code`` ``TEST_POISON``).
+``"status": code``
+    Answer ``code`` (an integer in 200..599, e.g. 404, 400, 301, 500) on every attempt,
+    without processing.
+``"fail_attempts": N``
+    Answer 503 while ``delivery.attempt <= N``, then process normally.
+``"retry_after": S``
+    With ``fail_attempts``: send ``Retry-After: S`` on those 503s. S is seconds; a
+    fraction (``0.2``) is outside RFC 9110 but lets tests run fast, and is sent as given.
+
+Precedence: ``poison``, then ``status``, then ``fail_attempts``. The event is still
+schema-checked first, so a malformed payload is a 422 whatever the directive says. An
+unknown key or a wrongly typed value is itself a 422, so a typo never silently turns a
+fault test into a success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shared.domain.errors import PoisonError
+
+#: The payload key that carries the directives.
+FAULT_KEY = "_ferry_test"
+_KEYS = frozenset({"poison", "status", "fail_attempts", "retry_after", "slow_ms"})
+
+
+@dataclass(frozen=True, slots=True)
+class ForcedAnswer:
+    """A response the directives impose instead of processing."""
+
+    status: int
+    error: str
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """The parsed directives of one payload (all off by default)."""
+
+    poison: bool = False
+    status: int | None = None
+    fail_attempts: int = 0
+    retry_after: float | None = None
+    slow_ms: int = 0
+
+    async def pause(self) -> None:
+        """Sleep ``slow_ms`` (no-op when zero)."""
+        if self.slow_ms:
+            await asyncio.sleep(self.slow_ms / 1000)
+
+    def check_poison(self) -> None:
+        """Raise the injected poison, if any (a 422 like any other poison)."""
+        if self.poison:
+            raise PoisonError("TEST_POISON", f"payload.{FAULT_KEY}.poison is set")
+
+    def forced(self, attempt: int) -> ForcedAnswer | None:
+        """The status to answer on ``attempt`` instead of processing, if any."""
+        if self.status is not None:
+            return ForcedAnswer(self.status, f"injected status {self.status}", {})
+        if attempt <= self.fail_attempts:
+            headers: dict[str, str] = {}
+            if self.retry_after is not None:
+                headers["Retry-After"] = _seconds(self.retry_after)
+            return ForcedAnswer(
+                503, f"injected failure on attempt {attempt} of {self.fail_attempts}", headers
+            )
+        return None
+
+
+def _seconds(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def parse_faults(payload: Mapping[str, Any]) -> Faults:
+    """Read ``payload[FAULT_KEY]``; raise ``INVALID_TEST_DIRECTIVE`` when it is malformed."""
+    raw = payload.get(FAULT_KEY)
+    if raw is None:
+        return Faults()
+    if not isinstance(raw, dict):
+        raise _invalid("", "must be an object")
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise _invalid("", f"unknown key(s) {', '.join(sorted(unknown))}")
+    poison = raw.get("poison", False)
+    if not isinstance(poison, bool):
+        raise _invalid("poison", "must be true or false")
+    return Faults(
+        poison=poison,
+        status=_status(raw.get("status")),
+        fail_attempts=_count(raw, "fail_attempts"),
+        retry_after=_retry_after(raw.get("retry_after")),
+        slow_ms=_count(raw, "slow_ms"),
+    )
+
+
+def _invalid(key: str, reason: str) -> PoisonError:
+    where = f"payload.{FAULT_KEY}" + (f".{key}" if key else "")
+    return PoisonError("INVALID_TEST_DIRECTIVE", f"{where}: {reason}")
+
+
+def _status(value: object) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 200 <= value <= 599:
+        raise _invalid("status", f"must be an HTTP status in 200..599, got {value!r}")
+    return value
+
+
+def _count(raw: Mapping[str, Any], key: str) -> int:
+    value = raw.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _invalid(key, f"must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _retry_after(value: object) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise _invalid("retry_after", f"must be a non-negative number of seconds, got {value!r}")
+    return float(value)

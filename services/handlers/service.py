@@ -1,0 +1,277 @@
+"""The handler framework: a routing table, real idempotency and an effects ledger.
+
+A :class:`HandlerService` owns an asyncpg pool on its *own* context's database. One
+call runs like this:
+
+1. parse and check the request (envelope, delivery, ``Idempotency-Key``), look up the
+   route by ``(event_type, event_version)``, validate the payload against the
+   topology's schema, read the fault directives (:mod:`services.handlers.faults`);
+   anything wrong is a 422;
+2. record the call in ``handler_calls`` (autocommit) — if even that fails, answer 503;
+3. unless a fault directive answers instead, in ONE transaction: claim the id in
+   ``handler_applied`` (a conflict means 409, already processed), run the route on
+   the same connection, commit — 200;
+4. fill in the ledger row's status.
+
+Every error is mapped to a status here and nowhere else: poison and unstorable data
+→ 422, database unavailability and :class:`TransientError` → 503, anything else → 500
+(still retried by the consumer, and logged with its traceback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from asyncpg.exceptions._base import DataError as ArgumentDataError
+
+from shared.adapters.postgres import CONNECTION_ERRORS, Conn
+from shared.domain.envelope import format_timestamp
+from shared.domain.errors import ConfigurationError, PoisonError, TransientError
+from shared.topology import EventSpec, Topology
+
+from . import store
+from .faults import Faults, parse_faults
+from .request import CallIds, HandleRequest, call_ids, parse_request
+from .schema import check_supported, validate
+
+log = logging.getLogger("ferry.handlers")
+
+#: A route applies one event's state change on ``conn``, inside the claiming transaction.
+#: It raises :class:`PoisonError` for an event that can never be applied.
+Route = Callable[[Conn, HandleRequest], Awaitable[None]]
+RouteKey = tuple[str, int]
+
+#: Seconds to wait for a pooled connection; below the topology's handler timeouts (10s+)
+#: so a saturated pool answers 503 instead of letting the consumer time out blind.
+ACQUIRE_TIMEOUT = 5.0
+#: Seconds /readyz allows for its ``SELECT 1``.
+READY_TIMEOUT = 2.0
+
+#: The payload (not the database) is at fault: a value no column can hold. Client-side
+#: argument encoding errors subclass InterfaceError, so they must be caught first.
+UNSTORABLE: tuple[type[BaseException], ...] = (asyncpg.exceptions.DataError, ArgumentDataError)
+#: Worth retrying as is: the database is away, busy or lost a race.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    *CONNECTION_ERRORS,
+    TransientError,
+    asyncpg.exceptions.SerializationError,
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.QueryCanceledError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a call answers: status, JSON body (None for none) and extra headers."""
+
+    status: int
+    body: dict[str, Any] | None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def poison(cls, exc: PoisonError) -> Outcome:
+        """422 naming what is wrong."""
+        return cls(422, {"error": str(exc), "reason_code": exc.reason_code})
+
+    @classmethod
+    def unavailable(cls, detail: str) -> Outcome:
+        """503: try again later."""
+        return cls(503, {"error": detail})
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    """A concrete handler service: its context name, its own tables and its routes."""
+
+    name: str
+    tables: tuple[str, ...]
+    routes: Mapping[RouteKey, Route]
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """A call that passed every check and may change state."""
+
+    request: HandleRequest
+    route: Route
+    faults: Faults
+
+
+class HandlerService:
+    """Idempotent dispatch of handler calls to routes, on one context's database."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        pool: asyncpg.Pool,
+        routes: Mapping[RouteKey, Route],
+        schemas: Mapping[RouteKey, Mapping[str, Any]] | None = None,
+        tables: tuple[str, ...] = (),
+    ) -> None:
+        self.name = name
+        self._pool = pool
+        self._routes = dict(routes)
+        self._schemas = dict(schemas or {})
+        self._tables = tables
+        self.installed = False
+
+    async def install(self) -> None:
+        """Create the bookkeeping tables and the service's own tables (idempotent)."""
+        async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
+            await store.install(conn, self._tables)
+        self.installed = True
+
+    async def ready(self) -> bool:
+        """Whether the tables exist and the database answers."""
+        if not self.installed:
+            return False
+        try:
+            async with asyncio.timeout(READY_TIMEOUT):
+                async with self._pool.acquire() as conn:
+                    await conn.fetchval("SELECT 1")
+        except UNAVAILABLE:
+            return False
+        return True
+
+    async def handle(self, body: bytes, headers: Mapping[str, str]) -> Outcome:
+        """Answer one ``POST /handle`` call (see the module docstring for the steps)."""
+        call: _Call | PoisonError
+        try:
+            call = self._prepare(body, headers)
+        except PoisonError as exc:
+            call = exc
+        if isinstance(call, _Call):
+            await call.faults.pause()
+            ids = CallIds(uuid.UUID(call.request.message_id), call.request.delivery.attempt)
+        else:
+            ids = call_ids(body, headers)
+        try:
+            async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
+                call_id = await store.open_call(
+                    conn, handler=self.name, message_id=ids.message_id, attempt=ids.attempt
+                )
+                outcome = await self._decide(conn, call)
+                await self._close_call(conn, call_id, outcome)
+        except UNAVAILABLE as exc:
+            # No connection, or the ledger row could not be written (and no effect may
+            # happen without one), or the connection broke on release. A retry is safe
+            # in every case: an effect that did commit answers the retry with 409.
+            log.warning("database unavailable: %s", exc, extra={"message_id": ids.message_id})
+            return Outcome.unavailable(f"database unavailable: {exc}")
+        self._log(outcome, ids.message_id)
+        return outcome
+
+    def _prepare(self, body: bytes, headers: Mapping[str, str]) -> _Call:
+        request = parse_request(body, headers)
+        route = self._routes.get(request.route_key)
+        if route is None:
+            event_type, version = request.route_key
+            raise PoisonError(
+                "UNKNOWN_EVENT",
+                f"unknown event type/version {event_type}.v{version} for handler {self.name!r}",
+            )
+        schema = self._schemas.get(request.route_key)
+        if schema is not None:
+            validate(request.payload, schema)
+        faults = parse_faults(request.payload)
+        faults.check_poison()
+        return _Call(request, route, faults)
+
+    async def _decide(self, conn: Conn, call: _Call | PoisonError) -> Outcome:
+        if isinstance(call, PoisonError):
+            return Outcome.poison(call)
+        forced = call.faults.forced(call.request.delivery.attempt)
+        if forced is not None:
+            return Outcome(forced.status, {"error": forced.error}, forced.headers)
+        return await self._apply(conn, call)
+
+    async def _apply(self, conn: Conn, call: _Call) -> Outcome:
+        message_id = call.request.message_id
+        try:
+            async with conn.transaction():
+                if not await store.claim(conn, handler=self.name, message_id=message_id):
+                    return await self._duplicate(conn, message_id)
+                await call.route(conn, call.request)
+        except PoisonError as exc:
+            return Outcome.poison(exc)
+        except UNSTORABLE as exc:
+            unstorable = PoisonError("UNSTORABLE_VALUE", f"payload cannot be stored: {exc}")
+            return Outcome.poison(unstorable)
+        except UNAVAILABLE as exc:
+            return Outcome.unavailable(f"transient failure: {exc}")
+        except Exception as exc:
+            # The HTTP boundary: an unexpected error is still an answer (5xx, retried).
+            log.exception("route failed", extra={"message_id": message_id})
+            return Outcome(500, {"error": f"{type(exc).__name__}: {exc}"})
+        return Outcome(200, {"status": "processed", "message_id": message_id})
+
+    async def _duplicate(self, conn: Conn, message_id: str) -> Outcome:
+        moment = await store.applied_at(conn, handler=self.name, message_id=message_id)
+        body: dict[str, Any] = {"status": "already_processed", "message_id": message_id}
+        if moment is not None:
+            body["applied_at"] = format_timestamp(moment)
+        return Outcome(409, body)
+
+    async def _close_call(self, conn: Conn, call_id: int, outcome: Outcome) -> None:
+        # The outcome stands even if its status cannot be written: the effect (if any)
+        # has committed, and the ledger row already counts the call.
+        try:
+            await store.close_call(conn, call_id, outcome.status)
+        except UNAVAILABLE as exc:
+            log.warning("ledger status not recorded for call %s: %s", call_id, exc)
+
+    def _log(self, outcome: Outcome, message_id: object) -> None:
+        if outcome.status == 200:
+            return
+        level = logging.WARNING if outcome.status >= 500 else logging.INFO
+        detail = (outcome.body or {}).get("error") or (outcome.body or {}).get("status")
+        log.log(
+            level,
+            "answered %s: %s",
+            outcome.status,
+            detail,
+            extra={"message_id": str(message_id) if message_id else None, "handler": self.name},
+        )
+
+
+def handled_events(topology: Topology, context: str) -> dict[RouteKey, EventSpec]:
+    """Events the topology sends to ``context`` (handled by a durable targeting it)."""
+    durables = {name for name, d in topology.durables.items() if d.target == context}
+    return {
+        (event.type, event.version): event
+        for event in topology.events
+        if durables.intersection(event.handled_by)
+    }
+
+
+def build_service(spec: ServiceSpec, *, pool: asyncpg.Pool, topology: Topology) -> HandlerService:
+    """A :class:`HandlerService` for ``spec``, checked against and schema-fed by ``topology``.
+
+    Refuses (:class:`ConfigurationError`) a topology that sends this context an event the
+    service has no route for, or whose schema uses keywords the validator cannot enforce.
+    """
+    topology.context(spec.name)
+    expected = handled_events(topology, spec.name)
+    missing = sorted(set(expected) - set(spec.routes))
+    if missing:
+        names = ", ".join(f"{event_type}.v{version}" for event_type, version in missing)
+        raise ConfigurationError(
+            f"topology {topology.name!r} sends {names} to context {spec.name!r}, "
+            f"but the {spec.name} handler has no route for it"
+        )
+    schemas: dict[RouteKey, Mapping[str, Any]] = {}
+    for key, event in expected.items():
+        if event.payload_schema is not None:
+            check_supported(event.payload_schema, f"events[{key[0]}.v{key[1]}].schema")
+            schemas[key] = event.payload_schema
+    return HandlerService(
+        name=spec.name, pool=pool, routes=spec.routes, schemas=schemas, tables=spec.tables
+    )
