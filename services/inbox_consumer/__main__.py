@@ -9,12 +9,10 @@ import os
 import socket
 import sys
 
-import asyncpg
-
 from shared.adapters.nats import connect_nats
-from shared.adapters.postgres import create_pool
+from shared.adapters.postgres import create_pool_when_up
 from shared.domain.ack import RetryPolicy
-from shared.domain.errors import ConfigurationError, TransientError
+from shared.domain.errors import ConfigurationError
 from shared.runtime import (
     EXIT_CONFIG,
     EXIT_DRAIN_TIMEOUT,
@@ -44,7 +42,7 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
     topology = settings.load_topology()
     spec = topology.durable(settings.durable)
     dsn = settings.dsn(topology.context(spec.target).database)
-    pool = await _pool_when_up(dsn, stop)
+    pool = await create_pool_when_up(dsn, max_size=4, stop=stop)
     nats_up = {"connected": False}
     nc = await connect_nats(
         settings.nats_servers(),
@@ -94,19 +92,6 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
     await pool.close()
     log.info("stopped", extra={"processed": consumer.stats.processed})
     return code
-
-
-async def _pool_when_up(dsn: str, stop: asyncio.Event) -> asyncpg.Pool:
-    delay = 0.2
-    while True:
-        try:
-            return await create_pool(dsn, min_size=1, max_size=4)
-        except TransientError as exc:
-            if stop.is_set():
-                raise
-            log.warning("postgres not reachable (%s); retrying in %.1fs", exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
 
 
 async def _main(settings: ConsumerSettings) -> int:

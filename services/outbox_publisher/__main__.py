@@ -7,12 +7,10 @@ import asyncio
 import logging
 import sys
 
-import asyncpg
-
 from shared.adapters.nats import connect_nats
 from shared.adapters.notify import listen
-from shared.adapters.postgres import create_pool
-from shared.domain.errors import ConfigurationError, TransientError
+from shared.adapters.postgres import create_pool_when_up
+from shared.domain.errors import ConfigurationError
 from shared.runtime import (
     EXIT_CONFIG,
     EXIT_DRAIN_TIMEOUT,
@@ -37,7 +35,7 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
     if context.stream is None:
         raise ConfigurationError(f"context {settings.context!r} owns no stream to publish to")
     dsn = settings.dsn(context.database)
-    pool = await _create_pool_retrying(dsn, settings.concurrency + 1, stop)
+    pool = await create_pool_when_up(dsn, max_size=settings.concurrency + 1, stop=stop)
     nats_up = {"connected": False}
     nc = await connect_nats(
         settings.nats_servers(),
@@ -91,19 +89,6 @@ async def _drain(workers: list[asyncio.Task[None]], deadline: float) -> int:
         task.cancel()
     await asyncio.gather(*workers, return_exceptions=True)
     return EXIT_DRAIN_TIMEOUT if pending else EXIT_OK
-
-
-async def _create_pool_retrying(dsn: str, size: int, stop: asyncio.Event) -> asyncpg.Pool:
-    delay = 0.2
-    while True:
-        try:
-            return await create_pool(dsn, min_size=1, max_size=size)
-        except TransientError as exc:
-            if stop.is_set():
-                raise
-            log.warning("postgres not reachable (%s); retrying in %.1fs", exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
 
 
 async def _main(settings: PublisherSettings) -> int:

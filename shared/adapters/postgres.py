@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -73,6 +74,20 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
         raise TransientError(f"{redact(dsn)}: cannot connect: {exc}") from exc
     assert pool is not None
     return pool
+
+
+async def create_pool_when_up(dsn: str, *, max_size: int, stop: asyncio.Event) -> asyncpg.Pool:
+    """A pool, retrying with back-off while the server is unreachable (a role starting first)."""
+    delay = 0.2
+    while True:
+        try:
+            return await create_pool(dsn, min_size=1, max_size=max_size)
+        except TransientError as exc:
+            if stop.is_set():
+                raise
+            log.warning("postgres not reachable (%s); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 async def ensure_database(dsn: str) -> bool:
