@@ -81,6 +81,21 @@ class HandlerSpec(_Model):
     timeout: Seconds = 10.0
 
 
+class ReplayLimits(_Model):
+    """How the dlq-replayer replays a durable's dead letters under the automatic policy.
+
+    Each entry waits a random delay in ``[0, min(max_delay, base_delay * 2**n))`` before its
+    n-th replay (exponential back-off with full jitter, REQ-059); after ``max_attempts``
+    failed replays it is parked for an operator. ``rate`` caps replays per second for the
+    durable, so a replay storm cannot swamp a handler that is just recovering.
+    """
+
+    base_delay: Seconds = 5.0
+    max_delay: Seconds = 600.0
+    max_attempts: int = Field(default=5, ge=1)
+    rate: float = Field(default=20.0, gt=0)
+
+
 class DurableSpec(_Model):
     """A pull consumer: one inbox-consumer process group per durable."""
 
@@ -96,7 +111,10 @@ class DurableSpec(_Model):
     batch_size: int = Field(default=50, ge=1, le=1000)
     handler: HandlerSpec
     dead_letter_subject: str
+    #: automatic: the dlq-replayer replays retryable dead letters (REQ-059); operator: only
+    #: an operator replays (INFRA-005 §4.3).
     replay: Literal["automatic", "operator"] = "automatic"
+    replay_limits: ReplayLimits = Field(default_factory=ReplayLimits)
 
     @model_validator(mode="after")
     def _check(self) -> DurableSpec:
@@ -135,6 +153,11 @@ class DeadLetterStreamSpec(_Model):
     max_age: Seconds = 30 * 86400.0
     max_bytes: Bytes = 10 * 1000**3
     replicas: int = Field(default=3, ge=1, le=5)
+    #: Dead letters are few, so their duplicate window can be long: a record re-published
+    #: after a crash (same ``durable:message_id[:generation]`` id) is dropped for a day.
+    duplicate_window: Seconds = 86400.0
+    #: Only limits retention keeps records inspectable after a consumer has read them.
+    retention: Literal["limits"] = "limits"
 
 
 class Topology(_Model):

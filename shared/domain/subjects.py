@@ -77,3 +77,19 @@ def parse_subject(subject: str) -> EventSubject:
             "INVALID_SUBJECT", "subject", f"{subject!r} does not end in .v<n>"
         )
     return event_subject(".".join(parts[:-2]), parts[-2], int(match.group(1)))
+
+
+#: Replays go to a subject only the failed durable listens on, inside its own stream, so
+#: durables that already processed the event are never re-run (and the subject rule of the
+#: envelope's own ``subject`` is untouched).
+REPLAY_PREFIX = "ferry.replay"
+
+
+def replay_subject(stream: str, durable: str) -> str:
+    """``ferry.replay.{STREAM}.{durable}``: where replays for ``durable`` are published."""
+    return f"{REPLAY_PREFIX}.{stream}.{durable}"
+
+
+def replay_wildcard(stream: str) -> str:
+    """The subject a stream adds to its own so it captures its durables' replays."""
+    return f"{REPLAY_PREFIX}.{stream}.*"
