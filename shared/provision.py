@@ -15,6 +15,11 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import APIError, NotFoundError
 
+from shared.domain.subjects import (
+    advisory_subjects,
+    replay_subject,
+    replay_wildcard,
+)
 from shared.topology import DeadLetterStreamSpec, DurableSpec, StreamSpec, Topology
 
 Action = Literal["created", "unchanged", "updated", "drift", "refused", "missing"]
@@ -71,7 +76,8 @@ def stream_config(spec: StreamSpec | DeadLetterStreamSpec, caps: Caps) -> js_api
     if isinstance(spec, StreamSpec):
         return js_api.StreamConfig(
             name=spec.name,
-            subjects=list(spec.subjects),
+            # The stream also captures its durables' replays (ferry.replay.{STREAM}.{durable}).
+            subjects=[*spec.subjects, replay_wildcard(spec.name)],
             retention=js_api.RetentionPolicy(spec.retention),
             max_age=spec.max_age,
             max_bytes=caps.bytes(spec.max_bytes),
@@ -89,8 +95,51 @@ def stream_config(spec: StreamSpec | DeadLetterStreamSpec, caps: Caps) -> js_api
         max_bytes=caps.bytes(spec.max_bytes),
         storage=js_api.StorageType.FILE,
         num_replicas=replicas,
+        duplicate_window=spec.duplicate_window,
+        discard=js_api.DiscardPolicy.OLD,
+    )
+
+
+#: Durable name of the dlq-router on a topology's advisory stream.
+ROUTER_DURABLE = "dlq_router"
+
+
+def advisory_stream_config(topology: Topology, caps: Caps) -> js_api.StreamConfig:
+    """The stream that captures MAX_DELIVERIES / MSG_TERMINATED advisories of every durable.
+
+    Advisories are core NATS messages: without this stream they vanish when no dlq-router
+    happens to be listening.
+    """
+    subjects = [
+        subject
+        for name, durable in sorted(topology.durables.items())
+        for subject in advisory_subjects(durable.stream, name)
+    ]
+    return js_api.StreamConfig(
+        name=topology.advisory_stream,
+        subjects=subjects,
+        retention=js_api.RetentionPolicy.LIMITS,
+        max_age=30 * 86400.0,
+        max_bytes=caps.bytes(1000**3),
+        storage=js_api.StorageType.FILE,
+        num_replicas=caps.replicas(3),
         duplicate_window=120.0,
         discard=js_api.DiscardPolicy.OLD,
+    )
+
+
+def router_consumer_config() -> js_api.ConsumerConfig:
+    """The dlq-router's durable on the advisory stream (naks carry explicit delays)."""
+    return js_api.ConsumerConfig(
+        name=ROUTER_DURABLE,
+        durable_name=ROUTER_DURABLE,
+        deliver_policy=js_api.DeliverPolicy.ALL,
+        ack_policy=js_api.AckPolicy.EXPLICIT,
+        ack_wait=60.0,
+        # Finite, but long enough to outlast a day of database outage at 60 s per nak.
+        max_deliver=2000,
+        max_ack_pending=200,
+        replay_policy=js_api.ReplayPolicy.INSTANT,
     )
 
 
@@ -100,7 +149,8 @@ def consumer_config(name: str, spec: DurableSpec) -> js_api.ConsumerConfig:
     No ``backoff`` list: JetStream applies it to ack timeouts only, and would shorten
     the first ack_wait to its first step; retries carry explicit nak delays instead.
     """
-    filters = list(spec.filter_subjects)
+    # Its own replay subject too: replays reach the durable that failed and no other.
+    filters = [*spec.filter_subjects, replay_subject(spec.stream, name)]
     return js_api.ConsumerConfig(
         name=name,
         durable_name=name,
@@ -239,9 +289,15 @@ async def provision(
     ]
     for spec in specs:
         changes.append(await provision_stream(js, stream_config(spec, caps), apply=apply))
+    advisories = advisory_stream_config(topology, caps)
+    changes.append(await provision_stream(js, advisories, apply=apply))
     for name, durable in topology.durables.items():
         config = consumer_config(name, durable)
         changes.append(await provision_consumer(js, durable.stream, config, apply=apply))
+    assert advisories.name is not None
+    changes.append(
+        await provision_consumer(js, advisories.name, router_consumer_config(), apply=apply)
+    )
     return changes
 
 

@@ -110,3 +110,23 @@ class ConsumerSettings(CommonSettings):
     retry_after_cap: float = Field(default=600.0, gt=0)
     #: Seconds SIGTERM allows for in-flight messages (< supervisord stopwaitsecs).
     drain_deadline: float = Field(default=8.0, gt=0)
+
+
+class RouterSettings(CommonSettings):
+    """dlq-router: one process (or more replicas) per topology."""
+
+    #: How long one fetch of advisories waits before looping, in seconds.
+    fetch_timeout: float = Field(default=1.0, gt=0)
+    #: Seconds SIGTERM allows for the advisories in hand (< supervisord stopwaitsecs).
+    drain_deadline: float = Field(default=8.0, gt=0)
+
+
+class ReplayerSettings(CommonSettings):
+    """dlq-replayer: one process per topology (replicas are safe: rows are locked)."""
+
+    #: Seconds between scans for due dead letters.
+    interval: float = Field(default=1.0, gt=0)
+    #: Due dead letters taken per durable per scan.
+    batch_size: int = Field(default=100, ge=1, le=10_000)
+    #: Seconds SIGTERM allows for the replays in hand (< supervisord stopwaitsecs).
+    drain_deadline: float = Field(default=8.0, gt=0)

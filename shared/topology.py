@@ -184,6 +184,11 @@ class Topology(_Model):
                     )
         return self
 
+    @property
+    def advisory_stream(self) -> str:
+        """Name of the stream capturing this topology's delivery advisories."""
+        return re.sub(r"[^A-Z0-9]+", "_", self.name.upper()).strip("_") + "_ADVISORIES"
+
     def streams_by_name(self) -> dict[str, StreamSpec]:
         """Every context stream, keyed by stream name."""
         return {c.stream.name: c.stream for c in self.contexts.values() if c.stream}

@@ -13,6 +13,8 @@ import asyncpg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from services.dlq_replayer.replayer import DlqReplayer
+from services.dlq_router.router import DlqRouter
 from services.outbox_publisher.publisher import OutboxPublisher
 from shared.adapters.notify import listen
 from shared.producer import record_event
@@ -137,3 +139,44 @@ class RunningPublisher:
         self.stop.set()
         await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), timeout=15)
         await self.pool.close()
+
+
+class _TopologyRole:
+    """Pools per target database, for an in-process dlq-router or dlq-replayer."""
+
+    def __init__(self, topology: Topology, dsns: dict[str, str], js: JetStreamContext) -> None:
+        self.topology, self.dsns, self.js = topology, dsns, js
+        self.stop = asyncio.Event()
+        self.pools: dict[str, asyncpg.Pool] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    async def _open(self) -> None:
+        for database, dsn in self.dsns.items():
+            self.pools[database] = await asyncpg.create_pool(dsn, min_size=1, max_size=3)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.task is not None:
+            await asyncio.wait_for(self.task, timeout=20)
+        for pool in self.pools.values():
+            await pool.close()
+
+
+class RunningRouter(_TopologyRole):
+    """The dlq-router's class, in-process. ``dsns`` maps database name → DSN."""
+
+    async def __aenter__(self) -> DlqRouter:
+        await self._open()
+        router = DlqRouter(topology=self.topology, pools=self.pools, js=self.js)
+        self.task = asyncio.create_task(router.run(self.stop, fetch_timeout=0.2))
+        return router
+
+
+class RunningReplayer(_TopologyRole):
+    """The dlq-replayer's class, in-process."""
+
+    async def __aenter__(self) -> DlqReplayer:
+        await self._open()
+        replayer = DlqReplayer(topology=self.topology, pools=self.pools, js=self.js)
+        self.task = asyncio.create_task(replayer.run(self.stop, interval=0.2))
+        return replayer

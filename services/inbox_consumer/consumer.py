@@ -18,7 +18,6 @@ Per fetched batch:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -32,19 +31,19 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
 from services.inbox_consumer.dispatch import HttpHandler
-from shared.adapters import inbox
+from shared.adapters import dead_letters, inbox
 from shared.adapters.inbox import ClaimResult, InboxEntry
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.domain.ack import Ack, DeadLetter, Decision, HandlerResponse, Nak, RetryPolicy, decide
-from shared.domain.dead_letter import dead_letter_record
-from shared.domain.envelope import Envelope, format_timestamp
+from shared.domain.envelope import Envelope, format_timestamp, identify
 from shared.domain.errors import PoisonError
+from shared.domain.subjects import REPLAY_PREFIX
 from shared.topology import DurableSpec
 
 log = logging.getLogger("ferry.inbox_consumer")
 
-#: Namespace of surrogate ids for messages that carry no usable id of their own.
-SURROGATE_NAMESPACE = uuid.UUID("5b0e4c2e-55a2-4f0e-9a43-5f1b1c6f0a11")
+#: The decision code of a delivery that failed on its last attempt.
+EXHAUSTED = "MAX_DELIVERIES_EXCEEDED"
 #: Delay before a copy that lost the race for an id is offered again.
 CONTENDED_DELAY = 1.0
 #: Failures that leave a dead letter unwritten: the message is nak'ed and tried again.
@@ -65,6 +64,7 @@ class ConsumerStats:
     duplicates: int = 0
     retries: int = 0
     dead_lettered: int = 0
+    exhausted: int = 0
     handler_calls: int = 0
     contended: int = 0
     alerts: int = 0
@@ -83,12 +83,24 @@ class Delivery:
     envelope: Envelope | None
     poison: PoisonError | None
 
+    @property
+    def replay(self) -> bool:
+        """Whether this is a dlq-replayer's (or operator's) replay of a dead letter."""
+        return self.msg.subject.startswith(REPLAY_PREFIX + ".")
+
+    @property
+    def subject(self) -> str:
+        """The event's own subject (a replay travels on the durable's replay subject)."""
+        if self.replay and self.envelope is not None:
+            return self.envelope.subject
+        return self.msg.subject
+
     def entry(self) -> InboxEntry:
         """The inbox row to record."""
         env = self.envelope
         return InboxEntry(
             message_id=self.message_id,
-            subject=self.msg.subject,
+            subject=self.subject,
             event_type=env.event_type if env else None,
             event_version=env.event_version if env else None,
             occurred_at=env.occurred_at if env else None,
@@ -100,28 +112,21 @@ class Delivery:
 def parse_delivery(msg: Msg) -> Delivery:
     """Parse without raising: a defect is kept as ``poison`` for the dead-letter path."""
     meta = msg.metadata
-    headers = msg.headers or {}
-    envelope: Envelope | None = None
-    poison: PoisonError | None = None
-    try:
-        envelope = Envelope.from_wire(msg.data, nats_subject=msg.subject)
-    except PoisonError as exc:
-        poison = exc
-    # The inbox key is the envelope's message_id, not Nats-Msg-Id: a replay is published
-    # under a fresh Nats-Msg-Id (the duplicate window would drop it) but keeps its key.
-    message_id = _message_id(
-        envelope, headers.get("Nats-Msg-Id"), meta.stream, meta.sequence.stream
+    found = identify(
+        msg.data,
+        subject=msg.subject,
+        msg_id_header=(msg.headers or {}).get("Nats-Msg-Id"),
+        stream=meta.stream,
+        seq=meta.sequence.stream,
     )
-    return Delivery(msg, message_id, meta.num_delivered, meta.sequence.stream, envelope, poison)
-
-
-def _message_id(envelope: Envelope | None, header: str | None, stream: str, seq: int) -> uuid.UUID:
-    if envelope is not None:
-        return uuid.UUID(envelope.message_id)
-    try:
-        return uuid.UUID(str(header))
-    except ValueError:
-        return uuid.uuid5(SURROGATE_NAMESPACE, f"{stream}:{seq}")
+    return Delivery(
+        msg,
+        found.message_id,
+        meta.num_delivered,
+        meta.sequence.stream,
+        found.envelope,
+        found.poison,
+    )
 
 
 class InboxConsumer:
@@ -283,9 +288,7 @@ class InboxConsumer:
 
     async def _retry(self, delivery: Delivery, decision: Nak, status: int | None) -> None:
         self.stats.retries += 1
-        reason = (
-            "HTTP_" + str(status) if status else decision.reason.split(":")[0].replace(" ", "_")
-        )
+        reason = _retry_reason(status, decision.reason)
         self.stats.retries_by_reason[reason] = self.stats.retries_by_reason.get(reason, 0) + 1
         if decision.alert:
             self.stats.alerts += 1
@@ -313,32 +316,20 @@ class InboxConsumer:
     async def _dead_letter(
         self, delivery: Delivery, decision: DeadLetter, status: int | None
     ) -> None:
+        if decision.reason_code == EXHAUSTED:
+            reason = _retry_reason(status, decision.detail)
+            entry = _history(delivery, status, reason, decision.detail)
+            await self._exhausted(delivery, decision, status, entry)
+            return
         entry = _history(delivery, status, decision.reason_code, decision.detail)
         try:
             async with self.pool.acquire() as conn:
-                history = [
-                    *await inbox.retry_history(conn, self.durable, delivery.message_id),
-                    entry,
-                ]
-                record = self._record(delivery, decision, history)
-                await self.js.publish(
-                    self.spec.dead_letter_subject,
-                    json.dumps(record, default=str).encode(),
-                    headers={"Nats-Msg-Id": f"{self.durable}:{delivery.message_id}"},
-                )
-                await inbox.mark_failed(
+                history = await inbox.retry_history(conn, self.durable, delivery.message_id)
+                outcome = await dead_letters.record_dead_letter(
                     conn,
-                    self.durable,
-                    delivery.message_id,
-                    error=decision.detail,
-                    status=status,
-                    reason_code=decision.reason_code,
-                    dlq_metadata={
-                        "subject": self.spec.dead_letter_subject,
-                        "reason": decision.reason_code,
-                        "replay_attempts": 0,
-                    },
-                    history_entry=entry,
+                    self.js,
+                    self._failure(delivery, decision, status, history, entry),
+                    self.spec,
                 )
         except DEAD_LETTER_ERRORS as exc:
             log.warning(
@@ -353,31 +344,80 @@ class InboxConsumer:
                 "durable": self.durable,
                 "message_id": str(delivery.message_id),
                 "reason": decision.reason_code,
+                "outcome": outcome,
             },
         )
-        await _quiet(delivery.msg.ack())
+        # term, not ack: JetStream will not redeliver it, and its MSG_TERMINATED advisory
+        # reaches the dlq-router, which finds the record and leaves it alone.
+        await _quiet(delivery.msg.term())
 
-    def _record(
-        self, delivery: Delivery, decision: DeadLetter, history: list[dict[str, Any]]
-    ) -> dict[str, Any]:
+    async def _exhausted(
+        self, delivery: Delivery, decision: DeadLetter, status: int | None, entry: dict[str, Any]
+    ) -> None:
+        """The last delivery failed: record the attempt and let JetStream give up on it.
+
+        The nak of the final delivery makes JetStream emit MAX_DELIVERIES, captured in the
+        topology's advisory stream; the dlq-router turns it into the record with the whole
+        retry history. One path for every exhaustion — failing handler or crashing
+        consumer alike.
+        """
+        self.stats.exhausted += 1
+        try:
+            async with self.pool.acquire() as conn:
+                await inbox.mark_retrying(
+                    conn,
+                    self.durable,
+                    delivery.message_id,
+                    error=decision.detail,
+                    status=status,
+                    reason_code=decision.reason_code,
+                    history_entry=entry,
+                )
+        except DATABASE_ERRORS as exc:
+            log.warning("could not record last attempt of %s: %s", delivery.message_id, exc)
+        log.warning(
+            "deliveries exhausted; the dlq-router records it",
+            extra={"durable": self.durable, "message_id": str(delivery.message_id)},
+        )
+        await self._nak(delivery.msg, 0.0)
+
+    def _failure(
+        self,
+        delivery: Delivery,
+        decision: DeadLetter,
+        status: int | None,
+        history: list[dict[str, Any]],
+        entry: dict[str, Any],
+    ) -> dead_letters.Failure:
         env = delivery.envelope
         payload: Any = env.to_dict() if env else delivery.msg.data.decode("utf-8", "replace")
-        return dead_letter_record(
+        return dead_letters.Failure(
             durable=self.durable,
+            message_id=delivery.message_id,
             stream=self.spec.stream,
-            stream_sequence=delivery.stream_seq,
-            message_id=str(delivery.message_id),
-            original_subject=delivery.msg.subject,
+            stream_seq=delivery.stream_seq,
+            original_subject=delivery.subject,
             reason_code=decision.reason_code,
             last_error=decision.detail,
             attempts=delivery.attempt,
             payload=payload,
             retry_history=history,
+            source="consumer",
+            event_type=env.event_type if env else None,
+            event_version=env.event_version if env else None,
+            occurred_at=env.occurred_at if env else None,
             traceparent=(delivery.msg.headers or {}).get("traceparent"),
+            handler_status=status,
+            history_entry=entry,
         )
 
     async def _nak(self, msg: Msg, delay: float) -> None:
         await _quiet(msg.nak(delay=delay))
+
+
+def _retry_reason(status: int | None, reason: str) -> str:
+    """A retry's reason code: ``HTTP_503``, ``handler_timeout``, ``handler_unreachable``."""
+    return "HTTP_" + str(status) if status else reason.split(":")[0].replace(" ", "_")
 
 
 def _history(delivery: Delivery, status: int | None, reason: str, detail: str) -> dict[str, Any]:

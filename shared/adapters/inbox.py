@@ -85,13 +85,37 @@ SET status = 'retrying', lease_owner = NULL, lease_until = NULL, last_error = $3
 WHERE durable = $1 AND message_id = $2
 """
 
-_FAILED = """
+# Final outcome 'failed' (dead-lettered, REQ-053), whichever path got there: the consumer
+# has the row it claimed; the dlq-router may find none (a consumer that died before its
+# claim committed, every time), so this inserts as well. A processed row is never failed.
+_DEAD_LETTERED = """
+INSERT INTO inbox_messages AS i (message_id, durable, subject, status, last_error, handler_status,
+                                 reason_code, dlq_metadata, retry_history, attempts, event_type,
+                                 event_version, occurred_at, stream_seq, traceparent)
+VALUES ($1, $2, $3, 'failed', $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10, $11, $12, $13, $14)
+ON CONFLICT (durable, message_id) DO UPDATE
+  SET status = 'failed', lease_owner = NULL, lease_until = NULL, last_error = EXCLUDED.last_error,
+      handler_status = coalesce(EXCLUDED.handler_status, i.handler_status),
+      reason_code = EXCLUDED.reason_code, dlq_metadata = EXCLUDED.dlq_metadata,
+      retry_history = i.retry_history || EXCLUDED.retry_history,
+      attempts = greatest(i.attempts, EXCLUDED.attempts), updated_at = clock_timestamp()
+  WHERE i.status <> 'processed'
+"""
+
+# A replay is about to be published: the row must no longer look final, or the replayed
+# delivery would be skipped as a duplicate.
+_REOPEN = """
 UPDATE inbox_messages
-SET status = 'failed', lease_owner = NULL, lease_until = NULL, last_error = $3,
-    handler_status = $4, reason_code = $5, dlq_metadata = $6::jsonb,
-    retry_history = retry_history || jsonb_build_array($7::jsonb),
-    updated_at = clock_timestamp()
-WHERE durable = $1 AND message_id = $2
+SET status = 'retrying', lease_owner = NULL, lease_until = NULL, reason_code = 'REPLAY',
+    dlq_metadata = $3::jsonb, updated_at = clock_timestamp()
+WHERE durable = $1 AND message_id = $2 AND status = 'failed'
+"""
+
+_ROW = """
+SELECT status, attempts, last_error, handler_status, reason_code, retry_history, dlq_metadata,
+       lease_until > clock_timestamp() AS leased,
+       extract(epoch FROM lease_until - clock_timestamp()) AS lease_left
+FROM inbox_messages WHERE durable = $1 AND message_id = $2
 """
 
 _HISTORY = "SELECT retry_history FROM inbox_messages WHERE durable = $1 AND message_id = $2"
@@ -173,28 +197,61 @@ async def mark_retrying(
     )
 
 
-async def mark_failed(
-    conn: Conn,
-    durable: str,
-    message_id: UUID,
-    *,
-    error: str,
-    status: int | None,
-    reason_code: str,
-    dlq_metadata: dict[str, Any],
-    history_entry: dict[str, Any],
-) -> None:
-    """Final outcome 'failed' (dead-lettered, REQ-053)."""
+@dataclass(frozen=True, slots=True)
+class DeadLetteredRow:
+    """What the inbox row of a dead-lettered message is set to."""
+
+    message_id: UUID
+    subject: str
+    error: str
+    status: int | None
+    reason_code: str
+    dlq_metadata: dict[str, Any]
+    history_entry: dict[str, Any] | None
+    attempts: int
+    event_type: str | None = None
+    event_version: int | None = None
+    occurred_at: datetime | None = None
+    stream_seq: int | None = None
+    traceparent: str | None = None
+
+
+async def mark_dead_lettered(conn: Conn, durable: str, row: DeadLetteredRow) -> None:
+    """Final outcome 'failed' (dead-lettered, REQ-053), inserting the row if there is none."""
     await conn.execute(
-        _FAILED,
+        _DEAD_LETTERED,
+        row.message_id,
         durable,
-        message_id,
-        error,
-        status,
-        reason_code,
-        json.dumps(dlq_metadata),
-        json.dumps(history_entry),
+        row.subject,
+        row.error,
+        row.status,
+        row.reason_code,
+        json.dumps(row.dlq_metadata),
+        json.dumps([row.history_entry] if row.history_entry else []),
+        row.attempts,
+        row.event_type,
+        row.event_version,
+        row.occurred_at,
+        row.stream_seq,
+        row.traceparent,
     )
+
+
+async def reopen_for_replay(
+    conn: Conn, durable: str, message_id: UUID, dlq_metadata: dict[str, Any]
+) -> None:
+    """Make a dead-lettered row claimable again for its replay."""
+    await conn.execute(_REOPEN, durable, message_id, json.dumps(dlq_metadata))
+
+
+async def fetch_row(conn: Conn, durable: str, message_id: UUID) -> dict[str, Any] | None:
+    """The inbox row of one message (for the dlq-router's join), or None."""
+    row = await conn.fetchrow(_ROW, durable, message_id)
+    if row is None:
+        return None
+    doc = dict(row)
+    doc["retry_history"] = json.loads(doc["retry_history"]) if doc["retry_history"] else []
+    return doc
 
 
 async def retry_history(conn: Conn, durable: str, message_id: UUID) -> list[dict[str, Any]]:

@@ -189,3 +189,44 @@ def _payload_field(doc: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise PoisonError("INVALID_FIELD", "payload must be a JSON object")
     return value
+
+
+#: Namespace of surrogate ids for messages that carry no usable id of their own.
+SURROGATE_NAMESPACE = uuid.UUID("5b0e4c2e-55a2-4f0e-9a43-5f1b1c6f0a11")
+#: Replays travel on ``ferry.replay.{STREAM}.{durable}``; their envelope keeps its subject.
+_REPLAY_PREFIX = "ferry.replay."
+
+
+@dataclass(frozen=True, slots=True)
+class Identified:
+    """A stream message's inbox key and envelope, or the defect that makes it poison."""
+
+    message_id: uuid.UUID
+    envelope: Envelope | None
+    poison: PoisonError | None
+
+
+def identify(
+    data: bytes, *, subject: str, msg_id_header: str | None, stream: str, seq: int
+) -> Identified:
+    """Parse without raising; the same key whoever asks (consumer or dlq-router).
+
+    The inbox key is the envelope's ``message_id``, not ``Nats-Msg-Id``: a replay is
+    published under a fresh Nats-Msg-Id (the duplicate window would drop it) but keeps
+    its key. A body too broken to name its id falls back to the header, then to a
+    surrogate derived from the stream position, so it can still be recorded once.
+    """
+    delivered_on = None if subject.startswith(_REPLAY_PREFIX) else subject
+    envelope: Envelope | None = None
+    poison: PoisonError | None = None
+    try:
+        envelope = Envelope.from_wire(data, nats_subject=delivered_on)
+    except PoisonError as exc:
+        poison = exc
+    if envelope is not None:
+        return Identified(uuid.UUID(envelope.message_id), envelope, None)
+    try:
+        key = uuid.UUID(str(msg_id_header))
+    except ValueError:
+        key = uuid.uuid5(SURROGATE_NAMESPACE, f"{stream}:{seq}")
+    return Identified(key, None, poison)

@@ -93,3 +93,16 @@ def replay_subject(stream: str, durable: str) -> str:
 def replay_wildcard(stream: str) -> str:
     """The subject a stream adds to its own so it captures its durables' replays."""
     return f"{REPLAY_PREFIX}.{stream}.*"
+
+
+#: JetStream's advisories for a message that will not be delivered again.
+MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+TERMINATED_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED"
+
+
+def advisory_subjects(stream: str, durable: str) -> list[str]:
+    """The advisory subjects the dlq-router needs captured for one durable."""
+    return [
+        f"{MAX_DELIVERIES_ADVISORY}.{stream}.{durable}",
+        f"{TERMINATED_ADVISORY}.{stream}.{durable}",
+    ]

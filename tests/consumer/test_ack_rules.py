@@ -22,7 +22,7 @@ from tests.consumer.conftest import (
     publish,
     publish_raw,
 )
-from tests.helpers import eventually
+from tests.helpers import RunningRouter, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -145,15 +145,23 @@ async def test_connection_refused_until_max_deliver_then_dead_letter(env: Env, n
     fast_durable(env, dead_url)
     await provision(nc.jetstream(), env.topology, caps=CAPS)
     event = envelope()
-    async with RunningConsumer(env, nc, dead_url) as consumer:
+    dsns = {env.topology.contexts[c].database: env.dsn(c) for c in ("sea", "vibespro")}
+    async with (
+        RunningConsumer(env, nc, dead_url) as consumer,
+        RunningRouter(env.topology, dsns, nc.jetstream()) as router,
+    ):
         await publish(nc, event)
         await _until(env, nc, event.message_id, "failed")
+    # The consumer gave up on the last delivery; JetStream's MAX_DELIVERIES advisory made
+    # the dlq-router write the record, with the history the consumer kept.
     [record] = await dead_letters(nc)
     assert record["reasonCode"] == "MAX_DELIVERIES_EXCEEDED"
+    assert record["source"] == "advisory:max_deliveries"
     assert record["attempts"] == 4
     assert [h["attempt"] for h in record["retryHistory"]] == [1, 2, 3, 4]
-    assert all(h["reason"].startswith("handler_unreachable") for h in record["retryHistory"][:3])
-    assert consumer.stats.dead_lettered == 1
+    assert all(h["reason"].startswith("handler_unreachable") for h in record["retryHistory"])
+    assert consumer.stats.exhausted == 1 and consumer.stats.dead_lettered == 0
+    assert router.stats.recorded == 1
 
 
 async def test_slow_handler_is_kept_alive_by_heartbeats(

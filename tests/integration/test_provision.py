@@ -26,6 +26,8 @@ async def test_first_run_creates_second_is_a_no_op(env: Env, nc: NATS) -> None:
         "VIBESPRO_DLQ",
         "sea__from_vibespro",
         "vibespro__from_sea",
+        "SEA_VIBESPRO_ADVISORIES",
+        "dlq_router",
     }
     second = await provision(js, env.topology, caps=CAPS)
     assert set(_actions(second).values()) == {"unchanged"}
@@ -38,6 +40,22 @@ async def test_first_run_creates_second_is_a_no_op(env: Env, nc: NATS) -> None:
         consumer.config.max_deliver,
         consumer.config.max_ack_pending,
     ) == (pytest.approx(120), 20, 50)
+    # Replays reach only the durable that failed: its own subject, inside its stream.
+    assert (
+        "ferry.replay.VIBESPRO_EVENTS.*"
+        in (await js.stream_info("VIBESPRO_EVENTS")).config.subjects
+    )
+    assert consumer.config.filter_subjects == [
+        "vibespro.event.>",
+        "ferry.replay.VIBESPRO_EVENTS.sea__from_vibespro",
+    ]
+    advisories = await js.stream_info("SEA_VIBESPRO_ADVISORIES")
+    assert "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.SEA_EVENTS.vibespro__from_sea" in (
+        advisories.config.subjects
+    )
+    dlq = await js.stream_info("SEA_DLQ")
+    assert dlq.config.retention.value == "limits"
+    assert dlq.config.duplicate_window == pytest.approx(86400)
 
 
 async def test_changed_consumer_is_reported_then_applied(env: Env, nc: NATS) -> None:

@@ -1,0 +1,1 @@
+"""dlq-replayer: automatic replays of dead letters with back-off, jitter, a cap and a rate."""

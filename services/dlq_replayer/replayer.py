@@ -1,0 +1,169 @@
+"""The dlq-replayer's behaviour (REQ-059; INFRA-005 §4.3 for operator-only durables).
+
+Every ``interval`` it scans, per durable:
+
+* replays that the consumer has since processed become ``replayed`` (all durables);
+* under the **automatic** policy, dead letters whose ``next_replay_at`` has passed are
+  replayed, oldest first, no faster than the durable's ``replay_limits.rate`` (a token
+  bucket, so a storm of due entries cannot swamp a handler that is just recovering).
+  Each replay's outcome decides what comes next: processed → ``replayed``; dead-lettered
+  again → ``dead`` with a longer full-jitter delay, or ``parked`` once ``max_attempts``
+  replays have failed (that transition happens where the failure is recorded);
+* under the **operator** policy it never replays anything by itself.
+
+Replays go through :func:`shared.adapters.dead_letters.replay`: a fresh Nats-Msg-Id, the
+same message_id, and a subject only the failed durable receives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import asyncpg
+from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+
+from shared.adapters import dead_letters
+from shared.adapters.postgres import DATABASE_ERRORS
+from shared.topology import Topology
+
+log = logging.getLogger("ferry.dlq_replayer")
+
+ACTOR = "dlq-replayer"
+ERRORS: tuple[type[BaseException], ...] = (
+    *DATABASE_ERRORS,
+    ConnectionClosedError,
+    NoRespondersError,
+    NatsTimeout,
+    OSError,
+)
+
+_DUE = """
+SELECT message_id FROM dead_letters
+WHERE durable = $1 AND status = 'dead' AND next_replay_at <= clock_timestamp()
+ORDER BY next_replay_at LIMIT $2
+"""
+
+
+class TokenBucket:
+    """``rate`` tokens per second, at most ``rate`` (and at least one) saved up."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.capacity = max(rate, 1.0)
+        self.tokens = self.capacity
+        self.stamp = time.monotonic()
+
+    async def take(self, stop: asyncio.Event) -> bool:
+        """Wait for a token; False if ``stop`` was set meanwhile."""
+        while not stop.is_set():
+            now = time.monotonic()
+            self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+            if self.tokens >= 1.0:
+                self.tokens -= 1.0
+                return True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=(1.0 - self.tokens) / self.rate)
+        return False
+
+
+@dataclass
+class ReplayerStats:
+    """Counters the role exposes (and tests read)."""
+
+    scans: int = 0
+    replayed: int = 0
+    settled: int = 0
+    skipped: int = 0
+    errors: int = 0
+    replayed_by_durable: dict[str, int] = field(default_factory=dict)
+
+
+class DlqReplayer:
+    """Replays one topology's dead letters by its policies."""
+
+    def __init__(
+        self,
+        *,
+        topology: Topology,
+        pools: dict[str, asyncpg.Pool],
+        js: JetStreamContext,
+        batch_size: int = 100,
+    ) -> None:
+        self.topology, self.pools, self.js, self.batch_size = topology, pools, js, batch_size
+        self.stats = ReplayerStats()
+        self.buckets = {
+            name: TokenBucket(spec.replay_limits.rate) for name, spec in topology.durables.items()
+        }
+        self.ready = False
+
+    def automatic(self) -> list[str]:
+        """Durables whose dead letters are replayed without an operator."""
+        return sorted(n for n, d in self.topology.durables.items() if d.replay == "automatic")
+
+    async def run(self, stop: asyncio.Event, *, interval: float) -> None:
+        """Scan until ``stop``."""
+        self.ready = True
+        while not stop.is_set():
+            try:
+                await self.scan(stop)
+            except ERRORS as exc:
+                self.stats.errors += 1
+                log.warning("scan failed (%s); trying again", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+
+    async def scan(self, stop: asyncio.Event) -> None:
+        """One pass: settle finished replays, then replay what is due."""
+        self.stats.scans += 1
+        by_db: dict[str, list[str]] = {}
+        for name, spec in sorted(self.topology.durables.items()):
+            by_db.setdefault(self.topology.context(spec.target).database, []).append(name)
+        for database, durables in by_db.items():
+            async with self.pools[database].acquire() as conn:
+                self.stats.settled += await dead_letters.settle_replayed(conn, durables)
+        for durable in self.automatic():
+            if stop.is_set():
+                return
+            await self._replay_due(durable, stop)
+
+    async def _replay_due(self, durable: str, stop: asyncio.Event) -> None:
+        spec = self.topology.durables[durable]
+        pool = self.pools[self.topology.context(spec.target).database]
+        async with pool.acquire() as conn:
+            due = [r["message_id"] for r in await conn.fetch(_DUE, durable, self.batch_size)]
+            for message_id in due:
+                if not await self.buckets[durable].take(stop):
+                    return
+                try:
+                    done = await dead_letters.replay(
+                        conn,
+                        self.js,
+                        durable=durable,
+                        message_id=message_id,
+                        actor=ACTOR,
+                        reason="automatic replay (REQ-059)",
+                        automatic=True,
+                        allowed=("dead",),
+                    )
+                except dead_letters.NotReplayable as exc:
+                    self.stats.skipped += 1  # another replica took it, or it changed meanwhile
+                    log.info("skipped: %s", exc)
+                    continue
+                self.stats.replayed += 1
+                by = self.stats.replayed_by_durable
+                by[durable] = by.get(durable, 0) + 1
+                log.info(
+                    "replayed",
+                    extra={
+                        "durable": durable,
+                        "message_id": str(message_id),
+                        "replay_attempt": done.replay_attempt,
+                    },
+                )

@@ -1,0 +1,290 @@
+"""The dlq-router's behaviour: advisories in, dead-letter records out.
+
+JetStream says a message will not be delivered again with two advisories: MAX_DELIVERIES
+(every delivery failed, or nobody settled them: a consumer that crashed each time, a
+handler slower than ack_wait) and MSG_TERMINATED (a consumer gave up on it). They are
+core NATS messages, so the topology's advisory stream captures them and the router reads
+that stream durably: a router that was down catches up when it is back.
+
+For each advisory the router fetches the original message by stream sequence, joins the
+inbox row of the durable's target database (last error, attempts, retry history) and
+records the dead letter through :func:`shared.adapters.dead_letters.record_dead_letter`
+— the same function the consumer's direct path uses, so one record per (durable,
+message_id) whichever path came first. It acks the advisory only once that is done:
+
+* inbox row processed  → nothing to record (the final delivery succeeded late); ack;
+* inbox row leased     → the last delivery may still succeed; look again after the lease;
+* database or NATS down → nak with a delay; the advisory waits in its stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from nats.aio.msg import Msg
+from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from shared.adapters import dead_letters, inbox
+from shared.adapters.postgres import DATABASE_ERRORS
+from shared.domain.envelope import SURROGATE_NAMESPACE, identify
+from shared.provision import ROUTER_DURABLE
+from shared.topology import Topology
+
+log = logging.getLogger("ferry.dlq_router")
+
+MAX_DELIVER_TYPE = "io.nats.jetstream.advisory.v1.max_deliver"
+TERMINATED_TYPE = "io.nats.jetstream.advisory.v1.terminated"
+#: Delays (seconds) before an advisory that could not be handled is offered again.
+RETRY_DELAYS = (1.0, 5.0, 15.0, 60.0)
+ERRORS: tuple[type[BaseException], ...] = (
+    *DATABASE_ERRORS,
+    ConnectionClosedError,
+    NoRespondersError,
+    NatsTimeout,
+    OSError,
+)
+
+
+@dataclass
+class RouterStats:
+    """Counters the role exposes (and tests read)."""
+
+    advisories: int = 0
+    recorded: int = 0
+    already: int = 0
+    processed_late: int = 0
+    waiting: int = 0
+    errors: int = 0
+    invalid: int = 0
+    bound: bool = False
+    recorded_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Advisory:
+    """What a MAX_DELIVERIES or MSG_TERMINATED advisory says."""
+
+    kind: str  # "max_deliveries" | "terminated"
+    stream: str
+    durable: str
+    stream_seq: int
+    deliveries: int
+    reason: str
+
+    @classmethod
+    def parse(cls, data: bytes) -> Advisory:
+        """Parse an advisory body; ValueError names what is wrong."""
+        try:
+            doc = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"advisory is not JSON: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise ValueError("advisory is not a JSON object")
+        kinds = {MAX_DELIVER_TYPE: "max_deliveries", TERMINATED_TYPE: "terminated"}
+        kind = kinds.get(str(doc.get("type")))
+        if kind is None:
+            raise ValueError(f"unexpected advisory type {doc.get('type')!r}")
+        try:
+            return cls(
+                kind=kind,
+                stream=str(doc["stream"]),
+                durable=str(doc["consumer"]),
+                stream_seq=int(doc["stream_seq"]),
+                deliveries=int(doc.get("deliveries") or 0),
+                reason=str(doc.get("reason") or ""),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"advisory lacks a usable field: {exc}") from exc
+
+
+class DlqRouter:
+    """Turns one topology's captured advisories into dead-letter records."""
+
+    def __init__(
+        self, *, topology: Topology, pools: dict[str, asyncpg.Pool], js: JetStreamContext
+    ) -> None:
+        self.topology, self.pools, self.js = topology, pools, js
+        self.stats = RouterStats()
+
+    async def run(self, stop: asyncio.Event, *, fetch_timeout: float, batch: int = 50) -> None:
+        """Handle advisories until ``stop``; the batch in hand is finished first."""
+        psub = await self.js.pull_subscribe_bind(
+            durable=ROUTER_DURABLE, stream=self.topology.advisory_stream
+        )
+        self.stats.bound = True
+        while not stop.is_set():
+            try:
+                msgs = await psub.fetch(batch, timeout=fetch_timeout)
+            except NatsTimeout:
+                continue
+            except (ConnectionClosedError, NoRespondersError, OSError) as exc:
+                log.warning("fetch failed: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                await self.handle(msg)
+
+    async def handle(self, msg: Msg) -> None:
+        """Handle one advisory message and settle it."""
+        self.stats.advisories += 1
+        try:
+            advisory = Advisory.parse(msg.data)
+        except ValueError as exc:
+            # Nothing in it can be recorded; keep it in the stream for inspection.
+            self.stats.invalid += 1
+            log.error("unusable advisory on %s (seq %s): %s", msg.subject, _seq(msg), exc)
+            await _quiet(msg.term())
+            return
+        if advisory.durable not in self.topology.durables:
+            self.stats.invalid += 1
+            log.error("advisory for %s, which is not in this topology", advisory.durable)
+            await _quiet(msg.term())
+            return
+        try:
+            delay = await self._route(advisory)
+        except ERRORS as exc:
+            self.stats.errors += 1
+            attempt = msg.metadata.num_delivered
+            delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS)) - 1]
+            log.warning("could not record %s (%s); again in %.0fs", _key(advisory), exc, delay)
+        if delay is None:
+            await _quiet(msg.ack())
+        else:
+            await _quiet(msg.nak(delay=delay))
+
+    async def _route(self, advisory: Advisory) -> float | None:
+        """Record the dead letter; a delay when it must be looked at again later."""
+        spec = self.topology.durables[advisory.durable]
+        pool = self.pools[self.topology.context(spec.target).database]
+        original = await self._original(advisory)
+        async with pool.acquire() as conn:
+            message_id, envelope, payload, subject = await self._identify(conn, advisory, original)
+            row = await inbox.fetch_row(conn, advisory.durable, message_id)
+            if row is not None and row["status"] == "processed":
+                self.stats.processed_late += 1
+                log.info("%s was processed after all; nothing to record", _key(advisory))
+                return None
+            if row is not None and row["status"] == "processing" and row["leased"]:
+                self.stats.waiting += 1
+                return float(row["lease_left"] or 0.0) + 1.0
+            failure = _failure(advisory, message_id, envelope, payload, subject, row, original)
+            outcome = await dead_letters.record_dead_letter(conn, self.js, failure, spec)
+        if outcome == "already":
+            self.stats.already += 1
+        else:
+            self.stats.recorded += 1
+            by = self.stats.recorded_by_reason
+            by[failure.reason_code] = by.get(failure.reason_code, 0) + 1
+            log.info(
+                "dead-lettered",
+                extra={
+                    "durable": advisory.durable,
+                    "message_id": str(message_id),
+                    "reason": failure.reason_code,
+                    "source": failure.source,
+                },
+            )
+        return None
+
+    async def _original(self, advisory: Advisory) -> Any | None:
+        """The original message by stream sequence, or None when the stream dropped it."""
+        try:
+            return await self.js.get_msg(advisory.stream, advisory.stream_seq)
+        except NotFoundError:
+            return None
+
+    async def _identify(
+        self, conn: Any, advisory: Advisory, original: Any | None
+    ) -> tuple[uuid.UUID, Any, Any, str]:
+        """Key, envelope, payload to keep and the event's subject."""
+        if original is not None:
+            data: bytes = original.data or b""
+            found = identify(
+                data,
+                subject=original.subject,
+                msg_id_header=(original.headers or {}).get("Nats-Msg-Id"),
+                stream=advisory.stream,
+                seq=advisory.stream_seq,
+            )
+            if found.envelope is not None:
+                env = found.envelope
+                return found.message_id, env, env.to_dict(), env.subject
+            return found.message_id, None, data.decode("utf-8", "replace"), original.subject
+        # Gone from the stream (max_age): the inbox may still know which message it was.
+        known = await conn.fetchrow(
+            "SELECT message_id, subject FROM inbox_messages WHERE durable = $1 AND stream_seq = $2",
+            advisory.durable,
+            advisory.stream_seq,
+        )
+        if known is not None:
+            return known["message_id"], None, None, known["subject"]
+        surrogate = uuid.uuid5(SURROGATE_NAMESPACE, f"{advisory.stream}:{advisory.stream_seq}")
+        return surrogate, None, None, ""
+
+
+def _failure(
+    advisory: Advisory,
+    message_id: uuid.UUID,
+    envelope: Any,
+    payload: Any,
+    subject: str,
+    row: dict[str, Any] | None,
+    original: Any | None,
+) -> dead_letters.Failure:
+    if advisory.kind == "max_deliveries":
+        reason = "MAX_DELIVERIES_EXCEEDED"
+        fallback = (
+            f"no outcome recorded for any of {advisory.deliveries} deliveries "
+            "(the consumer crashed or the handler outlived ack_wait)"
+        )
+    else:
+        reason = (row or {}).get("reason_code") or "TERMINATED"
+        fallback = advisory.reason or "a consumer terminated the message"
+    if original is None:
+        fallback += "; the original is no longer in the stream"
+    headers = (original.headers or {}) if original is not None else {}
+    return dead_letters.Failure(
+        durable=advisory.durable,
+        message_id=message_id,
+        stream=advisory.stream,
+        stream_seq=advisory.stream_seq,
+        original_subject=subject,
+        reason_code=reason,
+        last_error=(row or {}).get("last_error") or fallback,
+        attempts=max(advisory.deliveries, int((row or {}).get("attempts") or 0)),
+        payload=payload,
+        retry_history=list((row or {}).get("retry_history") or []),
+        source=f"advisory:{advisory.kind}",  # type: ignore[arg-type]
+        event_type=envelope.event_type if envelope else None,
+        event_version=envelope.event_version if envelope else None,
+        occurred_at=envelope.occurred_at if envelope else None,
+        traceparent=headers.get("traceparent"),
+        handler_status=(row or {}).get("handler_status"),
+    )
+
+
+def _key(advisory: Advisory) -> str:
+    return f"{advisory.durable} {advisory.stream}#{advisory.stream_seq}"
+
+
+def _seq(msg: Msg) -> Any:
+    try:
+        return msg.metadata.sequence.stream
+    except (AttributeError, IndexError, ValueError):  # not a JetStream delivery
+        return "?"
+
+
+async def _quiet(ack: Any) -> None:
+    try:
+        await ack
+    except (ConnectionClosedError, OSError, NatsTimeout) as exc:
+        log.warning("could not settle advisory: %s", exc)
