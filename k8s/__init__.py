@@ -1,0 +1,1 @@
+"""Kubernetes manifests of Ferry: kustomize base, overlays and the topology generator."""
