@@ -40,6 +40,8 @@ CREATE TABLE IF NOT EXISTS dead_letters (
   replay_attempts INT NOT NULL DEFAULT 0,
   next_replay_at TIMESTAMPTZ,
   last_replay_at TIMESTAMPTZ,
+  -- Set when the replay's PubAck came back; NULL while 'replaying' means not confirmed.
+  replay_published_at TIMESTAMPTZ,
   replayed_at TIMESTAMPTZ,
   replay_history JSONB NOT NULL DEFAULT '[]'::jsonb,
   updated_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),

@@ -47,7 +47,9 @@ class StreamMsg:
 async def stream_messages(js: JetStreamContext, stream: str) -> list[StreamMsg]:
     """Every message currently in ``stream``, in stream order (independent of any consumer)."""
     info = await js.stream_info(stream)
-    out = []
+    out: list[StreamMsg] = []
+    if not info.state.messages:
+        return out
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         try:
             raw = await js.get_msg(stream, seq)

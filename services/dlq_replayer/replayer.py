@@ -35,6 +35,8 @@ from shared.topology import Topology
 log = logging.getLogger("ferry.dlq_replayer")
 
 ACTOR = "dlq-replayer"
+#: Seconds after which a replay whose publish was never confirmed is published again.
+UNCONFIRMED_AFTER = 30.0
 ERRORS: tuple[type[BaseException], ...] = (
     *DATABASE_ERRORS,
     ConnectionClosedError,
@@ -80,6 +82,7 @@ class ReplayerStats:
     scans: int = 0
     replayed: int = 0
     settled: int = 0
+    republished: int = 0
     skipped: int = 0
     errors: int = 0
     replayed_by_durable: dict[str, int] = field(default_factory=dict)
@@ -128,6 +131,10 @@ class DlqReplayer:
         for database, durables in by_db.items():
             async with self.pools[database].acquire() as conn:
                 self.stats.settled += await dead_letters.settle_replayed(conn, durables)
+                for durable in durables:  # operator replays too: finishing, not deciding
+                    self.stats.republished += await dead_letters.republish_unconfirmed(
+                        conn, self.js, durable, older_than=UNCONFIRMED_AFTER
+                    )
         for durable in self.automatic():
             if stop.is_set():
                 return

@@ -342,9 +342,24 @@ WHERE durable = $1 AND message_id = $2 FOR UPDATE
 _MARK_REPLAYING = """
 UPDATE dead_letters
 SET status = 'replaying', replay_attempts = $3, last_replay_at = clock_timestamp(),
-    next_replay_at = NULL, stream_seq = $4, updated_at = clock_timestamp(),
-    replay_history = replay_history || jsonb_build_array($5::jsonb)
+    next_replay_at = NULL, replay_published_at = NULL, updated_at = clock_timestamp(),
+    replay_history = replay_history || jsonb_build_array($4::jsonb)
 WHERE durable = $1 AND message_id = $2
+"""
+
+_PUBLISHED = """
+UPDATE dead_letters
+SET stream_seq = $4, replay_published_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE durable = $1 AND message_id = $2 AND status = 'replaying' AND replay_attempts = $3
+"""
+
+# Replays marked but never confirmed published (a crash between the two): publish again.
+# The same Nats-Msg-Id inside the duplicate window is dropped, and a second copy outside
+# it meets an inbox row that is already final, so this can never process anything twice.
+_UNCONFIRMED = """
+SELECT message_id, replay_attempts FROM dead_letters
+WHERE durable = $1 AND status = 'replaying' AND replay_published_at IS NULL
+  AND last_replay_at < clock_timestamp() - $2 * interval '1 second'
 """
 
 
@@ -363,7 +378,13 @@ async def replay(
     automatic: bool,
     allowed: Sequence[str] = REPLAYABLE_STATUSES,
 ) -> Replayed:
-    """Publish one replay and record it (row, inbox, action) in one transaction."""
+    """Replay one dead letter: record it, then publish it, then confirm the publish.
+
+    The inbox row is reopened and committed *before* the publish — otherwise the consumer
+    could receive the replay while the row still says failed, and skip it as a duplicate.
+    A failed publish or a crash before the confirmation is healed by
+    :func:`republish_unconfirmed`.
+    """
     async with conn.transaction():
         row = await conn.fetchrow(_LOCK_FOR_REPLAY, durable, message_id)
         if row is None:
@@ -373,32 +394,14 @@ async def replay(
                 f"{durable}/{message_id} is {row['status']}; replayable from: {', '.join(allowed)}"
             )
         record = json.loads(row["record"])
-        envelope = record.get("payload")
-        if not isinstance(envelope, dict):
+        if not isinstance(record.get("payload"), dict):
             raise NotReplayable(
                 f"{durable}/{message_id} has no parseable envelope to replay "
                 f"({record.get('reasonCode')}); discard it or republish it at the source"
             )
         attempt = row["replay_attempts"] + 1
-        subject = replay_subject(row["stream"], durable)
-        headers = {
-            "Nats-Msg-Id": f"replay:{durable}:{message_id}:{attempt}",
-            "Ferry-Replay": str(attempt),
-            "Ferry-Original-Subject": str(record.get("original_subject", "")),
-        }
-        if row["traceparent"]:
-            headers["traceparent"] = row["traceparent"]
-        ack = await js.publish(
-            subject, json.dumps(envelope, separators=(",", ":")).encode(), headers=headers
-        )
-        await conn.execute(
-            _MARK_REPLAYING,
-            durable,
-            message_id,
-            attempt,
-            ack.seq,
-            json.dumps(_event("replayed", reason, "", actor=actor, attempt=attempt, seq=ack.seq)),
-        )
+        event = _event("replayed", reason, "", actor=actor, attempt=attempt)
+        await conn.execute(_MARK_REPLAYING, durable, message_id, attempt, json.dumps(event))
         await inbox.reopen_for_replay(
             conn,
             durable,
@@ -418,9 +421,56 @@ async def replay(
             "auto_replay" if automatic else "replay",
             actor,
             reason,
-            {"attempt": attempt, "stream_seq": ack.seq},
+            {"attempt": attempt},
         )
-    return Replayed(durable, message_id, attempt, subject, ack.seq)
+    # A failed publish leaves the entry 'replaying' and unconfirmed: republish_unconfirmed
+    # publishes it again under the same Nats-Msg-Id (undoing instead could race a publish
+    # that did land but whose PubAck was lost).
+    seq = await _publish_replay(js, durable, message_id, row, record, attempt)
+    await conn.execute(_PUBLISHED, durable, message_id, attempt, seq)
+    return Replayed(durable, message_id, attempt, replay_subject(row["stream"], durable), seq)
+
+
+async def _publish_replay(
+    js: JetStreamContext,
+    durable: str,
+    message_id: UUID,
+    row: Any,
+    record: dict[str, Any],
+    attempt: int,
+) -> int:
+    headers = {
+        "Nats-Msg-Id": f"replay:{durable}:{message_id}:{attempt}",
+        "Ferry-Replay": str(attempt),
+        "Ferry-Original-Subject": str(record.get("original_subject", "")),
+    }
+    if row["traceparent"]:
+        headers["traceparent"] = row["traceparent"]
+    body = json.dumps(record["payload"], separators=(",", ":")).encode()
+    ack = await js.publish(replay_subject(row["stream"], durable), body, headers=headers)
+    return int(ack.seq)
+
+
+async def republish_unconfirmed(
+    conn: Conn, js: JetStreamContext, durable: str, *, older_than: float
+) -> int:
+    """Publish again the replays whose publish was never confirmed; how many."""
+    count = 0
+    for due in await conn.fetch(_UNCONFIRMED, durable, older_than):
+        row = await conn.fetchrow(
+            "SELECT record, traceparent, stream FROM dead_letters "
+            "WHERE durable = $1 AND message_id = $2",
+            durable,
+            due["message_id"],
+        )
+        if row is None:
+            continue
+        record = json.loads(row["record"])
+        attempt = due["replay_attempts"]
+        seq = await _publish_replay(js, durable, due["message_id"], row, record, attempt)
+        await conn.execute(_PUBLISHED, durable, due["message_id"], attempt, seq)
+        count += 1
+    return count
 
 
 # --------------------------------------------------------------------------- operator actions

@@ -106,12 +106,15 @@ def fast_durable(env: Env, url: str, **overrides: Any) -> None:
 class RunningConsumer:
     """The role's consumer class, in-process."""
 
-    def __init__(self, env: Env, nc: NATS, url: str, *, concurrency: int = 16) -> None:
+    def __init__(
+        self, env: Env, nc: NATS, url: str, *, concurrency: int = 16, durable: str = DURABLE
+    ) -> None:
         self.env, self.nc, self.url, self.concurrency = env, nc, url, concurrency
+        self.durable = durable
         self.stop = asyncio.Event()
 
     async def __aenter__(self) -> InboxConsumer:
-        spec = self.env.topology.durables[DURABLE]
+        spec = self.env.topology.durables[self.durable]
         self.pool = await asyncpg.create_pool(self.env.dsn("sea"), min_size=1, max_size=4)
         self.http = HttpHandler(
             self.url, timeout=spec.handler.timeout, connections=self.concurrency
@@ -119,14 +122,14 @@ class RunningConsumer:
         self.consumer = InboxConsumer(
             pool=self.pool,
             js=self.nc.jetstream(),
-            durable=DURABLE,
+            durable=self.durable,
             spec=spec,
             handler=self.http,
             owner=f"test-{uuid.uuid4().hex[:6]}",
             concurrency=self.concurrency,
             lease_seconds=spec.handler.timeout + 2,
             policy=RetryPolicy(tuple(spec.backoff), spec.max_deliver, 5.0),
-            accepted=accepted_events(self.env.topology, DURABLE),
+            accepted=accepted_events(self.env.topology, self.durable),
         )
         self.task = asyncio.create_task(self.consumer.run(self.stop, fetch_timeout=0.2))
         return self.consumer

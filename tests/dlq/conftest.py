@@ -1,0 +1,7 @@
+"""Dead-letter tests reuse the consumer tests' scripted handler and in-process roles."""
+
+from __future__ import annotations
+
+from tests.consumer.conftest import handler, world
+
+__all__ = ["handler", "world"]
