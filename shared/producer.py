@@ -6,7 +6,9 @@
                            event_type="vibe_created", payload={...})
 
 If the transaction rolls back, neither the state change nor the event exists; if it
-commits, both do, and the outbox-publisher takes it from there. Producers in other
+commits, both do, and the outbox-publisher takes it from there. The event must be one the
+manifests declare, and its payload must fit that version's schema (the generated registry,
+:mod:`shared.registry`); otherwise nothing is written. Producers in other
 languages INSERT the SDS-047 columns into ``outbox_events`` themselves; the table's
 constraints enforce the same rules.
 """
@@ -21,6 +23,7 @@ from typing import Any
 from shared.adapters.postgres import Conn
 from shared.domain.errors import OutboxValidationError
 from shared.domain.subjects import validate_event_type, validate_event_version
+from shared.registry import check_outgoing
 
 _INSERT = """
 INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version,
@@ -58,6 +61,11 @@ def _check_occurred_at(occurred_at: datetime | None) -> datetime | None:
     return occurred_at
 
 
+def _check_declared(event_type: str, version: int, payload_json: str, context: str | None) -> None:
+    # Validated as it will be read (JSON), so e.g. a tuple is checked as the array it becomes.
+    check_outgoing(event_type, version, json.loads(payload_json), context=context)
+
+
 def _payload_json(payload: object) -> str:
     if not isinstance(payload, dict):
         raise OutboxValidationError("INVALID_OUTBOX", "payload", "must be a JSON object (a dict)")
@@ -82,29 +90,44 @@ async def record_event(
     correlation_id: uuid.UUID | str | None = None,
     causation_id: uuid.UUID | str | None = None,
     traceparent: str | None = None,
+    context: str | None = None,
 ) -> uuid.UUID:
     """Insert one outbox row on ``conn``, which must be inside a transaction.
 
-    Validates POL-047-001 (id and event type present), POL-047-002 (not in the future)
-    and the subject rule, raising :class:`OutboxValidationError` before anything is
-    written. Returns the event id, which becomes the ``Nats-Msg-Id``.
+    Validates POL-047-001 (id and event type present), POL-047-002 (not in the future),
+    the subject rule, and the payload against the manifests' schema of the version
+    (``UNDECLARED_EVENT``, ``SCHEMA_INVALID``), raising :class:`OutboxValidationError`
+    before anything is written. ``context`` names the producing context; it narrows the
+    manifest lookup (needed only when two contexts declare one type and version
+    differently). Returns the event id, which becomes the ``Nats-Msg-Id``.
     """
     if not conn.is_in_transaction():
         raise OutboxValidationError(
             "INVALID_OUTBOX", "conn", "record_event must run inside the caller's transaction"
         )
     row_id = _optional_uuid("event_id", event_id) or uuid.uuid4()
-    args = (
-        row_id,
+    aggregate = (
         _require_text("aggregate_type", aggregate_type),
         _require_text("aggregate_id", aggregate_id),
-        validate_event_type(event_type),
-        validate_event_version(event_version),
-        _payload_json(payload),
-        _check_occurred_at(occurred_at),
+    )
+    checked_type = validate_event_type(event_type)
+    checked_version = validate_event_version(event_version)
+    payload_json = _payload_json(payload)
+    checked_at = _check_occurred_at(occurred_at)
+    links = (
         _optional_uuid("correlation_id", correlation_id),
         _optional_uuid("causation_id", causation_id),
+    )
+    _check_declared(checked_type, checked_version, payload_json, context)
+    await conn.execute(
+        _INSERT,
+        row_id,
+        *aggregate,
+        checked_type,
+        checked_version,
+        payload_json,
+        checked_at,
+        *links,
         traceparent,
     )
-    await conn.execute(_INSERT, *args)
     return row_id

@@ -62,6 +62,10 @@ class ContextSpec(_Model):
     stream: StreamSpec | None = None
     #: Where this context's dead letters go (``{context}.dlq`` → ``sea.dlq.<durable>``).
     dead_letter_subject: str
+    #: How long the inbox of this context keeps a row with a final outcome. Must outlast
+    #: every way a copy can still arrive (stream max_age, redeliveries, replays), or a late
+    #: copy is processed twice; ``ferry lint`` checks it (rule ``inbox-retention``).
+    inbox_retention: Seconds = 35 * 86400.0
 
     @model_validator(mode="after")
     def _check_namespace(self) -> ContextSpec:
@@ -115,6 +119,9 @@ class DurableSpec(_Model):
     #: an operator replays (INFRA-005 §4.3).
     replay: Literal["automatic", "operator"] = "automatic"
     replay_limits: ReplayLimits = Field(default_factory=ReplayLimits)
+    #: Whether the consumer sends ``in_progress`` every ack_wait/3 while the handler runs;
+    #: without heartbeats the handler timeout must stay below ack_wait (``ferry lint``).
+    heartbeats: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> DurableSpec:
@@ -129,14 +136,32 @@ class DurableSpec(_Model):
 
 
 class EventSpec(_Model):
-    """One published event version (a manifest entry)."""
+    """One published event version, as the deployment sees it.
 
+    Declared in ``manifests/<topology>/<context>.yaml`` and compiled into the generated
+    registry (:mod:`shared.registry`); :func:`load_topology` attaches them, working out
+    ``handled_by`` from this topology's durables.
+    """
+
+    #: The producing context.
     context: str
     type: str
     version: int = Field(ge=1)
-    #: JSON Schema of the payload (draft 2020-12 subset), if declared.
+    #: JSON Schema (draft 2020-12) of the payload.
     payload_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    #: Durables that deliver it to a context that handles it.
     handled_by: list[str] = Field(default_factory=list)
+    #: Handling context → handler reference (``module:function``).
+    handlers: dict[str, str] = Field(default_factory=dict)
+    #: The manifest file that declares it (named in error messages).
+    manifest: str = ""
+    #: ``sha256:`` fingerprint of the schema's constraints (locked per version).
+    fingerprint: str = ""
+
+    @property
+    def name(self) -> str:
+        """``type.vN``."""
+        return f"{self.type}.v{self.version}"
 
     @model_validator(mode="after")
     def _check(self) -> EventSpec:
@@ -260,9 +285,23 @@ def subject_matches(pattern: str, subject: str) -> bool:
     return _covers(pattern, subject)
 
 
-def load_topology(path: Path | str) -> Topology:
-    """Read and validate a topology file; every error names the file and the field."""
-    path = Path(path)
+def load_topology(path: Path | str, *, with_events: bool = True) -> Topology:
+    """Read and validate a topology file; every error names the file and the field.
+
+    Its events come from the generated registry (compiled from the manifests), keyed by
+    the topology's name; ``with_events=False`` leaves them out (the registry build, which
+    compiles them from the manifests themselves, uses that).
+    """
+    topology = _load_file(Path(path))
+    if not with_events:
+        return topology
+    # Imported here: the registry module imports this one.
+    from shared.registry import attach_events
+
+    return attach_events(topology, source=str(path))
+
+
+def _load_file(path: Path) -> Topology:
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -271,6 +310,11 @@ def load_topology(path: Path | str) -> Topology:
         raise ConfigurationError(f"{path}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigurationError(f"{path}: the top level must be a mapping")
+    if "events" in raw:
+        raise ConfigurationError(
+            f"{path}: events: events are declared in manifests/<topology>/<context>.yaml "
+            "and compiled by `ferry registry generate`, not in the topology file"
+        )
     try:
         return Topology.model_validate(raw)
     except ValidationError as exc:

@@ -8,6 +8,7 @@ import logging
 import sys
 
 from shared.domain.errors import ConfigurationError
+from shared.lint import require_clean_topology
 from shared.runtime import EXIT_CONFIG, configure_logging, stop_on_signals
 from shared.settings import ReplayerSettings
 from shared.wiring import Connected, close_all, serve, target_pools
@@ -21,6 +22,7 @@ log = logging.getLogger("ferry.dlq_replayer")
 async def run(settings: ReplayerSettings, stop: asyncio.Event) -> int:
     """Replay until ``stop``."""
     topology = settings.load_topology()
+    require_clean_topology(topology, source=settings.topology)
     pools = await target_pools(settings, topology, stop)
     nats = Connected()
     nc = await nats.open(settings, f"{ROLE}:{topology.name}")

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from shared.adapters.postgres import CONNECTION_ERRORS, create_pool
 from shared.domain.errors import ConfigurationError, TransientError
+from shared.lint import require_clean_topology
 from shared.runtime import EXIT_CONFIG, EXIT_CONNECT, EXIT_OK, configure_logging, stop_on_signals
 from shared.topology import Topology
 
@@ -62,6 +63,7 @@ async def run(settings: HandlerSettings, stop: asyncio.Event) -> int:
         raise ConfigurationError("no service given: use --service NAME or FERRY_SERVICE")
     spec = service_spec(settings.service)
     topology = settings.load_topology()
+    require_clean_topology(topology, source=settings.topology)
     context = topology.context(spec.name)
     ports = listen_ports(settings, topology, spec.name)
     pool = await _create_pool_retrying(settings.dsn(context.database), stop)

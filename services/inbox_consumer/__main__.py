@@ -13,6 +13,9 @@ from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import create_pool_when_up
 from shared.domain.ack import RetryPolicy
 from shared.domain.errors import ConfigurationError
+from shared.lint import require_clean_topology
+from shared.registry import AcceptedEvents
+from shared.registry import accepted_events as registry_accepted
 from shared.runtime import (
     EXIT_CONFIG,
     EXIT_DRAIN_TIMEOUT,
@@ -31,15 +34,16 @@ ROLE = "inbox-consumer"
 log = logging.getLogger("ferry.inbox_consumer")
 
 
-def accepted_events(topology: Topology, durable: str) -> frozenset[tuple[str, int]] | None:
-    """(type, version) pairs the manifests route to ``durable``; None when none are declared."""
-    pairs = frozenset((e.type, e.version) for e in topology.events if durable in e.handled_by)
-    return pairs or None
+def accepted_events(topology: Topology, durable: str) -> AcceptedEvents | None:
+    """(type, version) pairs the generated registry routes to ``durable``, each with its
+    payload validator; None when the topology declares no events."""
+    return registry_accepted(topology, durable)
 
 
 async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
     """Consume until ``stop``, then finish the batch in hand inside the drain deadline."""
     topology = settings.load_topology()
+    require_clean_topology(topology, source=settings.topology)
     spec = topology.durable(settings.durable)
     dsn = settings.dsn(topology.context(spec.target).database)
     pool = await create_pool_when_up(dsn, max_size=4, stop=stop)

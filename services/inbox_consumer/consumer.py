@@ -220,6 +220,14 @@ class InboxConsumer:
         if self.accepted is not None and key not in self.accepted:
             detail = f"{self.durable} handles no {envelope.event_type}.v{envelope.event_version}"
             return DeadLetter("UNKNOWN_EVENT", detail), None
+        # The registry's accepted set carries each version's schema validator; a payload
+        # that fails it can never succeed (poison), so the handler is not called.
+        from shared.registry import AcceptedEvents
+
+        if isinstance(self.accepted, AcceptedEvents):
+            problem = self.accepted.payload_error(key, envelope.payload)
+            if problem is not None:
+                return DeadLetter("SCHEMA_INVALID", problem), None
         async with self.slots:
             outcome = await self._call_with_heartbeat(delivery, envelope)
         status = outcome.status if isinstance(outcome, HandlerResponse) else None

@@ -11,6 +11,7 @@ from shared.adapters.nats import connect_nats
 from shared.adapters.notify import listen
 from shared.adapters.postgres import create_pool_when_up
 from shared.domain.errors import ConfigurationError
+from shared.lint import PublisherTiming, require_clean_topology
 from shared.runtime import (
     EXIT_CONFIG,
     EXIT_DRAIN_TIMEOUT,
@@ -31,6 +32,10 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
     """Run until SIGTERM/SIGINT (or ``stop``), then drain inside the deadline."""
     stop = stop or asyncio.Event()
     topology = settings.load_topology()
+    # With this publisher's own timing: the duplicate window must cover its re-publishes.
+    require_clean_topology(
+        topology, source=settings.topology, publisher=PublisherTiming.of(settings)
+    )
     context = topology.context(settings.context)
     if context.stream is None:
         raise ConfigurationError(f"context {settings.context!r} owns no stream to publish to")

@@ -8,6 +8,7 @@ and an effects ledger that counts every call.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 import uuid
@@ -21,6 +22,7 @@ from services.handlers.registry import service_spec
 from services.handlers.service import build_service
 from shared.domain.envelope import payload_digest
 from shared.domain.errors import ConfigurationError
+from shared.topology import EventSpec
 from tests.conftest import Env
 
 from .conftest import RunningHandler, make_doc, mediation_doc_for, running
@@ -373,25 +375,33 @@ async def test_module_h_keeps_the_highest_revision(mediation_env: Env) -> None:
 
 
 async def test_refuses_a_topology_event_it_has_no_route_for(env: Env) -> None:
-    env.doc["events"].append(
+    # Events come from the generated registry; this one stands for a manifest change
+    # that was regenerated without adding the route.
+    extra = EventSpec.model_validate(
         {"context": "vibespro", "type": "vibe_deleted", "version": 1,
          "handled_by": ["sea__from_vibespro"]}
     )
-    env.write()
+    topology = env.topology.model_copy(update={"events": [*env.topology.events, extra]})
     pool = await asyncpg.create_pool(env.dsn("sea"), min_size=1, max_size=1)
     try:
         with pytest.raises(ConfigurationError, match=r"vibe_deleted\.v1 to context 'sea'"):
-            build_service(service_spec("sea"), pool=pool, topology=env.topology)
+            build_service(service_spec("sea"), pool=pool, topology=topology)
     finally:
         await pool.close()
 
 
 async def test_refuses_a_schema_keyword_it_cannot_enforce(env: Env) -> None:
-    env.doc["events"][0]["schema"]["properties"]["title"]["maxLength"] = 10
-    env.write()
+    events = []
+    for event in env.topology.events:
+        if event.name == "vibe_created.v1":
+            schema = copy.deepcopy(event.payload_schema or {})
+            schema["properties"]["title"]["maxLength"] = 10
+            event = event.model_copy(update={"payload_schema": schema})
+        events.append(event)
+    topology = env.topology.model_copy(update={"events": events})
     pool = await asyncpg.create_pool(env.dsn("sea"), min_size=1, max_size=1)
     try:
         with pytest.raises(ConfigurationError, match="maxLength"):
-            build_service(service_spec("sea"), pool=pool, topology=env.topology)
+            build_service(service_spec("sea"), pool=pool, topology=topology)
     finally:
         await pool.close()

@@ -52,32 +52,35 @@ async def _assert_exactly_once_in_order(nc: NATS, conn: asyncpg.Connection) -> N
     assert seen == expected, "per-aggregate order differs from outbox order"
 
 
-async def test_publishes_with_msg_id_subject_and_envelope(
-    env: Env, nc: NATS, sea_conn: asyncpg.Connection
-) -> None:
+async def test_publishes_with_msg_id_subject_and_envelope(env: Env, nc: NATS) -> None:
     await provision(nc.jetstream(), env.topology, caps=CAPS)
-    async with sea_conn.transaction():
-        event_id = await record_event(
-            sea_conn,
-            aggregate_type="model",
-            aggregate_id="m1",
-            event_type="model_published",
-            event_version=2,
-            payload={"model_id": "m1", "name": "x"},
-            correlation_id="6f1c1e38-9d7c-4c65-9a8e-2b8f3fa0a001",
-            traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-        )
-    async with RunningPublisher(env.topology, "sea", env.dsn("sea"), nc.jetstream()):
-        await eventually(lambda: _is_zero(sea_conn), timeout=10, what="row published")
-    [msg] = await stream_messages(nc.jetstream(), STREAM)
-    assert msg.subject == "sea.event.model_published.v2"
+    # A declared version above 1 (the producer refuses versions the manifests lack).
+    conn = await asyncpg.connect(env.dsn("vibespro"))
+    try:
+        async with conn.transaction():
+            event_id = await record_event(
+                conn,
+                aggregate_type="vibe",
+                aggregate_id="v1",
+                event_type="vibe_created",
+                event_version=2,
+                payload={"vibe_id": "v1", "title": "x", "owner_id": "u1"},
+                correlation_id="6f1c1e38-9d7c-4c65-9a8e-2b8f3fa0a001",
+                traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            )
+        async with RunningPublisher(env.topology, "vibespro", env.dsn("vibespro"), nc.jetstream()):
+            await eventually(lambda: _is_zero(conn), timeout=10, what="row published")
+        row = await conn.fetchrow("SELECT publish_attempts, publish_error FROM outbox_events")
+    finally:
+        await conn.close()
+    [msg] = await stream_messages(nc.jetstream(), "VIBESPRO_EVENTS")
+    assert msg.subject == "vibespro.event.vibe_created.v2"
     assert msg.msg_id == str(event_id)
     assert msg.headers["traceparent"].startswith("00-0af7651916cd43dd")
     assert msg.body["message_id"] == str(event_id)
-    assert msg.body["event_version"] == 2 and msg.body["payload"]["name"] == "x"
+    assert msg.body["event_version"] == 2 and msg.body["payload"]["title"] == "x"
     assert msg.body["correlation_id"] == "6f1c1e38-9d7c-4c65-9a8e-2b8f3fa0a001"
     assert msg.body["payload_digest"].startswith("sha256:")
-    row = await sea_conn.fetchrow("SELECT publish_attempts, publish_error FROM outbox_events")
     assert (row["publish_attempts"], row["publish_error"]) == (1, None)
 
 

@@ -15,6 +15,7 @@ import asyncpg
 from shared.adapters.postgres import Conn
 from shared.domain.errors import OutboxValidationError, PoisonError
 from shared.producer import record_event
+from shared.registry import handler_routes
 
 from ..fields import number, text
 from ..request import HandleRequest
@@ -61,6 +62,6 @@ async def opportunity_scored_v1(conn: Conn, request: HandleRequest) -> None:
         raise PoisonError("INVALID_OUTPUT", f"cannot forward: {exc}") from exc
 
 
-SPEC = ServiceSpec(
-    name="module_f", tables=TABLES, routes={("opportunity_scored", 1): opportunity_scored_v1}
-)
+#: Routes come from the generated registry: the manifests name each version's handler
+#: (``handler: services.handlers.contexts.module_f:<function>``); changing one means regenerating.
+SPEC = ServiceSpec(name="module_f", tables=TABLES, routes=handler_routes(__name__, globals()))

@@ -8,6 +8,7 @@ published config back.
 from __future__ import annotations
 
 from shared.adapters.postgres import Conn
+from shared.registry import handler_routes
 
 from ..fields import business_json, integer, text
 from ..request import HandleRequest
@@ -40,8 +41,6 @@ async def config_publish_requested_v1(conn: Conn, request: HandleRequest) -> Non
     )
 
 
-SPEC = ServiceSpec(
-    name="module_h",
-    tables=TABLES,
-    routes={("config_publish_requested", 1): config_publish_requested_v1},
-)
+#: Routes come from the generated registry: the manifests name each version's handler
+#: (``handler: services.handlers.contexts.module_h:<function>``); changing one means regenerating.
+SPEC = ServiceSpec(name="module_h", tables=TABLES, routes=handler_routes(__name__, globals()))

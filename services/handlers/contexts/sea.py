@@ -7,6 +7,7 @@ and leaves an owner already known (from a v2) in place rather than erasing it.
 from __future__ import annotations
 
 from shared.adapters.postgres import Conn
+from shared.registry import handler_routes
 
 from ..fields import text
 from ..request import HandleRequest
@@ -49,8 +50,6 @@ async def vibe_created_v2(conn: Conn, request: HandleRequest) -> None:
     )
 
 
-SPEC = ServiceSpec(
-    name="sea",
-    tables=TABLES,
-    routes={("vibe_created", 1): vibe_created_v1, ("vibe_created", 2): vibe_created_v2},
-)
+#: Routes come from the generated registry: the manifests name each version's handler
+#: (``handler: services.handlers.contexts.sea:<function>``); changing one means regenerating.
+SPEC = ServiceSpec(name="sea", tables=TABLES, routes=handler_routes(__name__, globals()))

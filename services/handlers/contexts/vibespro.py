@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shared.adapters.postgres import Conn
+from shared.registry import handler_routes
 
 from ..fields import text
 from ..request import HandleRequest
@@ -32,6 +33,6 @@ async def model_published_v1(conn: Conn, request: HandleRequest) -> None:
     )
 
 
-SPEC = ServiceSpec(
-    name="vibespro", tables=TABLES, routes={("model_published", 1): model_published_v1}
-)
+#: Routes come from the generated registry: the manifests name each version's handler
+#: (``handler: services.handlers.contexts.vibespro:<function>``); changing one means regenerating.
+SPEC = ServiceSpec(name="vibespro", tables=TABLES, routes=handler_routes(__name__, globals()))
