@@ -569,10 +569,23 @@ SPARK_VERSION = "4.3.0"
 KPI_SCHEDULE = "17 * * * *"
 KPI_FILE = "/app/spark/kpi_job.py"
 JDBC_JAR = "/usr/share/java/postgresql.jar"
+#: Where the KPI reports go (an emptyDir: the job prints its summary and keeps its results
+#: in the KPI tables; mount a volume here to keep the JSON/HTML/PNG reports).
+KPI_REPORT_DIR = "/tmp/kpi-reports"
+#: Exit codes of spark.kpi_job that a retry cannot change: a verdict (1 target missed,
+#: 4 alert fired), bad configuration (2), no Java/driver (10, 11), schema (12), another run
+#: holds the lock (14). Only 3 (cannot connect) and 13 (Spark failed) are retried.
+KPI_FINAL_EXIT_CODES = [1, 2, 4, 10, 11, 12, 14]
 KPI_RESOURCES = {
     "requests": {"cpu": "1", "memory": "1536Mi"},
     "limits": {"cpu": "2", "memory": "2Gi"},
 }
+
+
+def _kpi_env(topology: Topology) -> list[Doc]:
+    env = _common_env("kpi-spark-job", topology, {})
+    env.append({"name": "FERRY_KPI_REPORT_DIR", "value": KPI_REPORT_DIR})
+    return env
 
 
 def _kpi_volumes(topology: Topology) -> list[Doc]:
@@ -602,7 +615,7 @@ def kpi_cronjob(topology: Topology) -> Doc:
             KPI_FILE,
         ],
         "envFrom": _env_from(),
-        "env": _common_env("kpi-spark-job", topology, {}),
+        "env": _kpi_env(topology),
         "resources": KPI_RESOURCES,
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": _mounts(),
@@ -622,6 +635,22 @@ def kpi_cronjob(topology: Topology) -> Doc:
                 "metadata": {"labels": labels},
                 "spec": {
                     "backoffLimit": 1,
+                    "podFailurePolicy": {
+                        "rules": [
+                            {
+                                "action": "FailJob",
+                                "onExitCodes": {
+                                    "containerName": "kpi-spark-job",
+                                    "operator": "In",
+                                    "values": KPI_FINAL_EXIT_CODES,
+                                },
+                            },
+                            {
+                                "action": "Ignore",
+                                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                            },
+                        ]
+                    },
                     "activeDeadlineSeconds": 3000,
                     "ttlSecondsAfterFinished": 86400,
                     "template": {
@@ -656,7 +685,7 @@ def spark_application_spec(topology: Topology) -> Doc:
         "memory": "1g",
         "labels": labels,
         "envFrom": _env_from(),
-        "env": _common_env("kpi-spark-job", topology, {}),
+        "env": _kpi_env(topology),
         "securityContext": security,
         "volumeMounts": _mounts(),
     }
