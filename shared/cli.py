@@ -4,6 +4,9 @@
     ferry provision [--check]     create/update streams and consumers; --check only reports
     ferry outbox-backlog CONTEXT  QRY-050: unpublished count and oldest occurred_at
     ferry inbox-backlog DURABLE   QRY-051: unprocessed count and oldest received_at
+    ferry dlq ...                 dead letters: list, show, replay, park, discard, export
+    ferry registry generate|check the handler registry from the manifests (shared/registry_cli.py)
+    ferry lint [--topology FILE]  the configuration lint every role runs at start
 
 All read FERRY_* settings (README.md). ``--json`` prints machine-readable output.
 Exit codes: 0 ok, 1 drift or refusal found, 2 configuration error, 3 cannot connect.
@@ -18,9 +21,11 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from shared import registry_cli
 from shared.adapters import inbox, outbox
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import connect, migrate_database, redact
+from shared.dlq_cli import add_dlq_commands, check_key
 from shared.domain.errors import ConfigurationError, TransientError
 from shared.provision import is_clean, provision
 from shared.runtime import EXIT_CONFIG, EXIT_CONNECT
@@ -116,14 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
     inb = sub.add_parser("inbox-backlog", help="QRY-051: inbox backlog per durable")
     inb.add_argument("durable", nargs="?", help="one durable (default: all)")
     inb.set_defaults(func=cmd_inbox_backlog)
+    add_dlq_commands(sub)
     for p in (migrate, prov, out, inb):
         p.add_argument("--json", action="store_true", help="machine-readable output")
+    registry_cli.add_commands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ferry`` command."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_key(parser, args)
     settings = CommonSettings()
     func: Command = args.func
     try:
