@@ -1,8 +1,10 @@
 """The demo workload: domain commands in both topologies, live progress, a reckoning.
 
 Each command changes state and records its event in one transaction. About 1 % of the
-events are poison (the handler answers 422) and 3 % fail once (503, then succeed), so
-the dead-letter and retry paths run too. Module F's handler emits an event of its own
+events are poison (the handler answers 422), 1 % are rejected (422) until a "fix" a few
+seconds later — dead-lettered, then replayed: automatically in sea-vibespro, by an
+operator in mediation — and 3 % fail once (503, then succeed), so the dead-letter,
+replay and retry paths all run. Module F's handler emits an event of its own
 for every event it ingests, feeding lane F→G. At the end every event a durable should
 receive is looked up in that durable's inbox: processed, dead-lettered, or **lost**.
 """
@@ -16,16 +18,21 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
+from devstack import demo_dlq
+from shared.domain.envelope import format_timestamp
 from shared.producer import record_event
 from shared.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPOLOGIES = ("topologies/sea-vibespro.yaml", "topologies/mediation.yaml")
+#: Seconds the scripted "bug" rejects an event (1 % of them) before it is "fixed".
+REJECT_FOR = 3.0
 #: (context, aggregate type, event type, version, payload builder)
 COMMANDS: list[tuple[str, str, str, int]] = [
     ("vibespro", "vibe", "vibe_created", 1),
@@ -52,7 +59,11 @@ def payload_for(event_type: str, version: int, key: str, rng: random.Random) -> 
     roll = rng.random()
     if roll < 0.01:
         payload["_ferry_test"] = {"poison": True}
-    elif roll < 0.04:
+    elif roll < 0.02:
+        # A handler bug fixed a few seconds later: dead-lettered now, replayed fine later.
+        fixed_at = datetime.now(UTC) + timedelta(seconds=REJECT_FOR)
+        payload["_ferry_test"] = {"reject_until": format_timestamp(fixed_at)}
+    elif roll < 0.05:
         payload["_ferry_test"] = {"fail_attempts": 1}
     return payload
 
@@ -63,6 +74,7 @@ class Demo:
 
     dsn_template: str
     topologies: list[Topology]
+    nats_url: str = ""
     pools: dict[str, asyncpg.Pool] = field(default_factory=dict)
     produced: int = 0
 
@@ -185,7 +197,19 @@ async def drive(demo: Demo, *, rate: float, seconds: float, settle: float, seed:
         expected, lost, latencies = await demo.reckoning()
     counts = await demo.counts()
     print(_line(time.monotonic() - start, demo.produced, counts))
-    return summary(demo.produced, counts, expected, lost, latencies)
+    code = summary(demo.produced, counts, expected, lost, latencies)
+    await dead_letter_act(demo, settle)
+    return code
+
+
+async def dead_letter_act(demo: Demo, seconds: float) -> None:
+    """Let automatic replays run, replay mediation's rejects as an operator, print a table."""
+    mediation = [t for t in demo.topologies if t.name == "mediation"]
+    if demo.nats_url and mediation:
+        replayed = await demo_dlq.operator_replay(demo.nats_url, mediation[0], demo.pools)
+        print(f"\noperator (ferry dlq replay) replayed {replayed} held mediation dead letter(s)")
+    await demo_dlq.settle(demo.topologies, demo.pools, seconds=seconds)
+    demo_dlq.print_table(await demo_dlq.tally(demo.topologies, demo.pools))
 
 
 def summary(produced: int, c: dict[str, int], expected: int, lost: int, lat: list[float]) -> int:
@@ -197,7 +221,7 @@ def summary(produced: int, c: dict[str, int], expected: int, lost: int, lat: lis
     print(f"  published                {c['published']}")
     print(f"  deliveries expected      {expected}")
     print(f"  processed                {c['processed']}")
-    print(f"  dead-lettered            {c['failed']} (the scripted poison share)")
+    print(f"  dead-lettered            {c['failed']} (poison, and rejects not yet replayed)")
     print(f"  duplicates skipped       {c['duplicates']}")
     print(f"  lost                     {lost}")
     print(
@@ -216,7 +240,7 @@ def run_demo(env: dict[str, str], argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
     topologies = [load_topology(ROOT / path) for path in TOPOLOGIES]
-    demo = Demo(env["FERRY_DSN_TEMPLATE"], topologies)
+    demo = Demo(env["FERRY_DSN_TEMPLATE"], topologies, env.get("FERRY_NATS_URL", ""))
 
     async def main() -> int:
         await demo.open()
@@ -229,7 +253,8 @@ def run_demo(env: dict[str, str], argv: list[str]) -> int:
 
     print(
         f"demo: {args.rate:.0f} commands/s for {args.seconds:.0f}s across both topologies "
-        f"(1 % poison, 3 % transient failures) — Ctrl-C stops everything"
+        f"(1 % poison, 1 % rejected until a fix {REJECT_FOR:.0f}s later, 3 % transient "
+        "failures) — Ctrl-C stops everything"
     )
     return asyncio.run(main())
 

@@ -9,6 +9,9 @@ normally. Its keys, all optional:
     afterwards, which is exactly the case the 409 contract exists for).
 ``"poison": true``
     Answer 422 on every attempt (``reason_code`` ``TEST_POISON``).
+``"reject_until": "<RFC 3339 time>"``
+    Answer 422 (``reason_code`` ``TEST_REJECTED``) until that moment, then process
+    normally: a handler bug fixed at a known time, so a dead letter's replay succeeds.
 ``"status": code``
     Answer ``code`` (an integer in 200..599, e.g. 404, 400, 301, 500) on every attempt,
     without processing.
@@ -18,10 +21,10 @@ normally. Its keys, all optional:
     With ``fail_attempts``: send ``Retry-After: S`` on those 503s. S is seconds; a
     fraction (``0.2``) is outside RFC 9110 but lets tests run fast, and is sent as given.
 
-Precedence: ``poison``, then ``status``, then ``fail_attempts``. The event is still
-schema-checked first, so a malformed payload is a 422 whatever the directive says. An
-unknown key or a wrongly typed value is itself a 422, so a typo never silently turns a
-fault test into a success.
+Precedence: ``poison``, then ``reject_until``, then ``status``, then ``fail_attempts``.
+The event is still schema-checked first, so a malformed payload is a 422 whatever the
+directive says. An unknown key or a wrongly typed value is itself a 422, so a typo
+never silently turns a fault test into a success.
 """
 
 from __future__ import annotations
@@ -29,13 +32,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
+from shared.domain.envelope import parse_timestamp
 from shared.domain.errors import PoisonError
 
 #: The payload key that carries the directives.
 FAULT_KEY = "_ferry_test"
-_KEYS = frozenset({"poison", "status", "fail_attempts", "retry_after", "slow_ms"})
+_KEYS = frozenset({"poison", "reject_until", "status", "fail_attempts", "retry_after", "slow_ms"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +61,7 @@ class Faults:
     fail_attempts: int = 0
     retry_after: float | None = None
     slow_ms: int = 0
+    reject_until: datetime | None = None
 
     async def pause(self) -> None:
         """Sleep ``slow_ms`` (no-op when zero)."""
@@ -66,6 +72,10 @@ class Faults:
         """Raise the injected poison, if any (a 422 like any other poison)."""
         if self.poison:
             raise PoisonError("TEST_POISON", f"payload.{FAULT_KEY}.poison is set")
+        if self.reject_until is not None and datetime.now(UTC) < self.reject_until:
+            raise PoisonError(
+                "TEST_REJECTED", f"payload.{FAULT_KEY}.reject_until is {self.reject_until}"
+            )
 
     def forced(self, attempt: int) -> ForcedAnswer | None:
         """The status to answer on ``attempt`` instead of processing, if any."""
@@ -104,7 +114,17 @@ def parse_faults(payload: Mapping[str, Any]) -> Faults:
         fail_attempts=_count(raw, "fail_attempts"),
         retry_after=_retry_after(raw.get("retry_after")),
         slow_ms=_count(raw, "slow_ms"),
+        reject_until=_moment(raw.get("reject_until")),
     )
+
+
+def _moment(value: object) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return parse_timestamp(str(value))
+    except ValueError as exc:
+        raise _invalid("reject_until", f"must be an RFC 3339 time with a zone: {exc}") from exc
 
 
 def _invalid(key: str, reason: str) -> PoisonError:
