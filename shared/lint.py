@@ -221,11 +221,12 @@ def _duplicate_window(
             f"contexts.{name}.stream.duplicate_window",
             "duplicate-window",
             f"{format_duration(ctx.stream.duplicate_window)} is shorter than the "
-            f"outbox-publisher's re-publish horizon ({format_duration(horizon)} = publish "
-            f"timeout {format_duration(timing.publish_timeout)} + row back-off cap "
-            f"{ROW_RETRY_CAP_SECONDS}s + retry_max {format_duration(timing.retry_max)} + "
-            f"poll interval {format_duration(timing.poll_interval)}): a row re-published "
-            "after a lost PubAck would be stored twice",
+            f"outbox-publisher's re-publish horizon ({format_duration(horizon)} = "
+            f"publish timeout {format_duration(timing.publish_timeout)} + row back-off cap "
+            f"{format_duration(ROW_RETRY_CAP_SECONDS)} + retry_max "
+            f"{format_duration(timing.retry_max)} + poll interval "
+            f"{format_duration(timing.poll_interval)}): a row re-published after a lost "
+            "PubAck would be stored twice",
         )
 
 

@@ -37,7 +37,14 @@ import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from shared.domain.errors import ConfigurationError
 from shared.domain.subjects import MAX_EVENT_VERSION, SNAKE_CASE
@@ -145,19 +152,25 @@ class ManifestFile(_Model):
     publishes: list[PublishedEvent] = Field(default_factory=list)
     handles: list[HandledEvent] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _check(self) -> ManifestFile:
-        _no_duplicates([(e.type, e.version) for e in self.publishes], "publishes")
-        _no_duplicates([(h.producer, h.type, h.version) for h in self.handles], "handles")
-        return self
+    @field_validator("publishes")
+    @classmethod
+    def _unique_publishes(cls, value: list[PublishedEvent]) -> list[PublishedEvent]:
+        _no_duplicates([(e.type, e.version) for e in value])
+        return value
+
+    @field_validator("handles")
+    @classmethod
+    def _unique_handles(cls, value: list[HandledEvent]) -> list[HandledEvent]:
+        _no_duplicates([(h.producer, h.type, h.version) for h in value])
+        return value
 
 
-def _no_duplicates(keys: list[tuple[Any, ...]], where: str) -> None:
+def _no_duplicates(keys: list[tuple[Any, ...]]) -> None:
     seen: set[tuple[Any, ...]] = set()
     for key in keys:
         if key in seen:
             shown = ".".join(str(k) for k in key[:-1]) + f".v{key[-1]}"
-            raise ValueError(f"{where}: {shown} is declared twice")
+            raise ValueError(f"{shown} is declared twice")
         seen.add(key)
 
 
