@@ -24,11 +24,13 @@ from shared.adapters.postgres import Conn
 from shared.domain.errors import OutboxValidationError
 from shared.domain.subjects import validate_event_type, validate_event_version
 from shared.registry import check_outgoing
+from shared.telemetry import create_span
 
 _INSERT = """
 INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version,
-                           payload, occurred_at, correlation_id, causation_id, traceparent)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb, COALESCE($7, now()), $8, $9, $10)
+                           payload, occurred_at, correlation_id, causation_id, traceparent,
+                           tracestate)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, COALESCE($7, now()), $8, $9, $10, $11)
 """
 
 
@@ -91,6 +93,7 @@ async def record_event(
     causation_id: uuid.UUID | str | None = None,
     traceparent: str | None = None,
     context: str | None = None,
+    tracestate: str | None = None,
 ) -> uuid.UUID:
     """Insert one outbox row on ``conn``, which must be inside a transaction.
 
@@ -100,6 +103,10 @@ async def record_event(
     before anything is written. ``context`` names the producing context; it narrows the
     manifest lookup (needed only when two contexts declare one type and version
     differently). Returns the event id, which becomes the ``Nats-Msg-Id``.
+
+    Tracing: a ``create`` span (child of ``traceparent``/``tracestate`` when given, else
+    of the caller's current span) is recorded, and its context stored in the row, so the
+    event's trace runs on through the publisher, the consumer and the handler.
     """
     if not conn.is_in_transaction():
         raise OutboxValidationError(
@@ -119,15 +126,24 @@ async def record_event(
         _optional_uuid("causation_id", causation_id),
     )
     _check_declared(checked_type, checked_version, payload_json, context)
-    await conn.execute(
-        _INSERT,
-        row_id,
-        *aggregate,
-        checked_type,
-        checked_version,
-        payload_json,
-        checked_at,
-        *links,
-        traceparent,
-    )
+    with create_span(
+        event_type=checked_type,
+        event_version=checked_version,
+        message_id=str(row_id),
+        traceparent=traceparent,
+        tracestate=tracestate,
+        correlation_id=str(links[0]) if links[0] else None,
+        context=context,
+    ) as trace_context:
+        await conn.execute(
+            _INSERT,
+            row_id,
+            *aggregate,
+            checked_type,
+            checked_version,
+            payload_json,
+            checked_at,
+            *links,
+            *trace_context,
+        )
     return row_id

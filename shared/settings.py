@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.domain.durations import parse_size
@@ -21,10 +21,32 @@ from shared.topology import Topology, load_topology
 DEFAULT_DSN_TEMPLATE = "postgresql://postgres@127.0.0.1:5432/{database}"
 
 
+def read_secret(value: SecretStr | None, path: Path | None, name: str) -> bytes | None:
+    """A secret from its ``*_FILE`` (trailing newline stripped) or its variable, or None.
+
+    Errors name the setting and the file, never the content.
+    """
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8").rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigurationError(f"{name}_FILE {path}: cannot read: {exc.strerror}") from exc
+        if not text:
+            raise ConfigurationError(f"{name}_FILE {path} is empty")
+        return text.encode()
+    if value is not None:
+        if not value.get_secret_value():
+            raise ConfigurationError(f"{name} is set but empty")
+        return value.get_secret_value().encode()
+    return None
+
+
 class CommonSettings(BaseSettings):
     """Settings every role shares."""
 
-    model_config = SettingsConfigDict(env_prefix="FERRY_", extra="ignore")
+    # populate_by_name: fields read from several variables (FERRY_*, then OTEL_*) can
+    # still be given by field name in code.
+    model_config = SettingsConfigDict(env_prefix="FERRY_", extra="ignore", populate_by_name=True)
 
     #: Path of the topology file (see topologies/).
     topology: Path = Path("topologies/sea-vibespro.yaml")
@@ -52,6 +74,58 @@ class CommonSettings(BaseSettings):
     log_level: str = "INFO"
     #: Seconds between client PINGs; a dead link is noticed after ~3 missed ones.
     nats_ping_interval: float = 2.0
+
+    # Telemetry (shared/telemetry.py, shared/metrics.py). Each falls back to the standard
+    # OpenTelemetry variable; the OTLP exporters read OTEL_EXPORTER_OTLP_* themselves.
+    #: Span exporters, comma-separated: none (tracing off, no cost), otlp, file, console.
+    traces_exporter: str = Field(
+        default="none",
+        validation_alias=AliasChoices("FERRY_TRACES_EXPORTER", "OTEL_TRACES_EXPORTER"),
+    )
+    #: OTLP transport: grpc or http/protobuf (the OpenTelemetry default).
+    otlp_protocol: str = Field(
+        default="http/protobuf",
+        validation_alias=AliasChoices(
+            "FERRY_OTLP_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ),
+    )
+    #: OTLP base URL (http/protobuf appends /v1/traces); unset: the SDK reads
+    #: OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, else localhost:4317 / localhost:4318.
+    otlp_endpoint: str | None = Field(
+        default=None, validation_alias=AliasChoices("FERRY_OTLP_ENDPOINT")
+    )
+    #: File the ``file`` exporter appends spans to, one JSON object per line.
+    traces_file: Path = Field(
+        default=Path("ferry-traces.jsonl"), validation_alias=AliasChoices("FERRY_TRACES_FILE")
+    )
+    #: Sampler of new traces: parentbased_traceidratio, parentbased_always_on, always_on,
+    #: traceidratio, always_off, parentbased_always_off (OpenTelemetry's names).
+    traces_sampler: str = Field(
+        default="parentbased_always_on",
+        validation_alias=AliasChoices("FERRY_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER"),
+    )
+    #: Ratio of the *traceidratio samplers (0..1), e.g. 0.1 for 10 %.
+    traces_sampler_arg: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        validation_alias=AliasChoices("FERRY_TRACES_SAMPLER_ARG", "OTEL_TRACES_SAMPLER_ARG"),
+    )
+    #: OTEL_SDK_DISABLED=true turns tracing off whatever the exporter says.
+    otel_sdk_disabled: bool = Field(
+        default=False, validation_alias=AliasChoices("OTEL_SDK_DISABLED")
+    )
+    #: Shortest interval (s) between the database and JetStream queries behind the
+    #: /metrics gauges (backlogs, lag); a scrape inside it gets the previous values.
+    metrics_refresh_interval: float = Field(
+        default=5.0, ge=0.0, validation_alias=AliasChoices("FERRY_METRICS_REFRESH_INTERVAL")
+    )
+    #: Link to a trace in ``ferry where``, e.g. ``http://localhost:16686/trace/{trace_id}``.
+    trace_url_template: str | None = Field(
+        default=None, validation_alias=AliasChoices("FERRY_TRACE_URL_TEMPLATE")
+    )
 
     def load_topology(self) -> Topology:
         """The topology named by ``FERRY_TOPOLOGY``."""
@@ -110,6 +184,18 @@ class ConsumerSettings(CommonSettings):
     retry_after_cap: float = Field(default=600.0, gt=0)
     #: Seconds SIGTERM allows for in-flight messages (< supervisord stopwaitsecs).
     drain_deadline: float = Field(default=8.0, gt=0)
+    #: This durable's secret for signing handler calls (HMAC-SHA256); unset: unsigned.
+    handler_secret: SecretStr | None = None
+    #: File holding the secret instead (a mounted Kubernetes Secret); wins when both set.
+    handler_secret_file: Path | None = None
+    #: First and longest pause (s) while the handler refuses our credentials (401/403):
+    #: the message is held (not nak'ed, never dead-lettered) and the call retried.
+    auth_retry_initial: float = Field(default=1.0, gt=0)
+    auth_retry_max: float = Field(default=30.0, gt=0)
+
+    def signing_secret(self) -> bytes | None:
+        """The handler-signing secret, from the file or the variable."""
+        return read_secret(self.handler_secret, self.handler_secret_file, "FERRY_HANDLER_SECRET")
 
 
 class RouterSettings(CommonSettings):
