@@ -23,6 +23,7 @@ from shared.adapters.postgres import CONNECTION_ERRORS, create_pool
 from shared.domain.errors import ConfigurationError, TransientError
 from shared.lint import require_clean_topology
 from shared.runtime import EXIT_CONFIG, EXIT_CONNECT, EXIT_OK, configure_logging, stop_on_signals
+from shared.telemetry import setup_tracing
 from shared.topology import Topology
 
 from .app import make_app
@@ -71,7 +72,11 @@ async def run(settings: HandlerSettings, stop: asyncio.Event) -> int:
         return EXIT_OK
     try:
         service = build_service(spec, pool=pool, topology=topology)
-        await _serve(make_app(service=service), settings.host, ports, stop)
+        secrets = settings.verification_secrets()
+        if not secrets:
+            log.warning("FERRY_HANDLER_SECRETS is not set: requests are not authenticated")
+        app = make_app(service=service, secrets=secrets, tolerance=settings.signature_tolerance)
+        await _serve(app, settings.host, ports, stop)
     finally:
         await _close_pool(pool)
     return EXIT_OK
@@ -124,7 +129,11 @@ async def _close_pool(pool: asyncpg.Pool) -> None:
 async def _main(settings: HandlerSettings) -> int:
     stop = asyncio.Event()
     stop_on_signals(stop)
-    return await run(settings, stop)
+    tracing = setup_tracing(f"{ROLE_PREFIX}{settings.service or 'unknown'}", settings)
+    try:
+        return await run(settings, stop)
+    finally:
+        tracing.shutdown()
 
 
 def _parse_args(argv: list[str] | None) -> dict[str, Any]:

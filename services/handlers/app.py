@@ -7,7 +7,13 @@ as the runner is set up.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
+
 from aiohttp import web
+
+from shared.domain.signing import DEFAULT_TOLERANCE, SignatureError, verify
+from shared.metrics import observe_app
 
 from .service import HandlerService, Outcome
 
@@ -22,11 +28,32 @@ def _response(outcome: Outcome) -> web.Response:
 
 
 class _Views:
-    def __init__(self, service: HandlerService) -> None:
-        self.service = service
+    def __init__(
+        self, service: HandlerService, secrets: Mapping[str, bytes], tolerance: float
+    ) -> None:
+        self.service, self.secrets, self.tolerance = service, secrets, tolerance
+        self.refused = 0
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
+        if self.secrets:
+            try:
+                verify(
+                    self.secrets, request.headers, body, now=time.time(), tolerance=self.tolerance
+                )
+            except SignatureError as exc:
+                # 401: the caller's configuration is wrong (or it is not who it says);
+                # the consumer alerts and holds the message instead of dead-lettering it.
+                self.refused += 1
+                return web.json_response(
+                    {
+                        "error": "unauthenticated",
+                        "reason_code": "BAD_SIGNATURE",
+                        "detail": str(exc),
+                    },
+                    status=401,
+                    headers={"WWW-Authenticate": 'Ferry-HMAC realm="handle"'},
+                )
         outcome = await self.service.handle(body, request.headers)
         return _response(outcome)
 
@@ -43,12 +70,22 @@ class _Views:
         await self.service.install()
 
 
-def make_app(*, service: HandlerService) -> web.Application:
-    """An aiohttp application serving ``service`` under the handler contract."""
-    views = _Views(service)
+def make_app(
+    *,
+    service: HandlerService,
+    secrets: Mapping[str, bytes] | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> web.Application:
+    """An aiohttp application serving ``service`` under the handler contract.
+
+    With ``secrets`` (durable → secret), every ``POST /handle`` must carry a valid
+    signature (:mod:`shared.domain.signing`) or it is refused with 401.
+    """
+    views = _Views(service, secrets or {}, tolerance)
     app = web.Application()
     app.router.add_post("/handle", views.handle)
     app.router.add_get("/healthz", views.healthz)
     app.router.add_get("/readyz", views.readyz)
+    observe_app(app, role=f"handler-{service.name}")  # spans, /metrics
     app.on_startup.append(views.on_startup)
     return app

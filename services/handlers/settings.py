@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import json
+from pathlib import Path
 
+from pydantic import Field, SecretStr
+
+from shared.domain.errors import ConfigurationError
+from shared.domain.signing import DEFAULT_TOLERANCE
 from shared.settings import CommonSettings
 
 
@@ -17,3 +22,34 @@ class HandlerSettings(CommonSettings):
     port: int | None = Field(default=None, ge=0, le=65535)
     #: Interface to bind.
     host: str = "127.0.0.1"
+    #: Secrets of the durables allowed to call, as JSON ``{"durable": "secret"}``. Set (or
+    #: the file), every request must be signed by one of them (401 otherwise).
+    handler_secrets: dict[str, SecretStr] = Field(default_factory=dict)
+    #: A JSON file with the same map (a mounted Kubernetes Secret); wins when both set.
+    handler_secrets_file: Path | None = None
+    #: Seconds a signature stays valid either side of our clock (older: replayed, 401).
+    signature_tolerance: float = Field(default=DEFAULT_TOLERANCE, gt=0)
+
+    def verification_secrets(self) -> dict[str, bytes]:
+        """Durable → secret; empty when calls are not verified. Errors never show a secret."""
+        if self.handler_secrets_file is not None:
+            path = self.handler_secrets_file
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"FERRY_HANDLER_SECRETS_FILE {path}: cannot read: {exc.strerror}"
+                ) from exc
+            except json.JSONDecodeError as exc:
+                raise ConfigurationError(
+                    f"FERRY_HANDLER_SECRETS_FILE {path}: not JSON (line {exc.lineno})"
+                ) from None
+            if not isinstance(doc, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and v for k, v in doc.items()
+            ):
+                raise ConfigurationError(
+                    f"FERRY_HANDLER_SECRETS_FILE {path}: must map durable names to non-empty "
+                    "secrets"
+                )
+            return {k: v.encode() for k, v in doc.items()}
+        return {k: v.get_secret_value().encode() for k, v in self.handler_secrets.items()}
