@@ -14,9 +14,13 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from devstack.ports import free_port
+from devstack.secrets import write_handler_secrets
+from shared.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Port variables supervisord.conf expands; each gets a free port unless already set.
@@ -32,6 +36,10 @@ PORT_VARS = (
     "FERRY_PORT_DLQ_ROUTER_SEA_VIBESPRO", "FERRY_PORT_DLQ_ROUTER_MEDIATION",
     "FERRY_PORT_DLQ_REPLAYER_SEA_VIBESPRO", "FERRY_PORT_DLQ_REPLAYER_MEDIATION",
 )  # fmt: skip
+#: No proxies: an http_proxy in the environment must not intercept 127.0.0.1 probes.
+_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+#: Topologies the stack runs (supervisord.conf has their programs).
+STACK_TOPOLOGIES = ("topologies/sea-vibespro.yaml", "topologies/mediation.yaml")
 #: How long programs get to reach RUNNING (and bootstrap to finish).
 START_TIMEOUT = 120.0
 
@@ -55,6 +63,13 @@ def stack_environment(var_dir: Path) -> dict[str, str]:
     env.setdefault("FERRY_MAX_STREAM_REPLICAS", "1")
     env.setdefault("FERRY_MAX_STREAM_BYTES", "1GB")
     return env
+
+
+def _secret_name(name: str) -> bool:
+    """Settings whose values must never be written out (their *_FILE paths may be)."""
+    return any(word in name for word in ("SECRET", "PASSWORD", "TOKEN")) and not name.endswith(
+        "_FILE"
+    )
 
 
 def prepare_var_dir(var_dir: Path) -> None:
@@ -114,9 +129,36 @@ def wait_until_up(env: dict[str, str], supervisord: subprocess.Popen[bytes]) -> 
             v == "RUNNING" or (not embedded and k in ("nats-server", "postgres"))
             for k, v in others.items()
         ):
+            wait_until_ready(env, deadline)
             return states
         time.sleep(0.5)
     raise SystemExit(f"stack did not come up within {START_TIMEOUT}s: {states}")
+
+
+def wait_until_ready(env: dict[str, str], deadline: float) -> None:
+    """Wait until every role answers 200 on /readyz (connected, bound), not merely runs."""
+    ports = {
+        name: env[name]
+        for name in PORT_VARS
+        if name.startswith(("FERRY_PORT_PUB_", "FERRY_PORT_CON_", "FERRY_PORT_DLQ_"))
+    }
+    waiting = dict(ports)
+    while waiting and time.monotonic() < deadline:
+        for name, port in list(waiting.items()):
+            if _ready(f"http://127.0.0.1:{port}/readyz"):
+                del waiting[name]
+        if waiting:
+            time.sleep(0.3)
+    if waiting:
+        raise SystemExit(f"not ready within {START_TIMEOUT}s: {', '.join(sorted(waiting))}")
+
+
+def _ready(url: str) -> bool:
+    try:
+        with _HTTP.open(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 def print_banner(env: dict[str, str], states: dict[str, str]) -> None:
@@ -133,9 +175,14 @@ def print_banner(env: dict[str, str], states: dict[str, str]) -> None:
 def up(var_dir: Path, *, demo: bool, demo_args: list[str]) -> int:
     """Start the stack; run the demo or wait; always shut down cleanly."""
     prepare_var_dir(var_dir)
+    write_handler_secrets(var_dir, [load_topology(ROOT / path) for path in STACK_TOPOLOGIES])
     env = stack_environment(var_dir)
     (var_dir / "stack.env").write_text(
-        "".join(f"export {k}={v}\n" for k, v in sorted(env.items()) if k.startswith("FERRY_"))
+        "".join(
+            f"export {k}={v}\n"
+            for k, v in sorted(env.items())
+            if k.startswith("FERRY_") and not _secret_name(k)
+        )
     )
     # supervisord's own start-up errors (a bad config) land here, not in its log file.
     with open(var_dir / "log" / "supervisord.out", "ab") as out:
