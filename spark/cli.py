@@ -79,13 +79,14 @@ def worst(codes: list[int]) -> int:
 
 def run_once(settings: KpiSettings, args: argparse.Namespace) -> int:
     """Check, start Spark, run every topology, print the summaries; return the verdict."""
-    from spark.runner import RunRequest, preflight, run_topology
     from spark.session import build_session, prepare_java
 
     topologies = args.topology or [settings.topology]
     since, until = _instant(args.since, "--since"), _instant(args.until, "--until")
     as_of = _instant(args.as_of, "--as-of")
     java = prepare_java(settings)
+    from spark.runner import RunRequest, preflight, run_topology
+
     for topology in topologies:
         preflight(settings, topology)
     log.info("starting Spark", extra={"java": str(java.path), "java_version": java.major})

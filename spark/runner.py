@@ -44,12 +44,11 @@ from spark.report import Report, histogram_entries, run_directory, text_summary,
 from spark.settings import KpiSettings
 from spark.transforms import (
     ROUTE_SCHEMA,
+    all_kpis,
     event_facts,
     latency_histogram,
     lost_list,
     reason_counts,
-    total_kpis,
-    window_kpis,
 )
 from spark.verdicts import (
     AlertRules,
@@ -263,12 +262,8 @@ class _Run:
     def _compute_spark(self, rng: RunRange) -> Computed:
         outbox = self._read_outboxes(rng).persist()
         try:
-            kinds = [
-                (r["context"], r["event_type"], r["event_version"])
-                for r in outbox.select("context", "event_type", "event_version")
-                .distinct()
-                .collect()
-            ]
+            per_kind = outbox.groupBy("context", "event_type", "event_version").count().collect()
+            kinds = [(r["context"], r["event_type"], r["event_version"]) for r in per_kind]
             routes = self.spark.createDataFrame(
                 [vars_tuple(r) for r in self.plan.routes(kinds)], ROUTE_SCHEMA
             )
@@ -279,18 +274,18 @@ class _Run:
                 window_seconds=self.window, lost_before=lost_before,
             ).persist()  # fmt: skip
             try:
-                return self._aggregate(facts, outbox.count())
+                return self._aggregate(facts, sum(int(r["count"]) for r in per_kind))
             finally:
                 facts.unpersist()
         finally:
             outbox.unpersist()
 
     def _aggregate(self, facts: DataFrame, events: int) -> Computed:
-        exact = self.settings.kpi_exact_percentiles
+        rows = collect(all_kpis(facts, exact=self.settings.kpi_exact_percentiles))
         return Computed(
             events=events,
-            windows=collect(window_kpis(facts, exact=exact)),
-            totals=collect(total_kpis(facts, exact=exact)),
+            windows=[r for r in rows if r["window_start"] is not None],
+            totals=[r for r in rows if r["window_start"] is None],
             reasons=collect(reason_counts(facts)),
             histogram=collect(latency_histogram(facts)),
             lost=collect(lost_list(facts, self.settings.kpi_max_listed_lost)),

@@ -14,12 +14,13 @@ import subprocess
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-
-from pyspark.errors import PySparkRuntimeError
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
 
 from spark.errors import JavaMissing, JdbcDriverMissing
 from spark.settings import KpiSettings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 #: Spark 4 runs on Java 17 or later.
 MIN_JAVA = 17
@@ -133,6 +134,10 @@ def prepare_java(settings: KpiSettings) -> Java:
 
 def build_session(settings: KpiSettings) -> SparkSession:
     """The SparkSession (an existing one is reused, e.g. a test's or spark-submit's)."""
+    # Imported here: the checks above must answer fast, without loading PySpark.
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.sql import SparkSession
+
     under_submit = settings.pyspark_gateway_port is not None
     builder = SparkSession.builder
     for key, value in spark_conf(settings, under_submit=under_submit).items():

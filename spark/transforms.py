@@ -264,16 +264,28 @@ def _flatten(aggregated: DataFrame, keys: list[str]) -> DataFrame:
     )
 
 
+def all_kpis(facts: DataFrame, *, exact: bool = True) -> DataFrame:
+    """Per-window rows and run totals (``window_start`` null) in one pass over the facts.
+
+    Each fact is counted four times: under its subject and the roll-up ``*``, in its window
+    and in the total. One aggregation instead of two: the facts are scanned once.
+    """
+    keys = ["window_start", *KEY_COLUMNS]
+    spread = with_rollup(facts).withColumn(
+        "window_start",
+        F.explode(F.array(F.col("window_start"), F.lit(None).cast(TimestampType()))),
+    )
+    return _flatten(spread.groupBy(*keys).agg(*_aggregations(exact=exact)), keys)
+
+
 def window_kpis(facts: DataFrame, *, exact: bool = True) -> DataFrame:
     """Counts and percentiles per (window, context, durable, subject), roll-ups included."""
-    keys = ["window_start", *KEY_COLUMNS]
-    return _flatten(with_rollup(facts).groupBy(*keys).agg(*_aggregations(exact=exact)), keys)
+    return all_kpis(facts, exact=exact).where(F.col("window_start").isNotNull())
 
 
 def total_kpis(facts: DataFrame, *, exact: bool = True) -> DataFrame:
     """The same over the whole range: per (context, durable, subject), roll-ups included."""
-    keys = list(KEY_COLUMNS)
-    return _flatten(with_rollup(facts).groupBy(*keys).agg(*_aggregations(exact=exact)), keys)
+    return all_kpis(facts, exact=exact).where(F.col("window_start").isNull()).drop("window_start")
 
 
 def reason_counts(facts: DataFrame) -> DataFrame:
