@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import prometheus_client
+from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -33,6 +34,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from shared import telemetry
 from shared.domain.ack import HandlerFailure, HandlerResponse
 from shared.telemetry import MESSAGING_SYSTEM
 
@@ -576,6 +578,52 @@ def replayer_families(stats: Any) -> list[Metric]:
 
 
 # --------------------------------------------------------------------------- HTTP server
+
+
+def observe_app(app: web.Application, *, role: str) -> RoleMetrics:
+    """Trace and time every request of an aiohttp ``app`` and serve its ``/metrics``.
+
+    Each request gets a SERVER span continuing the caller's traceparent (the consumer's
+    handler call), log lines carrying its message id, and a duration sample.
+    """
+    metrics = RoleMetrics(role)
+    http = HttpServerMetrics(metrics)
+
+    @web.middleware
+    async def observe(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path == "/metrics":
+            return await handler(request)  # type: ignore[no-any-return]
+        route = (
+            request.match_info.route.resource.canonical
+            if request.match_info.route.resource
+            else request.path
+        )
+        message_id = request.headers.get("Idempotency-Key")
+        clock = asyncio.get_running_loop()
+        started, status = clock.time(), 500
+        with (
+            telemetry.server_span(request.method, route, request.headers, message_id) as span,
+            telemetry.log_fields(message_id=message_id),
+        ):
+            try:
+                response: web.StreamResponse = await handler(request)
+                status = response.status
+                return response
+            except web.HTTPException as exc:
+                status = exc.status
+                raise
+            finally:
+                http.observe(request.method, route, status, clock.time() - started)
+                if span is not None:
+                    span.set_attribute("http.response.status_code", status)
+
+    async def serve_metrics(_: web.Request) -> web.Response:
+        body, content_type = await metrics.render()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    app.middlewares.append(observe)
+    app.router.add_get("/metrics", serve_metrics)
+    return metrics
 
 
 class HttpServerMetrics:

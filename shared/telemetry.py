@@ -31,6 +31,7 @@ import contextvars
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +57,9 @@ from opentelemetry.sdk.trace.sampling import (
     SamplingResult,
     TraceIdRatioBased,
 )
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Status, StatusCode
+from opentelemetry.trace import Span as Span  # re-exported for the roles
+from opentelemetry.trace import SpanKind as SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from shared.domain.errors import ConfigurationError
@@ -336,7 +339,7 @@ def messaging_attributes(
     destination: str | None = None,
     message_id: str | None = None,
     consumer_group: str | None = None,
-    **extra: Any,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Attributes of a messaging span (OpenTelemetry messaging semantic conventions)."""
     attrs: dict[str, Any] = {
@@ -350,7 +353,7 @@ def messaging_attributes(
         attrs["messaging.message.id"] = message_id
     if consumer_group is not None:
         attrs["messaging.consumer.group.name"] = consumer_group
-    attrs.update({k: v for k, v in extra.items() if v is not None})
+    attrs.update({k: v for k, v in (extra or {}).items() if v is not None})
     return attrs
 
 
@@ -380,6 +383,37 @@ def end_span(span: Span | None, error: str | None = None, *, error_type: str | N
     span.end()
 
 
+def now_ns() -> int:
+    """Wall clock in ns for a span's start time (0 when tracing is off: not needed)."""
+    return time.time_ns() if _state.tracer is not None else 0
+
+
+def receive_span(msgs: Sequence[Any], *, stream: str, durable: str, started_ns: int) -> None:
+    """The ``receive`` span of one fetched batch, linked to each message's context."""
+    if _state.tracer is None or not msgs:
+        return
+    links = []
+    for msg in msgs:
+        ctx = trace.get_current_span(extract(msg.headers)).get_span_context()
+        if ctx.is_valid:
+            links.append(Link(ctx))
+    span = _state.tracer.start_span(
+        f"receive {stream}",
+        context=otel_context.Context(),  # a root: a batch serves many traces
+        kind=SpanKind.CLIENT,
+        attributes=messaging_attributes(
+            operation_type="receive",
+            operation_name="fetch",
+            destination=stream,
+            consumer_group=durable,
+            extra={"messaging.batch.message_count": len(msgs)},
+        ),
+        links=links,
+        start_time=started_ns or None,
+    )
+    span.end()
+
+
 @contextlib.contextmanager
 def current(span: Span | None) -> Iterator[None]:
     """Make ``span`` current (children and log lines see it); nothing when None."""
@@ -391,6 +425,109 @@ def current(span: Span | None) -> Iterator[None]:
         yield
     finally:
         otel_context.detach(token)
+
+
+@contextlib.contextmanager
+def span_scope(
+    name: str,
+    *,
+    kind: SpanKind,
+    attributes: dict[str, Any],
+    root: bool = False,
+    links: Sequence[Link] = (),
+    headers: MutableMapping[str, str] | None = None,
+) -> Iterator[Span | None]:
+    """A current span around a block, failed when the block raises; its context is
+    injected into ``headers`` when given. ``root``: start a new trace (links continue
+    the old one). Yields None, and does nothing, when tracing is off."""
+    if _state.tracer is None:
+        yield None
+        return
+    parent = otel_context.Context() if root else None
+    span = start_span(name, kind=kind, attributes=attributes, parent=parent, links=links)
+    assert span is not None
+    if headers is not None:
+        inject(headers, span)
+    try:
+        with current(span):
+            yield span
+    except BaseException as exc:
+        end_span(span, f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__)
+        raise
+    span.end()
+
+
+def publish_span(
+    destination: str,
+    *,
+    message_id: str,
+    headers: MutableMapping[str, str],
+    root: bool = False,
+    link: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> contextlib.AbstractContextManager[Span | None]:
+    """:func:`span_scope` for a ``publish`` of one message (dead letter, replay)."""
+    return span_scope(
+        f"publish {destination}",
+        kind=SpanKind.PRODUCER,
+        attributes=messaging_attributes(
+            operation_type="send",
+            operation_name="publish",
+            destination=destination,
+            message_id=message_id,
+            extra=extra,
+        ),
+        root=root,
+        links=link_to(link) if _state.tracer is not None else (),
+        headers=headers,
+    )
+
+
+def link_current(traceparent: str | None) -> None:
+    """Link the current span to the span ``traceparent`` names (router: the message's)."""
+    if _state.tracer is None:
+        return
+    span = trace.get_current_span()
+    for link in link_to(traceparent):
+        span.add_link(link.context)
+
+
+def annotate(**attributes: Any) -> None:
+    """Set attributes (None values skipped) on the current span, if one records."""
+    if _state.tracer is None:
+        return
+    span = trace.get_current_span()
+    for key, value in attributes.items():
+        if value is not None:
+            span.set_attribute(key.replace("__", "."), value)
+
+
+@contextlib.contextmanager
+def server_span(
+    method: str, route: str, headers: Mapping[str, str], message_id: str | None
+) -> Iterator[Span | None]:
+    """The SERVER span of an HTTP request (the handler side), child of its traceparent."""
+    if _state.tracer is None:
+        yield None
+        return
+    span = _state.tracer.start_span(
+        f"{method} {route}",
+        context=extract({k.lower(): v for k, v in headers.items()}),
+        kind=SpanKind.SERVER,
+        attributes={
+            "http.request.method": method,
+            "http.route": route,
+            "url.path": route,
+            **({"messaging.message.id": message_id} if message_id else {}),
+        },
+    )
+    try:
+        with current(span):
+            yield span
+    except BaseException as exc:
+        end_span(span, f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__)
+        raise
+    span.end()
 
 
 # --------------------------------------------------------------------------- log context

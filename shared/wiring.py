@@ -17,7 +17,8 @@ from nats.aio.client import Client as NATS
 
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import create_pool_when_up
-from shared.runtime import EXIT_DRAIN_TIMEOUT, EXIT_OK, HealthServer
+from shared.metrics import RoleMetrics
+from shared.runtime import EXIT_DRAIN_TIMEOUT, EXIT_OK, HealthServer, ReadinessCheck
 from shared.settings import CommonSettings
 from shared.topology import Topology
 
@@ -60,12 +61,15 @@ async def serve(
     *,
     settings: CommonSettings,
     work: Callable[[asyncio.Event], Awaitable[Any]],
-    checks: dict[str, Callable[[], bool]],
+    checks: dict[str, ReadinessCheck],
     stop: asyncio.Event,
     drain_deadline: float,
+    metrics: RoleMetrics | None = None,
 ) -> int:
     """Run ``work(inner_stop)`` with a health endpoint until ``stop``; the exit code."""
-    health = HealthServer(host=settings.health_host, port=settings.health_port or 0, checks=checks)
+    health = HealthServer(
+        host=settings.health_host, port=settings.health_port or 0, checks=checks, metrics=metrics
+    )
     if settings.health_port:
         await health.start()
     inner_stop = asyncio.Event()

@@ -9,8 +9,10 @@ import sys
 
 from shared.domain.errors import ConfigurationError
 from shared.lint import require_clean_topology
-from shared.runtime import EXIT_CONFIG, configure_logging, stop_on_signals
+from shared.metrics import ReplayerMetrics, RoleMetrics
+from shared.runtime import EXIT_CONFIG, configure_logging, postgres_probes, stop_on_signals
 from shared.settings import ReplayerSettings
+from shared.telemetry import setup_tracing
 from shared.wiring import Connected, close_all, serve, target_pools
 
 from .replayer import DlqReplayer
@@ -26,8 +28,13 @@ async def run(settings: ReplayerSettings, stop: asyncio.Event) -> int:
     pools = await target_pools(settings, topology, stop)
     nats = Connected()
     nc = await nats.open(settings, f"{ROLE}:{topology.name}")
+    metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
     replayer = DlqReplayer(
-        topology=topology, pools=pools, js=nc.jetstream(), batch_size=settings.batch_size
+        topology=topology,
+        pools=pools,
+        js=nc.jetstream(),
+        batch_size=settings.batch_size,
+        metrics=ReplayerMetrics(metrics),
     )
     automatic = replayer.automatic() or ["none: every durable is operator-only"]
     log.info("replaying dead letters of %s (automatic: %s)", topology.name, ", ".join(automatic))
@@ -35,9 +42,14 @@ async def run(settings: ReplayerSettings, stop: asyncio.Event) -> int:
         return await serve(
             settings=settings,
             work=lambda inner: replayer.run(inner, interval=settings.interval),
-            checks={"nats": lambda: nats.up, "scanning": lambda: replayer.ready},
+            checks={
+                "nats": lambda: nats.up,
+                "postgres": postgres_probes(pools),
+                "scanning": lambda: replayer.ready,
+            },
             stop=stop,
             drain_deadline=settings.drain_deadline,
+            metrics=metrics,
         )
     finally:
         await close_all(nc, pools)
@@ -47,7 +59,11 @@ async def run(settings: ReplayerSettings, stop: asyncio.Event) -> int:
 async def _main(settings: ReplayerSettings) -> int:
     stop = asyncio.Event()
     stop_on_signals(stop)
-    return await run(settings, stop)
+    tracing = setup_tracing(ROLE, settings)
+    try:
+        return await run(settings, stop)
+    finally:
+        tracing.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

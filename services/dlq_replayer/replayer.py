@@ -30,6 +30,7 @@ from nats.js import JetStreamContext
 
 from shared.adapters import dead_letters
 from shared.adapters.postgres import DATABASE_ERRORS
+from shared.metrics import ReplayerMetrics, RoleMetrics
 from shared.topology import Topology
 
 log = logging.getLogger("ferry.dlq_replayer")
@@ -98,9 +99,12 @@ class DlqReplayer:
         pools: dict[str, asyncpg.Pool],
         js: JetStreamContext,
         batch_size: int = 100,
+        metrics: ReplayerMetrics | None = None,
     ) -> None:
         self.topology, self.pools, self.js, self.batch_size = topology, pools, js, batch_size
         self.stats = ReplayerStats()
+        self.metrics = metrics or ReplayerMetrics(RoleMetrics("dlq-replayer"))
+        self.metrics.watch(self)
         self.buckets = {
             name: TokenBucket(spec.replay_limits.rate) for name, spec in topology.durables.items()
         }

@@ -9,8 +9,10 @@ import sys
 
 from shared.domain.errors import ConfigurationError
 from shared.lint import require_clean_topology
-from shared.runtime import EXIT_CONFIG, configure_logging, stop_on_signals
+from shared.metrics import RoleMetrics, RouterMetrics
+from shared.runtime import EXIT_CONFIG, configure_logging, postgres_probes, stop_on_signals
 from shared.settings import RouterSettings
+from shared.telemetry import setup_tracing
 from shared.wiring import Connected, close_all, serve, target_pools
 
 from .router import DlqRouter
@@ -26,15 +28,23 @@ async def run(settings: RouterSettings, stop: asyncio.Event) -> int:
     pools = await target_pools(settings, topology, stop)
     nats = Connected()
     nc = await nats.open(settings, f"{ROLE}:{topology.name}")
-    router = DlqRouter(topology=topology, pools=pools, js=nc.jetstream())
+    metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
+    router = DlqRouter(
+        topology=topology, pools=pools, js=nc.jetstream(), metrics=RouterMetrics(metrics)
+    )
     log.info("routing advisories of %s from %s", topology.name, topology.advisory_stream)
     try:
         return await serve(
             settings=settings,
             work=lambda inner: router.run(inner, fetch_timeout=settings.fetch_timeout),
-            checks={"nats": lambda: nats.up, "durable": lambda: router.stats.bound},
+            checks={
+                "nats": lambda: nats.up,
+                "postgres": postgres_probes(pools),
+                "durable": lambda: router.stats.bound,
+            },
             stop=stop,
             drain_deadline=settings.drain_deadline + settings.fetch_timeout,
+            metrics=metrics,
         )
     finally:
         await close_all(nc, pools)
@@ -44,7 +54,11 @@ async def run(settings: RouterSettings, stop: asyncio.Event) -> int:
 async def _main(settings: RouterSettings) -> int:
     stop = asyncio.Event()
     stop_on_signals(stop)
-    return await run(settings, stop)
+    tracing = setup_tracing(ROLE, settings)
+    try:
+        return await run(settings, stop)
+    finally:
+        tracing.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

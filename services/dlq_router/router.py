@@ -33,9 +33,11 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from shared import telemetry
 from shared.adapters import dead_letters, inbox
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.domain.envelope import SURROGATE_NAMESPACE, identify
+from shared.metrics import RoleMetrics, RouterMetrics
 from shared.provision import ROUTER_DURABLE
 from shared.topology import Topology
 
@@ -110,10 +112,17 @@ class DlqRouter:
     """Turns one topology's captured advisories into dead-letter records."""
 
     def __init__(
-        self, *, topology: Topology, pools: dict[str, asyncpg.Pool], js: JetStreamContext
+        self,
+        *,
+        topology: Topology,
+        pools: dict[str, asyncpg.Pool],
+        js: JetStreamContext,
+        metrics: RouterMetrics | None = None,
     ) -> None:
         self.topology, self.pools, self.js = topology, pools, js
         self.stats = RouterStats()
+        self.metrics = metrics or RouterMetrics(RoleMetrics("dlq-router"))
+        self.metrics.watch(self)
 
     async def run(self, stop: asyncio.Event, *, fetch_timeout: float, batch: int = 50) -> None:
         """Handle advisories until ``stop``; the batch in hand is finished first."""
@@ -134,7 +143,22 @@ class DlqRouter:
                 await self.handle(msg)
 
     async def handle(self, msg: Msg) -> None:
-        """Handle one advisory message and settle it."""
+        """Handle one advisory message and settle it, in a ``process`` span of a new trace
+        linked to the dead message's own (advisories carry no trace context)."""
+        with telemetry.span_scope(
+            f"process {msg.subject}",
+            kind=telemetry.SpanKind.CONSUMER,
+            root=True,
+            attributes=telemetry.messaging_attributes(
+                operation_type="process",
+                operation_name="process",
+                destination=msg.subject,
+                consumer_group=ROUTER_DURABLE,
+            ),
+        ):
+            await self._handle(msg)
+
+    async def _handle(self, msg: Msg) -> None:
         self.stats.advisories += 1
         try:
             advisory = Advisory.parse(msg.data)
@@ -166,8 +190,13 @@ class DlqRouter:
         spec = self.topology.durables[advisory.durable]
         pool = self.pools[self.topology.context(spec.target).database]
         original = await self._original(advisory)
+        if original is not None:
+            telemetry.link_current((original.headers or {}).get("traceparent"))
         async with pool.acquire() as conn:
             message_id, envelope, payload, subject = await self._identify(conn, advisory, original)
+            telemetry.annotate(
+                messaging__message__id=str(message_id), ferry__durable=advisory.durable
+            )
             row = await inbox.fetch_row(conn, advisory.durable, message_id)
             if row is not None and row["status"] == "processed":
                 self.stats.processed_late += 1
@@ -184,6 +213,7 @@ class DlqRouter:
             self.stats.recorded += 1
             by = self.stats.recorded_by_reason
             by[failure.reason_code] = by.get(failure.reason_code, 0) + 1
+            self.metrics.dead_lettered(advisory.durable, failure.reason_code, failure.source)
             log.info(
                 "dead-lettered",
                 extra={

@@ -14,6 +14,7 @@ from shared.adapters.postgres import create_pool_when_up
 from shared.domain.ack import RetryPolicy
 from shared.domain.errors import ConfigurationError
 from shared.lint import require_clean_topology
+from shared.metrics import ConsumerMetrics, RoleMetrics
 from shared.registry import AcceptedEvents
 from shared.registry import accepted_events as registry_accepted
 from shared.runtime import (
@@ -22,9 +23,11 @@ from shared.runtime import (
     EXIT_OK,
     HealthServer,
     configure_logging,
+    postgres_probe,
     stop_on_signals,
 )
 from shared.settings import ConsumerSettings
+from shared.telemetry import setup_tracing
 from shared.topology import Topology
 
 from .consumer import InboxConsumer
@@ -59,6 +62,7 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
         timeout=spec.handler.timeout,
         connections=settings.concurrency,
     )
+    metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
     consumer = InboxConsumer(
         pool=pool,
         js=nc.jetstream(),
@@ -70,11 +74,17 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
         lease_seconds=spec.handler.timeout + settings.lease_margin,
         policy=RetryPolicy(tuple(spec.backoff), spec.max_deliver, settings.retry_after_cap),
         accepted=accepted_events(topology, settings.durable),
+        metrics=ConsumerMetrics(metrics, durable=settings.durable, stream=spec.stream),
     )
     health = HealthServer(
         host=settings.health_host,
         port=settings.health_port or 0,
-        checks={"nats": lambda: nats_up["connected"], "durable": lambda: consumer.stats.bound},
+        checks={
+            "nats": lambda: nats_up["connected"],
+            "postgres": postgres_probe(pool),
+            "durable": lambda: consumer.stats.bound,
+        },
+        metrics=metrics,
     )
     if settings.health_port:
         await health.start()
@@ -101,7 +111,11 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
 async def _main(settings: ConsumerSettings) -> int:
     stop = asyncio.Event()
     stop_on_signals(stop)
-    return await run(settings, stop)
+    tracing = setup_tracing(ROLE, settings)
+    try:
+        return await run(settings, stop)
+    finally:
+        tracing.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,8 +18,10 @@ Per fetched batch:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -31,6 +33,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
 from services.inbox_consumer.dispatch import HttpHandler
+from shared import telemetry
 from shared.adapters import dead_letters, inbox
 from shared.adapters.inbox import ClaimResult, InboxEntry
 from shared.adapters.postgres import DATABASE_ERRORS
@@ -38,6 +41,7 @@ from shared.domain.ack import Ack, DeadLetter, Decision, HandlerResponse, Nak, R
 from shared.domain.envelope import Envelope, format_timestamp, identify
 from shared.domain.errors import PoisonError
 from shared.domain.subjects import REPLAY_PREFIX
+from shared.metrics import ConsumerMetrics, RoleMetrics
 from shared.topology import DurableSpec
 
 log = logging.getLogger("ferry.inbox_consumer")
@@ -82,6 +86,8 @@ class Delivery:
     stream_seq: int
     envelope: Envelope | None
     poison: PoisonError | None
+    #: The ``process`` span while the delivery is handled (None when tracing is off).
+    span: telemetry.Span | None = None
 
     @property
     def replay(self) -> bool:
@@ -145,20 +151,27 @@ class InboxConsumer:
         lease_seconds: float,
         policy: RetryPolicy,
         accepted: frozenset[tuple[str, int]] | None,
+        metrics: ConsumerMetrics | None = None,
     ) -> None:
         self.pool, self.js, self.durable, self.spec = pool, js, durable, spec
         self.handler, self.owner, self.policy = handler, owner, policy
         self.lease_seconds, self.accepted = lease_seconds, accepted
         self.slots = asyncio.Semaphore(concurrency)
         self.stats = ConsumerStats()
+        self.metrics = metrics or ConsumerMetrics(
+            RoleMetrics("inbox-consumer"), durable=durable, stream=spec.stream
+        )
+        self.metrics.watch(self)
         self.heartbeat_every = max(spec.ack_wait / 3, 0.5)
 
     async def run(self, stop: asyncio.Event, *, fetch_timeout: float) -> None:
         """Fetch and process batches until ``stop``; the batch in hand is finished first."""
         psub = await self.js.pull_subscribe_bind(durable=self.durable, stream=self.spec.stream)
         self.stats.bound = True
+        telemetry.set_log_fields(durable=self.durable)
         while not stop.is_set():
             try:
+                fetch_started = telemetry.now_ns()
                 msgs = await psub.fetch(self.spec.batch_size, timeout=fetch_timeout)
             except NatsTimeout:
                 continue
@@ -167,6 +180,9 @@ class InboxConsumer:
                 await asyncio.sleep(0.5)
                 continue
             self.stats.fetched += len(msgs)
+            telemetry.receive_span(
+                msgs, stream=self.spec.stream, durable=self.durable, started_ns=fetch_started
+            )
             await self.process_batch(msgs)
 
     async def process_batch(self, msgs: list[Msg]) -> None:
@@ -187,7 +203,9 @@ class InboxConsumer:
             return
         await self._settle_unclaimed(unique, claim)
         claimed = [unique[mid] for mid in claim.claimed]
-        decisions = await asyncio.gather(*(self._decide(d) for d in claimed))
+        for delivery in claimed:
+            delivery.span = self._process_span(delivery)
+        decisions = await asyncio.gather(*(self._traced_decide(d) for d in claimed))
         await self._settle(list(zip(claimed, decisions, strict=True)))
 
     async def _claim(self, deliveries: list[Delivery]) -> ClaimResult:
@@ -209,6 +227,73 @@ class InboxConsumer:
         for mid, lease_left in claim.leased.items():
             self.stats.contended += 1
             await self._nak(unique[mid].msg, lease_left + CONTENDED_DELAY)
+
+    def _process_span(self, delivery: Delivery) -> telemetry.Span | None:
+        """The delivery's ``process`` span, child of the context its headers carry."""
+        if not telemetry.active():
+            return None
+        env = delivery.envelope
+        return telemetry.start_span(
+            f"process {delivery.subject}",
+            kind=telemetry.SpanKind.CONSUMER,
+            parent=telemetry.extract(delivery.msg.headers),
+            attributes=telemetry.messaging_attributes(
+                operation_type="process",
+                operation_name="process",
+                destination=delivery.subject,
+                message_id=str(delivery.message_id),
+                consumer_group=self.durable,
+                extra={
+                    "messaging.message.delivery_attempt": delivery.attempt,
+                    "messaging.message.conversation_id": env.correlation_id if env else None,
+                    "ferry.stream": self.spec.stream,
+                    "ferry.stream.sequence": delivery.stream_seq,
+                    "ferry.event.type": env.event_type if env else None,
+                    "ferry.replay": delivery.replay,
+                },
+            ),
+        )
+
+    def _log_fields(self, delivery: Delivery) -> contextlib.AbstractContextManager[None]:
+        traceparent = (delivery.msg.headers or {}).get("traceparent")
+        return telemetry.log_fields(message_id=str(delivery.message_id), traceparent=traceparent)
+
+    async def _traced_decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
+        """:meth:`_decide` inside the delivery's span (the handler call is its child)."""
+        with telemetry.current(delivery.span), self._log_fields(delivery):
+            return await self._decide(delivery)
+
+    @contextlib.contextmanager
+    def _settling(self, delivery: Delivery, decision: Decision) -> Iterator[None]:
+        """The ``settle`` span of one delivery; ends its ``process`` span afterwards."""
+        with telemetry.current(delivery.span), self._log_fields(delivery):
+            if isinstance(decision, Ack):
+                operation = "ack"
+            elif isinstance(decision, Nak) or decision.reason_code == EXHAUSTED:
+                operation = "nak"
+            else:
+                operation = "term"
+            span = None
+            if delivery.span is not None:
+                span = telemetry.start_span(
+                    f"{operation} {delivery.subject}",
+                    kind=telemetry.SpanKind.CLIENT,
+                    attributes=telemetry.messaging_attributes(
+                        operation_type="settle",
+                        operation_name=operation,
+                        destination=delivery.subject,
+                        message_id=str(delivery.message_id),
+                        consumer_group=self.durable,
+                    ),
+                )
+            try:
+                with telemetry.current(span):
+                    yield
+            finally:
+                telemetry.end_span(span)
+                error = None if isinstance(decision, Ack) else _decision_error(decision)
+                telemetry.end_span(delivery.span, error)
+                delivery.span = None
 
     async def _decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
         """What to do with a claimed delivery, and the handler status if it was called."""
@@ -235,7 +320,9 @@ class InboxConsumer:
 
     async def _call_with_heartbeat(self, delivery: Delivery, envelope: Envelope) -> Any:
         call = asyncio.create_task(
-            self.handler.handle(self._request_body(delivery, envelope), self._headers(delivery))
+            self._timed(
+                self.handler.handle(self._request_body(delivery, envelope), self._headers(delivery))
+            )
         )
         self.stats.handler_calls += 1
         if not self.spec.heartbeats:  # the lint then requires handler timeout < ack_wait
@@ -245,6 +332,14 @@ class InboxConsumer:
             if done:
                 return call.result()
             await _quiet(delivery.msg.in_progress())
+
+    async def _timed(self, call: Awaitable[Any]) -> Any:
+        """Await the handler call, counting its answer and timing it."""
+        clock = asyncio.get_running_loop()
+        started = clock.time()
+        outcome = await call
+        self.metrics.handled(outcome, clock.time() - started)
+        return outcome
 
     def _request_body(self, delivery: Delivery, envelope: Envelope) -> dict[str, Any]:
         body = envelope.to_dict()
@@ -287,14 +382,16 @@ class InboxConsumer:
             )
             processed = {}
         for delivery, (decision, status) in results:
-            if isinstance(decision, Ack):
-                if delivery.message_id in processed:
-                    self.stats.processed += 1
-                    await _quiet(delivery.msg.ack())
-            elif isinstance(decision, Nak):
-                await self._retry(delivery, decision, status)
-            else:
-                await self._dead_letter(delivery, decision, status)
+            with self._settling(delivery, decision):
+                if isinstance(decision, Ack):
+                    if delivery.message_id in processed:
+                        self.stats.processed += 1
+                        await _quiet(delivery.msg.ack())
+                        self.metrics.processed(_occurred_at(delivery))
+                elif isinstance(decision, Nak):
+                    await self._retry(delivery, decision, status)
+                else:
+                    await self._dead_letter(delivery, decision, status)
 
     async def _retry(self, delivery: Delivery, decision: Nak, status: int | None) -> None:
         self.stats.retries += 1
@@ -348,6 +445,8 @@ class InboxConsumer:
             await self._nak(delivery.msg, self.policy.delay(delivery.attempt))
             return
         self.stats.dead_lettered += 1
+        if outcome == "recorded":
+            self.metrics.dead_lettered(decision.reason_code)
         log.info(
             "dead-lettered",
             extra={
@@ -423,6 +522,17 @@ class InboxConsumer:
 
     async def _nak(self, msg: Msg, delay: float) -> None:
         await _quiet(msg.nak(delay=delay))
+
+
+def _occurred_at(delivery: Delivery) -> datetime | None:
+    return delivery.envelope.occurred_at if delivery.envelope is not None else None
+
+
+def _decision_error(decision: Decision) -> str:
+    if isinstance(decision, Nak):
+        return f"retry: {decision.reason}"
+    assert isinstance(decision, DeadLetter)
+    return f"{decision.reason_code}: {decision.detail}"
 
 
 def _retry_reason(status: int | None, reason: str) -> str:

@@ -12,6 +12,7 @@ from shared.adapters.notify import listen
 from shared.adapters.postgres import create_pool_when_up
 from shared.domain.errors import ConfigurationError
 from shared.lint import PublisherTiming, require_clean_topology
+from shared.metrics import PublisherMetrics, RoleMetrics
 from shared.runtime import (
     EXIT_CONFIG,
     EXIT_DRAIN_TIMEOUT,
@@ -21,6 +22,7 @@ from shared.runtime import (
     stop_on_signals,
 )
 from shared.settings import PublisherSettings
+from shared.telemetry import set_log_fields, setup_tracing
 
 from .publisher import OutboxPublisher
 
@@ -48,6 +50,11 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
         ping_interval=settings.nats_ping_interval,
         on_state=lambda up: nats_up.__setitem__("connected", up),
     )
+    metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
+    publisher_metrics = PublisherMetrics(
+        metrics, context=settings.context, stream=context.stream.name
+    )
+    publisher_metrics.watch_outbox(pool)
     publisher = OutboxPublisher(
         pool=pool,
         js=nc.jetstream(),
@@ -58,6 +65,7 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
         publish_timeout=settings.publish_timeout,
         retry_initial=settings.retry_initial,
         retry_max=settings.retry_max,
+        metrics=publisher_metrics,
     )
     health = HealthServer(
         host=settings.health_host,
@@ -66,6 +74,7 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
             "nats": lambda: nats_up["connected"],
             "postgres": lambda: publisher.stats.last_db_ok,
         },
+        metrics=metrics,
     )
     if settings.health_port:
         await health.start()
@@ -99,7 +108,12 @@ async def _drain(workers: list[asyncio.Task[None]], deadline: float) -> int:
 async def _main(settings: PublisherSettings) -> int:
     stop = asyncio.Event()
     stop_on_signals(stop)
-    return await run(settings, stop)
+    set_log_fields(context=settings.context)
+    tracing = setup_tracing(ROLE, settings)
+    try:
+        return await run(settings, stop)
+    finally:
+        tracing.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

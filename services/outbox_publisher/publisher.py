@@ -13,18 +13,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 import asyncpg
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
+from shared import telemetry
 from shared.adapters import outbox
 from shared.adapters.outbox import OutboxRow
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.domain.envelope import Envelope, payload_digest
 from shared.domain.subjects import event_subject
+from shared.metrics import PublisherMetrics, RoleMetrics
 
 log = logging.getLogger("ferry.outbox_publisher")
 
@@ -84,12 +86,16 @@ class OutboxPublisher:
         publish_timeout: float,
         retry_initial: float = 0.2,
         retry_max: float = 5.0,
+        metrics: PublisherMetrics | None = None,
     ) -> None:
         self.pool, self.js = pool, js
         self.context, self.namespace, self.stream = context, namespace, stream
         self.batch_size, self.publish_timeout = batch_size, publish_timeout
         self.retry_initial, self.retry_max = retry_initial, retry_max
         self.stats = PublisherStats()
+        self.metrics = metrics or PublisherMetrics(
+            RoleMetrics("outbox-publisher"), context=context, stream=stream
+        )
         self._wakeups: list[asyncio.Event] = []
 
     def notify(self) -> None:
@@ -133,6 +139,8 @@ class OutboxPublisher:
             published, failures = await self.publish_rows(rows)
             await outbox.mark_published(conn, published)
             await outbox.mark_failed(conn, failures)
+        done = set(published)
+        self.metrics.events_published(Counter(r.event_type for r in rows if r.seq in done))
         self.stats.batches += 1
         self.stats.published += len(published)
         self.stats.publish_errors += len(failures)
@@ -168,27 +176,58 @@ class OutboxPublisher:
         """Publish every row of ``wave`` pipelined; None for success, else the error text."""
         futures: list[asyncio.Future[PubAck] | None] = []
         errors: list[str | None] = []
+        spans: list[telemetry.Span | None] = []
         for row in wave:
+            span = None
             try:
                 subject, body, headers = build_message(
                     row, namespace=self.namespace, context=self.context
                 )
-                futures.append(
-                    await self.js.publish_async(subject, body, headers=headers, stream=self.stream)
+                span = self._send_span(row, subject, headers)
+                future = await self.js.publish_async(
+                    subject, body, headers=headers, stream=self.stream
                 )
+                self.metrics.time_send(future)
+                futures.append(future)
                 errors.append(None)
             except Exception as exc:  # any failure is recorded on the row, never raised
+                self.metrics.send_failed(type(exc).__name__)
                 futures.append(None)
                 errors.append(f"{type(exc).__name__}: {exc}")
+            spans.append(span)
         live = [f for f in futures if f is not None]
         if live:
             _, pending = await asyncio.wait(live, timeout=self.publish_timeout)
             for future in pending:
                 future.cancel()
-        return [
+        outcomes = [
             err if fut is None else self._outcome(fut)
             for fut, err in zip(futures, errors, strict=True)
         ]
+        for span, outcome in zip(spans, outcomes, strict=True):
+            telemetry.end_span(span, outcome)
+        return outcomes
+
+    def _send_span(
+        self, row: OutboxRow, subject: str, headers: dict[str, str]
+    ) -> telemetry.Span | None:
+        """The row's ``publish`` span, child of its ``create``; its context goes in ``headers``."""
+        if not telemetry.active():
+            return None
+        span = telemetry.start_span(
+            f"publish {subject}",
+            kind=telemetry.SpanKind.PRODUCER,
+            parent=telemetry.remote_context(row.traceparent, row.tracestate),
+            attributes=telemetry.messaging_attributes(
+                operation_type="send",
+                operation_name="publish",
+                destination=subject,
+                message_id=str(row.id),
+                extra={"ferry.stream": self.stream, "ferry.outbox.seq": row.seq},
+            ),
+        )
+        telemetry.inject(headers, span)
+        return span
 
     def _outcome(self, future: asyncio.Future[PubAck]) -> str | None:
         if future.cancelled():
@@ -204,6 +243,7 @@ class OutboxPublisher:
 
     def _count_error(self, kind: str) -> None:
         self.stats.errors_by_kind[kind] = self.stats.errors_by_kind.get(kind, 0) + 1
+        self.metrics.publish_error(kind)
 
 
 async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:

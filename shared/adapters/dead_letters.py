@@ -34,6 +34,7 @@ from uuid import UUID
 
 from nats.js import JetStreamContext
 
+from shared import telemetry
 from shared.adapters import inbox
 from shared.adapters.postgres import Conn
 from shared.domain.dead_letter import dead_letter_record
@@ -263,9 +264,16 @@ async def _publish_record(
     }
     if failure.traceparent:
         headers["traceparent"] = failure.traceparent
-    await js.publish(
-        spec.dead_letter_subject, json.dumps(record, default=str).encode(), headers=headers
-    )
+    # In the trace that dead-letters it (the consumer's, or the router's linked one).
+    with telemetry.publish_span(
+        spec.dead_letter_subject,
+        message_id=str(failure.message_id),
+        headers=headers,
+        extra={"ferry.reason_code": failure.reason_code, "ferry.durable": failure.durable},
+    ):
+        await js.publish(
+            spec.dead_letter_subject, json.dumps(record, default=str).encode(), headers=headers
+        )
 
 
 def _inbox_row(
@@ -447,7 +455,17 @@ async def _publish_replay(
     if row["traceparent"]:
         headers["traceparent"] = row["traceparent"]
     body = json.dumps(record["payload"], separators=(",", ":")).encode()
-    ack = await js.publish(replay_subject(row["stream"], durable), body, headers=headers)
+    subject = replay_subject(row["stream"], durable)
+    # A replay starts a new trace, linked to the message's original one.
+    with telemetry.publish_span(
+        subject,
+        message_id=str(message_id),
+        headers=headers,
+        root=True,
+        link=row["traceparent"],
+        extra={"ferry.replay.attempt": attempt, "ferry.durable": durable},
+    ):
+        ack = await js.publish(subject, body, headers=headers)
     return int(ack.seq)
 
 
