@@ -68,15 +68,31 @@ def _check_declared(event_type: str, version: int, payload_json: str, context: s
     check_outgoing(event_type, version, json.loads(payload_json), context=context)
 
 
+#: Largest payload (JSON bytes) the producer accepts: the default stream max_msg_size
+#: (1 MiB) minus room for the envelope's other fields.
+MAX_PAYLOAD_BYTES = 1024 * 1024 - 64 * 1024
+
+
 def _payload_json(payload: object) -> str:
     if not isinstance(payload, dict):
         raise OutboxValidationError("INVALID_OUTBOX", "payload", "must be a JSON object (a dict)")
     try:
-        return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise OutboxValidationError(
             "INVALID_OUTBOX", "payload", f"not JSON-serialisable: {exc}"
         ) from exc
+    size = len(text.encode())
+    if size > MAX_PAYLOAD_BYTES:
+        # Refused here, where the caller can still act, rather than by the stream later,
+        # where the row would only fail to publish over and over.
+        raise OutboxValidationError(
+            "MESSAGE_TOO_LARGE",
+            "payload",
+            f"{size} bytes of JSON exceeds the limit of {MAX_PAYLOAD_BYTES} "
+            "(the envelope must fit the stream's max_msg_size, 1 MiB by default)",
+        )
+    return text
 
 
 async def record_event(

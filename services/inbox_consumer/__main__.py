@@ -57,10 +57,15 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
         ping_interval=settings.nats_ping_interval,
         on_state=lambda up: nats_up.__setitem__("connected", up),
     )
+    secret = settings.signing_secret()
+    if secret is None:
+        log.warning("FERRY_HANDLER_SECRET is not set: handler calls are not signed")
     handler = HttpHandler(
         settings.handler_url or spec.handler.url,
         timeout=spec.handler.timeout,
         connections=settings.concurrency,
+        durable=settings.durable,
+        secret=secret,
     )
     metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
     consumer = InboxConsumer(
@@ -76,6 +81,8 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
         accepted=accepted_events(topology, settings.durable),
         metrics=ConsumerMetrics(metrics, durable=settings.durable, stream=spec.stream),
     )
+    consumer.auth_retry = (settings.auth_retry_initial, settings.auth_retry_max)
+    consumer.max_message_bytes = settings.max_message_bytes
     health = HealthServer(
         host=settings.health_host,
         port=settings.health_port or 0,

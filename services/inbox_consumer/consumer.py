@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
@@ -46,6 +47,10 @@ from shared.topology import DurableSpec
 
 log = logging.getLogger("ferry.inbox_consumer")
 
+#: Largest message body the consumer parses (the default stream max_msg_size).
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+#: Most of a raw (unparseable) body a dead-letter record keeps.
+RECORD_BODY_LIMIT = 64 * 1024
 #: The decision code of a delivery that failed on its last attempt.
 EXHAUSTED = "MAX_DELIVERIES_EXCEEDED"
 #: Delay before a copy that lost the race for an id is offered again.
@@ -71,6 +76,7 @@ class ConsumerStats:
     exhausted: int = 0
     handler_calls: int = 0
     contended: int = 0
+    auth_refusals: int = 0
     alerts: int = 0
     bound: bool = False
     retries_by_reason: dict[str, int] = field(default_factory=dict)
@@ -115,9 +121,25 @@ class Delivery:
         )
 
 
-def parse_delivery(msg: Msg) -> Delivery:
-    """Parse without raising: a defect is kept as ``poison`` for the dead-letter path."""
+def parse_delivery(msg: Msg, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Delivery:
+    """Parse without raising: a defect is kept as ``poison`` for the dead-letter path.
+
+    A body over ``max_bytes`` is not even parsed: it is poison ``MESSAGE_TOO_LARGE``.
+    """
     meta = msg.metadata
+    size = len(msg.data)
+    if size > max_bytes:
+        found = identify(
+            b"",
+            subject=msg.subject,
+            msg_id_header=(msg.headers or {}).get("Nats-Msg-Id"),
+            stream=meta.stream,
+            seq=meta.sequence.stream,
+        )
+        too_large = PoisonError("MESSAGE_TOO_LARGE", f"{size} bytes exceeds {max_bytes}")
+        return Delivery(
+            msg, found.message_id, meta.num_delivered, meta.sequence.stream, None, too_large
+        )
     found = identify(
         msg.data,
         subject=msg.subject,
@@ -163,9 +185,14 @@ class InboxConsumer:
         )
         self.metrics.watch(self)
         self.heartbeat_every = max(spec.ack_wait / 3, 0.5)
+        #: Pauses (s) while the handler refuses our credentials, doubling up to the second.
+        self.auth_retry = (1.0, 30.0)
+        self._stop = asyncio.Event()
+        self.max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES
 
     async def run(self, stop: asyncio.Event, *, fetch_timeout: float) -> None:
         """Fetch and process batches until ``stop``; the batch in hand is finished first."""
+        self._stop = stop
         psub = await self.js.pull_subscribe_bind(durable=self.durable, stream=self.spec.stream)
         self.stats.bound = True
         telemetry.set_log_fields(durable=self.durable)
@@ -189,7 +216,7 @@ class InboxConsumer:
         """Record, dispatch and settle one fetched batch."""
         unique: dict[uuid.UUID, Delivery] = {}
         for msg in msgs:
-            delivery = parse_delivery(msg)
+            delivery = parse_delivery(msg, self.max_message_bytes)
             if delivery.message_id in unique:  # the same id twice in one batch
                 await self._nak(delivery.msg, CONTENDED_DELAY)
                 continue
@@ -315,8 +342,41 @@ class InboxConsumer:
                 return DeadLetter("SCHEMA_INVALID", problem), None
         async with self.slots:
             outcome = await self._call_with_heartbeat(delivery, envelope)
+            if _refused(outcome):
+                outcome = await self._hold_while_refused(delivery, envelope, outcome)
         status = outcome.status if isinstance(outcome, HandlerResponse) else None
         return decide(outcome, attempt=delivery.attempt, policy=self.policy), status
+
+    async def _hold_while_refused(
+        self, delivery: Delivery, envelope: Envelope, outcome: Any
+    ) -> Any:
+        """The handler refuses our credentials (401/403): a configuration error, not poison.
+
+        Hold the message (heart-beating, so JetStream neither redelivers it nor counts a
+        delivery), alert, and call again with a doubling pause until the credentials are
+        fixed. Only a stop ends the hold early; the refusal is then nak'ed like a retry.
+        """
+        pause, longest = self.auth_retry
+        while _refused(outcome) and not self._stop.is_set():
+            self.stats.auth_refusals += 1
+            self.stats.alerts += 1
+            log.error(
+                "handler refused our credentials (HTTP %s): check the durable's signing "
+                "secret (FERRY_HANDLER_SECRET) and the handler's; holding the message",
+                outcome.status,
+                extra={"durable": self.durable, "message_id": str(delivery.message_id)},
+            )
+            await self._pause_with_heartbeat(delivery, pause)
+            pause = min(pause * 2, longest)
+            outcome = await self._call_with_heartbeat(delivery, envelope)
+        return outcome
+
+    async def _pause_with_heartbeat(self, delivery: Delivery, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=min(left, self.heartbeat_every))
+            await _quiet(delivery.msg.in_progress())
 
     async def _call_with_heartbeat(self, delivery: Delivery, envelope: Envelope) -> Any:
         call = asyncio.create_task(
@@ -499,7 +559,7 @@ class InboxConsumer:
         entry: dict[str, Any],
     ) -> dead_letters.Failure:
         env = delivery.envelope
-        payload: Any = env.to_dict() if env else delivery.msg.data.decode("utf-8", "replace")
+        payload: Any = env.to_dict() if env else _raw_body(delivery.msg.data)
         return dead_letters.Failure(
             durable=self.durable,
             message_id=delivery.message_id,
@@ -522,6 +582,22 @@ class InboxConsumer:
 
     async def _nak(self, msg: Msg, delay: float) -> None:
         await _quiet(msg.nak(delay=delay))
+
+
+def _raw_body(data: bytes) -> Any:
+    """An unparseable body as the record keeps it: whole, or its head when it is large."""
+    if len(data) <= RECORD_BODY_LIMIT:
+        return data.decode("utf-8", "replace")
+    return {
+        "truncated": True,
+        "bytes": len(data),
+        "head": data[:RECORD_BODY_LIMIT].decode("utf-8", "replace"),
+    }
+
+
+def _refused(outcome: Any) -> bool:
+    """The handler says our credentials are wrong (a signing-secret mismatch)."""
+    return isinstance(outcome, HandlerResponse) and outcome.status in (401, 403)
 
 
 def _occurred_at(delivery: Delivery) -> datetime | None:

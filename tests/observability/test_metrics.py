@@ -10,13 +10,17 @@ every delivery (→ dlq-router), and one duplicate delivery.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
 import asyncpg
 import pytest
+import yaml
 from nats.aio.client import Client as NATS
+from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.ports import free_port
 from services.inbox_consumer.consumer import InboxConsumer
@@ -26,7 +30,7 @@ from shared.domain.ack import RetryPolicy
 from shared.metrics import ConsumerMetrics, PublisherMetrics, RoleMetrics
 from shared.producer import record_event
 from shared.provision import provision
-from tests.conftest import CAPS, Env
+from tests.conftest import CAPS, ROOT, Env
 from tests.consumer.conftest import DURABLE, STREAM
 from tests.helpers import eventually, stream_messages
 
@@ -34,6 +38,7 @@ from .conftest import Roles, get, metric_value, wait_ready
 
 pytestmark = pytest.mark.integration
 
+ALERT_RULES = ROOT / "k8s" / "base" / "alerts" / "ferry-alerts.rules.yaml"
 PLAIN, RETRIED, POISON = 12, 3, 2
 EXHAUSTED = 1
 TOTAL = PLAIN + RETRIED + POISON + EXHAUSTED
@@ -166,6 +171,28 @@ async def test_every_role_exposes_its_series_with_the_values_of_a_known_workload
     for text in (*texts.values(), handler_text):
         assert metric_value(text, "process_resident_memory_bytes") > 0
         assert metric_value(text, "ferry_role_info") == 1
+    check_alert_series(texts.values())
+
+
+def check_alert_series(texts: Iterable[str]) -> None:
+    """Every series the alert rules read is exposed, with the labels they group by."""
+    exposed: dict[str, set[str]] = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                exposed.setdefault(sample.name, set()).update(sample.labels)
+    rules = yaml.safe_load(ALERT_RULES.read_text())
+    for rule in (r for g in rules["groups"] for r in g["rules"]):
+        names = set(re.findall(r"\b(ferry_[a-z_]+)\b", rule["expr"]))
+        assert names, rule["alert"]
+        grouped = {
+            label.strip()
+            for by in re.findall(r"by \(([^)]*)\)", rule["expr"])
+            for label in by.split(",")
+        } - {"namespace"}  # the scrape target's label
+        for name in names:
+            assert name in exposed, f"{rule['alert']} reads {name}, which no role exposes"
+            assert grouped <= exposed[name], f"{rule['alert']}: {name} lacks {grouped}"
 
 
 def json_bytes(body: dict[str, Any]) -> bytes:
