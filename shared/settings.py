@@ -192,6 +192,8 @@ class ConsumerSettings(CommonSettings):
     #: the message is held (not nak'ed, never dead-lettered) and the call retried.
     auth_retry_initial: float = Field(default=1.0, gt=0)
     auth_retry_max: float = Field(default=30.0, gt=0)
+    #: Largest message body parsed; a larger one is dead-lettered as MESSAGE_TOO_LARGE.
+    max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
 
     def signing_secret(self) -> bytes | None:
         """The handler-signing secret, from the file or the variable."""
