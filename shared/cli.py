@@ -7,6 +7,7 @@
     ferry dlq ...                 dead letters: list, show, replay, park, discard, export
     ferry registry generate|check the handler registry from the manifests (shared/registry_cli.py)
     ferry lint [--topology FILE]  the configuration lint every role runs at start
+    ferry where MESSAGE_ID        every hop of one event (shared/journey.py)
 
 All read FERRY_* settings (README.md). ``--json`` prints machine-readable output.
 Exit codes: 0 ok, 1 drift or refusal found, 2 configuration error, 3 cannot connect.
@@ -27,6 +28,7 @@ from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import connect, migrate_database, redact
 from shared.dlq_cli import add_dlq_commands, check_key
 from shared.domain.errors import ConfigurationError, TransientError
+from shared.journey import add_where_command
 from shared.provision import is_clean, provision
 from shared.runtime import EXIT_CONFIG, EXIT_CONNECT
 from shared.settings import CommonSettings
@@ -122,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     inb.add_argument("durable", nargs="?", help="one durable (default: all)")
     inb.set_defaults(func=cmd_inbox_backlog)
     add_dlq_commands(sub)
+    add_where_command(sub)
     for p in (migrate, prov, out, inb):
         p.add_argument("--json", action="store_true", help="machine-readable output")
     registry_cli.add_commands(sub)
