@@ -1,0 +1,60 @@
+"""Telemetry settings: FERRY_* first, then the standard OTEL_* variables; bad values named."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.trace import SpanKind
+
+from shared import telemetry
+from shared.domain.errors import ConfigurationError
+from shared.settings import CommonSettings
+
+
+def test_otel_variables_apply_and_ferry_ones_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FERRY_TRACES_EXPORTER", "FERRY_OTLP_PROTOCOL", "FERRY_TRACES_SAMPLER_ARG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.1")
+    settings = CommonSettings()
+    assert (settings.traces_exporter, settings.otlp_protocol) == ("otlp", "grpc")
+    assert (settings.traces_sampler, settings.traces_sampler_arg) == (
+        "parentbased_traceidratio",
+        0.1,
+    )
+    monkeypatch.setenv("FERRY_TRACES_EXPORTER", "file")
+    assert CommonSettings().traces_exporter == "file"
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert telemetry.exporter_names(CommonSettings()) == []
+
+
+def test_tracing_is_off_by_default_and_costs_no_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FERRY_TRACES_EXPORTER", "OTEL_TRACES_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    handle = telemetry.setup_tracing("outbox-publisher", CommonSettings(), install_global=False)
+    assert handle.provider is None and not telemetry.active()
+    assert telemetry.start_span("x", kind=SpanKind.INTERNAL, attributes={}) is None
+
+
+def test_bad_exporter_protocol_and_sampler_are_named() -> None:
+    with pytest.raises(ConfigurationError, match=r"unknown exporter.*jaeger"):
+        telemetry.exporter_names(CommonSettings(traces_exporter="otlp,jaeger"))
+    with pytest.raises(ConfigurationError, match=r"FERRY_TRACES_SAMPLER.*'sometimes'"):
+        telemetry.build_sampler("sometimes", 1.0)
+    settings = CommonSettings(traces_exporter="otlp", otlp_protocol="carrier-pigeon")
+    with pytest.raises(ConfigurationError, match="carrier-pigeon"):
+        telemetry.setup_tracing("x", settings, install_global=False)
+    assert not telemetry.active()
+
+
+def test_sampler_keeps_ratio_of_new_traces_and_drops_orphan_queries() -> None:
+    sampler = telemetry.build_sampler("parentbased_traceidratio", 0.1)
+    kept = sum(
+        sampler.should_sample(None, trace_id, "process s").decision is Decision.RECORD_AND_SAMPLE
+        for trace_id in range(1, 2**64, 2**64 // 10_000)
+    )
+    assert 800 < kept < 1200  # the ratio is a threshold on the trace id: ~10 % of spread ids
+    query = sampler.should_sample(None, 2**60, "SELECT", attributes={"db.system": "postgresql"})
+    assert query.decision is Decision.DROP
