@@ -93,10 +93,11 @@ async def world(env: Env, nc: NATS) -> Env:
     """sea__from_vibespro on test clocks, calling the real sea handler, operator replays."""
     env.handler_port = free_port()  # type: ignore[attr-defined]
     env.doc["durables"][DURABLE].update(
-        ack_wait="5s",
+        # Generous clocks: a slow machine must not turn an answer into a timeout.
+        ack_wait="30s",
         max_deliver=4,
         backoff=["200ms", "200ms", "200ms"],
-        handler={"url": f"http://127.0.0.1:{env.handler_port}/handle", "timeout": "2s"},  # type: ignore[attr-defined]
+        handler={"url": f"http://127.0.0.1:{env.handler_port}/handle", "timeout": "10s"},  # type: ignore[attr-defined]
         replay="operator",  # nothing replays on its own while the test counts
     )
     env.write()
