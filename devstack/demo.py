@@ -256,7 +256,12 @@ def run_demo(env: dict[str, str], argv: list[str]) -> int:
         f"(1 % poison, 1 % rejected until a fix {REJECT_FOR:.0f}s later, 3 % transient "
         "failures) — Ctrl-C stops everything"
     )
-    return asyncio.run(main())
+    started = datetime.now(UTC)
+    code = asyncio.run(main())
+    from spark.demo import show_kpi_report  # the KPI job over what the demo just did
+
+    show_kpi_report(env, since=started, topologies=TOPOLOGIES)
+    return code
 
 
 if __name__ == "__main__":

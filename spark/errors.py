@@ -28,6 +28,20 @@ EXIT_SCHEMA = 12
 EXIT_SPARK = 13
 EXIT_LOCKED = 14
 
+#: What each exit code means, in a few words (logs, the demo).
+MEANINGS = {
+    EXIT_OK: "every verdict passed",
+    EXIT_SLO_BREACH: "a PRD-022 target was missed",
+    EXIT_CONFIG: "configuration error",
+    EXIT_CONNECT: "a database is unreachable",
+    EXIT_ALERT: "an INFRA-005 alert fired",
+    EXIT_NO_JAVA: "no usable Java 17+",
+    EXIT_NO_JDBC_DRIVER: "PostgreSQL JDBC driver missing",
+    EXIT_SCHEMA: "tables missing (run ferry migrate)",
+    EXIT_SPARK: "Spark failed",
+    EXIT_LOCKED: "another run holds the lock",
+}
+
 __all__ = [
     "EXIT_ALERT",
     "EXIT_CONFIG",
@@ -39,6 +53,7 @@ __all__ = [
     "EXIT_SCHEMA",
     "EXIT_SLO_BREACH",
     "EXIT_SPARK",
+    "MEANINGS",
     "DatabaseUnreachable",
     "JavaMissing",
     "JdbcDriverMissing",

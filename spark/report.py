@@ -61,6 +61,8 @@ class Report:
     lost_listed: list[dict[str, Any]] = field(default_factory=list)
     histogram: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
+    #: Seconds per phase of the run (check, spark, judge_and_write) before the report.
+    timings: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (timestamps as ISO 8601, NaN-free)."""
@@ -80,6 +82,7 @@ class Report:
                 "exit_code": self.exit_code,
                 "note": self.note,
                 "duration_seconds": round(self.duration_seconds, 3),
+                "timings": self.timings,
                 "events": self.events,
                 "findings": {
                     "gate": [f.as_dict() for f in self.gate_findings],
@@ -124,21 +127,53 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-_TEXT_HEAD = (
-    f"{'context':<10} {'durable':<22} {'subject':<40} {'produced':>9} {'deliv%':>8} "
-    f"{'dup%':>7} {'dlq%':>7} {'p50ms':>8} {'p95ms':>8} {'p99ms':>8} {'lost':>5}  verdict"
-)
+_COLUMNS_RIGHT = (
+    ("produced", 9), ("deliv%", 8), ("dup%", 7), ("dlq%", 7), ("p50ms", 8), ("p95ms", 8),
+    ("p99ms", 8), ("lost", 5),
+)  # fmt: skip
 
 
-def _text_row(row: Row) -> str:
-    verdict = ", ".join(row["slo_breaches"]) or "ok"
-    return (
-        f"{row['context']:<10} {row['durable']:<22} {row['subject']:<40} {row['produced']:>9} "
-        f"{_pct(row['delivery_rate'], 2):>8} {_pct(row['duplicate_rate'], 2):>7} "
-        f"{_pct(row['dlq_rate'], 2):>7} {_ms(row['latency_p50_ms']):>8} "
-        f"{_ms(row['latency_p95_ms']):>8} {_ms(row['latency_p99_ms']):>8} "
-        f"{row['lost_candidates']:>5}  {verdict}"
-    )
+def _text_table(rows: list[Row]) -> list[str]:
+    width = max([7, *(len(r["subject"]) for r in rows)])
+    durable = max([7, *(len(r["durable"]) for r in rows)])
+    head = f"{'context':<10} {'durable':<{durable}} {'subject':<{width}}"
+    head += "".join(f" {name:>{w}}" for name, w in _COLUMNS_RIGHT) + "  verdict"
+    out = [head]
+    for row in rows:
+        values = (
+            str(row["produced"]), _pct(row["delivery_rate"], 2), _pct(row["duplicate_rate"], 2),
+            _pct(row["dlq_rate"], 2), _ms(row["latency_p50_ms"]), _ms(row["latency_p95_ms"]),
+            _ms(row["latency_p99_ms"]), str(row["lost_candidates"]),
+        )  # fmt: skip
+        line = f"{row['context']:<10} {row['durable']:<{durable}} {row['subject']:<{width}}"
+        line += "".join(f" {v:>{w}}" for v, (_, w) in zip(values, _COLUMNS_RIGHT, strict=True))
+        out.append(line + "  " + (", ".join(row["slo_breaches"]) or "ok"))
+    return out
+
+
+def summary_rows(totals: list[Row]) -> list[Row]:
+    """Totals worth a line: each durable's roll-up, its subjects only when it has several."""
+    subjects: dict[tuple[str, str], int] = {}
+    for row in totals:
+        if row["subject"] != ALL_SUBJECTS:
+            key = (row["context"], row["durable"])
+            subjects[key] = subjects.get(key, 0) + 1
+    return [
+        r
+        for r in totals
+        if r["subject"] == ALL_SUBJECTS or subjects.get((r["context"], r["durable"]), 0) > 1
+    ]
+
+
+def summary_findings(findings: list[Finding]) -> list[Finding]:
+    """Findings without a subject's repeat of its durable's roll-up finding."""
+    rolled = {(f.name, f.window_start, f.context, f.durable) for f in findings
+              if f.subject == ALL_SUBJECTS}  # fmt: skip
+    return [
+        f
+        for f in findings
+        if f.subject == ALL_SUBJECTS or (f.name, f.window_start, f.context, f.durable) not in rolled
+    ]
 
 
 def _describe(f: Finding) -> str:
@@ -164,16 +199,19 @@ def text_summary(report: Report, report_dir: Path | None) -> str:
     if report.note:
         lines.append(report.note)
     if report.totals:
-        lines += ["", _TEXT_HEAD, *(_text_row(r) for r in report.totals)]
+        lines += ["", *_text_table(summary_rows(report.totals))]
     for title, findings in (
-        ("targets missed (gate)", report.gate_findings),
-        ("targets missed (not gating)", report.other_findings),
-        ("INFRA-005 alerts", report.alerts),
+        ("targets missed (gate)", summary_findings(report.gate_findings)),
+        ("INFRA-005 alerts", summary_findings(report.alerts)),
     ):
         if findings:
-            lines += ["", f"{title}: {len(findings)}", *(_describe(f) for f in findings[:20])]
-            if len(findings) > 20:
-                lines.append(f"  ... and {len(findings) - 20} more (report.json)")
+            lines += ["", f"{title}: {len(findings)}", *(_describe(f) for f in findings[:12])]
+            if len(findings) > 12:
+                lines.append(f"  ... and {len(findings) - 12} more (report.json)")
+    if report.other_findings:
+        scope = "window" if report.gate == "total" else "run-total"
+        lines += ["", f"{scope} rows missing a target (not gating): {len(report.other_findings)}"
+                  " (report.html, report.json)"]  # fmt: skip
     if report.lost_count:
         lines += ["", f"lost candidates: {report.lost_count} (ids in report.json)"]
     if report_dir is not None:
@@ -204,9 +242,10 @@ def plot_latency(report: Report, path: Path) -> None:
                 f" (p50 {total['latency_p50_ms']:.1f}, p95 {total['latency_p95_ms']:.1f}, "
                 f"p99 {total['latency_p99_ms']:.1f} ms)"
             )
-        ax.stairs(counts, edges, label=label, linewidth=1.5)
+        artist = ax.stairs(counts, edges, label=label, linewidth=1.5)
         if total and total["latency_p99_ms"] is not None:
-            ax.axvline(max(total["latency_p99_ms"], 1e-3), linestyle=":", linewidth=1)
+            color = artist.get_edgecolor()
+            ax.axvline(max(total["latency_p99_ms"], 1e-3), color=color, linestyle=":", linewidth=1)
     ax.axvline(report.targets.p99_max_ms, color="red", linestyle="--", label="p99 target")
     ax.set_xscale("log")
     ax.set_xlabel("end-to-end latency, ms (occurred_at in source → processed_at in target)")
@@ -237,7 +276,7 @@ def _contiguous(bins: list[dict[str, Any]]) -> tuple[list[float], list[int]]:
 def _range_text(report: Report) -> str:
     if report.start is None or report.end is None:
         return "no data"
-    return f"{report.start:%Y-%m-%d %H:%M} → {report.end:%Y-%m-%d %H:%M} UTC"
+    return f"{report.start:%Y-%m-%d %H:%M:%S} → {report.end:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _series(rows: list[Row]) -> dict[str, list[Row]]:
@@ -248,10 +287,18 @@ def _series(rows: list[Row]) -> dict[str, list[Row]]:
     return {k: sorted(v, key=lambda r: r["window_start"]) for k, v in sorted(series.items())}
 
 
-def _panel(ax: Any, series: dict[str, list[Row]], column: str, scale: float, title: str) -> None:
+def _panel(
+    ax: Any,
+    series: dict[str, list[Row]],
+    column: str,
+    scale: float,
+    title: str,
+    *,
+    log: bool = False,
+) -> None:
     for label, rows in series.items():
         xs = [r["window_start"] for r in rows]
-        ys = [math.nan if r[column] is None else r[column] * scale for r in rows]
+        ys = [_point(r[column], scale, log=log) for r in rows]
         ax.plot(xs, ys, marker="o", markersize=3, label=label)
         bad = [(r["window_start"], y) for r, y in zip(rows, ys, strict=True)
                if (r["slo_breaches"] or r["alerts"]) and not math.isnan(y)]  # fmt: skip
@@ -259,6 +306,14 @@ def _panel(ax: Any, series: dict[str, list[Row]], column: str, scale: float, tit
             ax.scatter(*zip(*bad, strict=True), color="red", zorder=3, s=18)
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
+    if log:
+        ax.set_yscale("log")
+
+
+def _point(value: float | None, scale: float, *, log: bool) -> float:
+    if value is None or (log and value <= 0):
+        return math.nan
+    return float(value) * scale
 
 
 def plot_windows(report: Report, path: Path) -> None:
@@ -267,12 +322,14 @@ def plot_windows(report: Report, path: Path) -> None:
     fig = _figure(11, 10)
     axes = fig.subplots(4, 1, sharex=True)
     _panel(axes[0], series, "produced", 1.0, "events per window")
-    _panel(axes[1], series, "latency_p99_ms", 1.0, "end-to-end latency p99 (ms)")
+    _panel(axes[1], series, "latency_p99_ms", 1.0, "end-to-end latency p99 (ms)", log=True)
     axes[1].axhline(report.targets.p99_max_ms, color="red", linestyle="--", linewidth=1)
     _panel(axes[2], series, "dlq_rate", 100.0, "dead-letter rate (%)")
     axes[2].axhline(report.targets.dlq_max * 100, color="red", linestyle="--", linewidth=1)
-    _panel(axes[3], series, "lag_p50_ms", 0.001, "consumer lag, median publish → receipt (s)")
-    axes[3].axhline(report.rules.lag_ms / 1000, color="red", linestyle="--", linewidth=1)
+    _panel(
+        axes[3], series, "lag_p50_ms", 1.0, "consumer lag, median publish → receipt (ms)", log=True
+    )
+    axes[3].axhline(report.rules.lag_ms, color="red", linestyle="--", linewidth=1)
     if series:
         axes[0].legend(fontsize=8)
     fig.suptitle(f"KPIs per window · {report.topology} · {report.window_seconds}s windows")

@@ -153,6 +153,15 @@ class _Run:
         self.run_id = str(uuid.uuid4())
         self.started = datetime.now(UTC)
         self.conns: dict[str, asyncpg.Connection] = {}
+        #: Seconds spent per phase (in the JSON report: where a run's time goes).
+        self.timings: dict[str, float] = {}
+        self._lap = time.monotonic()
+
+    def lap(self, phase: str) -> None:
+        """Close the current phase's timing under ``phase``."""
+        now = time.monotonic()
+        self.timings[phase] = round(now - self._lap, 3)
+        self._lap = now
 
     def sync(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.aio.run(coro)
@@ -166,9 +175,11 @@ class _Run:
             )
             self.sync(kpi_store.lock())
             rng = self._range(kpi_store)
+            self.lap("check")
             if rng is None:
                 return self._nothing_to_do(time.monotonic() - clock)
             computed = self._compute(rng)
+            self.lap("spark")
             return self._judge_and_write(kpi_store, rng, computed, clock)
         finally:
             for conn in self.conns.values():
@@ -330,8 +341,11 @@ class _Run:
         )
         if not self.request.dry_run:
             self.sync(kpi_store.write(self._write_set(rng, report, directory)))
+        self.lap("judge_and_write")
+        report.timings = self.timings
         report.duration_seconds = time.monotonic() - clock
         write_report(report, directory, keep=self.settings.kpi_keep_reports)
+        self.lap("report")
         return RunOutcome(code, report, directory, text_summary(report, directory))
 
     def _write_set(self, rng: RunRange, report: Report, directory: Path) -> store.WriteSet:
