@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import shutil
 import sys
 import tempfile
@@ -117,6 +118,8 @@ class World:
         self.links: dict[str, ProxyLink] = {}
         self.roles: dict[str, Role] = {}
         self.handler_ports: dict[str, int] = {}
+        #: Per-durable secrets: consumers sign handler calls, handlers verify (as deployed).
+        self.secrets: dict[str, str] = {}
         self._pg_base: Path | None = None
 
     # -- accessors ---------------------------------------------------------------------
@@ -214,6 +217,7 @@ class World:
         topo = self.topo
         # Every port at once: separate free_port() calls may hand out one port twice.
         self._ports = iter(free_ports(3 * len(topo.durables) + 4 * len(topo.contexts) + 4))
+        self.secrets = {name: secrets.token_urlsafe(24) for name in topo.durables}
         targets = sorted({d.target for d in topo.durables.values()})
         for service in targets:
             self.handler_ports[service] = next(self._ports)
@@ -288,6 +292,9 @@ class World:
             settings["FERRY_HANDLER_URL"] = f"http://127.0.0.1:{ports['handler']}/handle"
         if kind == "consumer":
             settings["FERRY_DURABLE"] = next(iter(durables))
+            settings["FERRY_HANDLER_SECRET"] = self.secrets[settings["FERRY_DURABLE"]]
+        if kind == "handler":
+            settings["FERRY_HANDLER_SECRETS"] = json.dumps({d: self.secrets[d] for d in durables})
         self.roles[name] = Role(
             name=name,
             kind=kind,
