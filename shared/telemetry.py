@@ -90,6 +90,9 @@ class _State:
     tracer: trace.Tracer | None = None
     provider: TracerProvider | None = None
     instrumented: list[Any] = field(default_factory=list)
+    #: The sampler follows the parent's decision: a child of an unsampled span can skip
+    #: the SDK altogether (most hops at a 10 % ratio).
+    parent_based: bool = False
 
 
 _state = _State()
@@ -99,6 +102,7 @@ def use_tracer_provider(provider: TracerProvider | None) -> None:
     """Make ``provider`` Ferry's tracer provider (None: tracing off again)."""
     _state.provider = provider
     _state.tracer = None if provider is None else provider.get_tracer(TRACER_NAME)
+    _state.parent_based = provider is not None and isinstance(provider.sampler, ParentBased)
 
 
 def active() -> bool:
@@ -365,9 +369,17 @@ def start_span(
     parent: Context | None = None,
     links: Sequence[Link] = (),
 ) -> Span | None:
-    """A started span, or None when tracing is off (callers test for None)."""
+    """A started span, or None when tracing is off (callers test for None).
+
+    Under a parent-based sampler, the child of an unsampled span is that span's context
+    as a non-recording span: the decision travels on, nothing is built.
+    """
     if _state.tracer is None:
         return None
+    if _state.parent_based:
+        parent_ctx = trace.get_current_span(parent).get_span_context()
+        if parent_ctx.is_valid and not parent_ctx.trace_flags.sampled:
+            return trace.NonRecordingSpan(parent_ctx)
     return _state.tracer.start_span(
         name, context=parent, kind=kind, attributes=attributes, links=list(links)
     )

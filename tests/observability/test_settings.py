@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import SpanKind
 
@@ -58,3 +61,26 @@ def test_sampler_keeps_ratio_of_new_traces_and_drops_orphan_queries() -> None:
     assert 800 < kept < 1200  # the ratio is a threshold on the trace id: ~10 % of spread ids
     query = sampler.should_sample(None, 2**60, "SELECT", attributes={"db.system": "postgresql"})
     assert query.decision is Decision.DROP
+
+
+def test_children_of_unsampled_traces_record_nothing_and_keep_the_decision() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=telemetry.build_sampler("parentbased_traceidratio", 0.1))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry.use_tracer_provider(provider)
+    try:
+        trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+        for flags, recorded in (("00", False), ("01", True)):
+            parent = telemetry.remote_context(f"00-{trace_id}-00f067aa0ba902b7-{flags}")
+            span = telemetry.start_span("process s", kind=SpanKind.CONSUMER, attributes={},
+                                        parent=parent)  # fmt: skip
+            assert span is not None and span.is_recording() is recorded
+            headers: dict[str, str] = {}
+            telemetry.inject(headers, span)
+            assert headers["traceparent"].split("-")[1] == trace_id
+            assert headers["traceparent"].endswith(f"-{flags}")
+            telemetry.end_span(span)
+        assert [s.name for s in exporter.get_finished_spans()] == ["process s"]
+    finally:
+        telemetry.use_tracer_provider(None)
+        provider.shutdown()
