@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import statistics
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,12 +27,15 @@ from typing import Any
 import asyncpg
 
 from devstack import demo_dlq
+from shared.adapters.postgres import Conn
 from shared.domain.envelope import format_timestamp
 from shared.producer import record_event
 from shared.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPOLOGIES = ("topologies/sea-vibespro.yaml", "topologies/mediation.yaml")
+#: Share of commands written by plain SQL with a payload that breaks its schema.
+RAW_INVALID_SHARE = 0.003
 #: Seconds the scripted "bug" rejects an event (1 % of them) before it is "fixed".
 REJECT_FOR = 3.0
 #: (context, aggregate type, event type, version, payload builder)
@@ -66,6 +71,26 @@ def payload_for(event_type: str, version: int, key: str, rng: random.Random) -> 
     elif roll < 0.05:
         payload["_ferry_test"] = {"fail_attempts": 1}
     return payload
+
+
+async def record_raw_invalid(
+    conn: Conn, aggregate: str, key: str, event_type: str, version: int
+) -> None:
+    """A non-Python producer's plain SQL insert whose payload breaks the event's schema.
+
+    Nothing checks it on the way in; the consumer validates it against the manifests,
+    and dead-letters it as SCHEMA_INVALID (held: the same bytes can never pass).
+    """
+    await conn.execute(
+        "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type,"
+        " event_version, payload) VALUES ($1, $2, $3, $4, $5, $6::jsonb)",
+        uuid.uuid4(),
+        aggregate,
+        key,
+        event_type,
+        version,
+        json.dumps({"unexpected": key}),
+    )
 
 
 @dataclass
@@ -108,14 +133,17 @@ class Demo:
                 aggregate,
                 key,
             )
-            await record_event(
-                conn,
-                aggregate_type=aggregate,
-                aggregate_id=key,
-                event_type=event_type,
-                event_version=version,
-                payload=payload_for(event_type, version, key, rng),
-            )
+            if rng.random() < RAW_INVALID_SHARE:
+                await record_raw_invalid(conn, aggregate, key, event_type, version)
+            else:
+                await record_event(
+                    conn,
+                    aggregate_type=aggregate,
+                    aggregate_id=key,
+                    event_type=event_type,
+                    event_version=version,
+                    payload=payload_for(event_type, version, key, rng),
+                )
         self.produced += 1
 
     async def counts(self) -> dict[str, int]:
@@ -221,7 +249,7 @@ def summary(produced: int, c: dict[str, int], expected: int, lost: int, lat: lis
     print(f"  published                {c['published']}")
     print(f"  deliveries expected      {expected}")
     print(f"  processed                {c['processed']}")
-    print(f"  dead-lettered            {c['failed']} (poison, and rejects not yet replayed)")
+    print(f"  dead-lettered            {c['failed']} (poison, bad schema, not yet replayed)")
     print(f"  duplicates skipped       {c['duplicates']}")
     print(f"  lost                     {lost}")
     print(
