@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,16 @@ from nats.aio.client import Client as NATS
 
 from chaos.accounting import Accounts, count_everything
 from chaos.faults import FaultInjector, FaultRecord, Timeline
-from chaos.schedule import FAULT_KINDS, Schedule, Targets, ci_schedule, soak_schedule
+from chaos.schedule import (
+    FAULT_KINDS,
+    FaultSpecError,
+    Schedule,
+    Targets,
+    ci_schedule,
+    custom_schedule,
+    parse_fault,
+    soak_schedule,
+)
 from chaos.workload import Ledger, Producer, plan_events
 from chaos.world import World
 from shared.adapters.nats import connect_nats
@@ -63,6 +72,8 @@ class RunConfig:
     run_dir: Path = Path(tempfile.gettempdir()) / "ferry-chaos"
     drain_timeout: float | None = None
     progress_every: float = 5.0
+    #: ``AT:KIND[:TARGET[:DURATION]]`` faults of the ``custom`` schedule.
+    faults: tuple[str, ...] = ()
     echo: Callable[[str], None] = field(default=print, repr=False)
 
 
@@ -114,10 +125,14 @@ def make_schedule(config: RunConfig, world: World) -> Schedule:
         schedule = ci_schedule(config.seed, targets, **sizes)
     elif config.schedule == "soak":
         schedule = soak_schedule(config.seed, targets, **sizes)
+    elif config.schedule == "custom":
+        seconds = float(sizes.get("seconds", 60.0))
+        planned = [parse_fault(text, targets, seconds) for text in config.faults]
+        schedule = custom_schedule(config.seed, planned, **sizes)
     else:
-        raise ValueError(f"unknown schedule {config.schedule!r} (ci or soak)")
+        raise ValueError(f"unknown schedule {config.schedule!r} (ci, soak or custom)")
     if config.drain_timeout is not None:
-        schedule = Schedule(**{**asdict(schedule), "drain_timeout": config.drain_timeout})
+        schedule = replace(schedule, drain_timeout=config.drain_timeout)
     return schedule
 
 
@@ -561,7 +576,14 @@ async def run_chaos(config: RunConfig) -> RunResult:
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     parser = argparse.ArgumentParser(prog="python -m chaos.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--schedule", choices=("ci", "soak"), default="ci")
+    parser.add_argument("--schedule", choices=("ci", "soak", "custom"), default="ci")
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="AT:KIND[:TARGET[:DURATION]]",
+        help="a fault of the custom schedule (repeatable), e.g. 10:kill_nats",
+    )
     parser.add_argument("--seconds", type=float, help="length of the fault phase")
     parser.add_argument("--events", type=int, help="events to commit over the fault phase")
     parser.add_argument("--seed", type=int, help="seed of the plan (default: random, printed)")
@@ -571,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
         "--progress", type=float, default=5.0, help="seconds between progress lines"
     )
     args = parser.parse_args(argv)
+    if bool(args.fault) != (args.schedule == "custom"):
+        parser.error("--fault goes with --schedule custom, and custom needs at least one --fault")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**9)
     run_dir = args.out or Path(tempfile.gettempdir()) / "ferry-chaos" / (
         f"{args.schedule}-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -589,12 +613,16 @@ def main(argv: list[str] | None = None) -> int:
         run_dir=run_dir,
         drain_timeout=args.drain_timeout,
         progress_every=args.progress,
+        faults=tuple(args.fault),
     )
     try:
         result = asyncio.run(run_chaos(config))
     except KeyboardInterrupt:
         print(f"interrupted (seed {seed}); logs in {run_dir}", file=sys.stderr)
         return 130
+    except FaultSpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:
         print(f"chaos run could not be set up (seed {seed}): {exc}", file=sys.stderr)
         log.exception("setup failed")

@@ -194,3 +194,55 @@ def _aim(rng: random.Random, kind: str, targets: Targets) -> tuple[str, float]:
     if kind.startswith("nats_"):
         return rng.choice(targets.nats_roles), rng.uniform(2.0, 5.0)
     return rng.choice(targets.links), rng.uniform(1.0, 4.0)  # link_down
+
+
+class FaultSpecError(ValueError):
+    """A ``--fault`` argument that names no usable fault; the message says which part."""
+
+
+def _valid_targets(kind: str, targets: Targets) -> tuple[str, ...]:
+    """The targets a fault kind takes (empty: it takes none)."""
+    if kind.startswith("kill_publisher"):
+        return targets.publishers
+    if kind.startswith("kill_consumer") or kind.startswith("handler_"):
+        return targets.consumers
+    if kind.startswith("pg_"):
+        return targets.pg_roles
+    if kind in ("nats_slicer", "nats_bandwidth"):
+        return targets.nats_roles
+    if kind == "link_down":
+        return targets.links
+    return ()
+
+
+def parse_fault(text: str, targets: Targets, seconds: float) -> PlannedFault:
+    """``AT:KIND[:TARGET[:DURATION]]``, e.g. ``10:link_down:consumer-sea__from_vibespro_pg:40``."""
+    parts = text.split(":")
+    if not 2 <= len(parts) <= 4:
+        raise FaultSpecError(f"--fault {text!r}: expected AT:KIND[:TARGET[:DURATION]]")
+    at_text, kind, target, duration_text = (*parts, "", "")[:4]
+    try:
+        at, duration = float(at_text), float(duration_text or 0)
+    except ValueError:
+        raise FaultSpecError(f"--fault {text!r}: AT and DURATION are seconds") from None
+    if kind not in FAULT_KINDS:
+        raise FaultSpecError(
+            f"--fault {text!r}: unknown kind {kind!r} (known: {', '.join(FAULT_KINDS)})"
+        )
+    if not 0 <= at < seconds:
+        raise FaultSpecError(f"--fault {text!r}: AT must be within the {seconds:.0f}s fault phase")
+    allowed = _valid_targets(kind, targets)
+    if allowed and target not in allowed:
+        raise FaultSpecError(f"--fault {text!r}: {kind} needs a target among {', '.join(allowed)}")
+    if not allowed and target:
+        raise FaultSpecError(f"--fault {text!r}: {kind} takes no target")
+    return PlannedFault(at, kind, target, duration)
+
+
+def custom_schedule(
+    seed: int, faults: list[PlannedFault], *, seconds: float = 60.0, events: int = 2000
+) -> Schedule:
+    """Exactly the faults given (``--fault``), for reproducing one situation."""
+    ordered = tuple(sorted(faults, key=lambda f: f.at))
+    kinds = tuple(sorted({f.kind for f in ordered}))
+    return Schedule("custom", seed, seconds, events, ordered, drain_timeout=180.0, kinds=kinds)
