@@ -8,6 +8,8 @@
     ferry registry generate|check the handler registry from the manifests (shared/registry_cli.py)
     ferry lint [--topology FILE]  the configuration lint every role runs at start
     ferry where MESSAGE_ID        every hop of one event (shared/journey.py)
+    ferry nats-auth               the nats-server users and permissions of the topologies
+    ferry db-roles [--check]      PostgreSQL logins and grants per role (shared/db_access.py)
 
 All read FERRY_* settings (README.md). ``--json`` prints machine-readable output.
 Exit codes: 0 ok, 1 drift or refusal found, 2 configuration error, 3 cannot connect.
@@ -22,12 +24,12 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from shared import registry_cli
+from shared import access_cli, registry_cli
 from shared.adapters import inbox, outbox
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import connect, migrate_database, redact
 from shared.dlq_cli import add_dlq_commands, check_key
-from shared.domain.errors import ConfigurationError, TransientError
+from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
 from shared.journey import add_where_command
 from shared.provision import is_clean, provision
 from shared.runtime import EXIT_CONFIG, EXIT_CONNECT
@@ -55,7 +57,9 @@ async def cmd_migrate(settings: CommonSettings, args: argparse.Namespace) -> int
 async def cmd_provision(settings: CommonSettings, args: argparse.Namespace) -> int:
     """Provision (or with --check, compare) streams and consumers."""
     topology = settings.load_topology()
-    nc = await connect_nats(settings.nats_servers(), name="ferry-provision", give_up_after=10)
+    nc = await connect_nats(
+        settings.nats_servers(), name="ferry-provision", auth=settings.nats_auth(), give_up_after=10
+    )
     try:
         changes = await provision(
             nc.jetstream(), topology, apply=not args.check, caps=settings.stream_caps()
@@ -128,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (migrate, prov, out, inb):
         p.add_argument("--json", action="store_true", help="machine-readable output")
     registry_cli.add_commands(sub)
+    access_cli.add_commands(sub)
     return parser
 
 
@@ -140,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     func: Command = args.func
     try:
         return asyncio.run(func(settings, args))
+    except AccessDenied as exc:
+        print(f"ferry: {exc}", file=sys.stderr)
+        return EXIT_CONNECT
     except ConfigurationError as exc:
         print(f"ferry: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -232,7 +232,9 @@ async def cmd_replay(settings: CommonSettings, args: argparse.Namespace) -> int:
         print(f"{len(rows)} would be replayed (dry run: nothing changed)")
         return 0
     topology = settings.load_topology()
-    nc = await connect_nats(settings.nats_servers(), name="ferry-dlq", give_up_after=10)
+    nc = await connect_nats(
+        settings.nats_servers(), name="ferry-dlq", auth=settings.nats_auth(), give_up_after=10
+    )
     failures = 0
     try:
         for index, row in enumerate(rows):

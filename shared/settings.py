@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.adapters.nats import NatsAuth
 from shared.domain.durations import parse_size
 from shared.domain.errors import ConfigurationError
 from shared.provision import Caps
@@ -74,6 +75,25 @@ class CommonSettings(BaseSettings):
     log_level: str = "INFO"
     #: Seconds between client PINGs; a dead link is noticed after ~3 missed ones.
     nats_ping_interval: float = 2.0
+    # NATS credentials and TLS (README: Security). Each role has its own user; the password
+    # comes from the variable or, better, from a file (a mounted Kubernetes Secret).
+    #: NATS user name (the role's identity, e.g. ``outbox-publisher-sea``); unset: anonymous.
+    nats_user: str | None = None
+    #: Password of ``nats_user``.
+    nats_password: SecretStr | None = None
+    #: File holding the password instead; wins when both are set.
+    nats_password_file: Path | None = None
+    #: NATS ``.creds`` file (JWT + nkey seed, operator mode) instead of user/password.
+    nats_creds_file: Path | None = None
+    #: File holding an nkey seed (``SU...``) instead of user/password.
+    nats_nkey_seed_file: Path | None = None
+    #: CA bundle that verifies the NATS server (TLS); unset: the system CAs.
+    nats_tls_ca: Path | None = None
+    #: Client certificate and key for mutual TLS.
+    nats_tls_cert: Path | None = None
+    nats_tls_key: Path | None = None
+    #: Start TLS before the server speaks (server option ``handshake_first``): no downgrade.
+    nats_tls_handshake_first: bool = False
 
     # Telemetry (shared/telemetry.py, shared/metrics.py). Each falls back to the standard
     # OpenTelemetry variable; the OTLP exporters read OTEL_EXPORTER_OTLP_* themselves.
@@ -145,6 +165,22 @@ class CommonSettings(BaseSettings):
     def nats_servers(self) -> list[str]:
         """``nats_url`` split into a list."""
         return [url.strip() for url in self.nats_url.split(",") if url.strip()]
+
+    def nats_auth(self) -> NatsAuth:
+        """This process's NATS credentials and TLS files (the password read from its file)."""
+        secret = read_secret(self.nats_password, self.nats_password_file, "FERRY_NATS_PASSWORD")
+        if secret is not None and self.nats_user is None:
+            raise ConfigurationError("FERRY_NATS_PASSWORD(_FILE) is set but FERRY_NATS_USER is not")
+        return NatsAuth(
+            user=self.nats_user,
+            password=None if secret is None else secret.decode(),
+            creds_file=self.nats_creds_file,
+            nkey_seed_file=self.nats_nkey_seed_file,
+            tls_ca=self.nats_tls_ca,
+            tls_cert=self.nats_tls_cert,
+            tls_key=self.nats_tls_key,
+            tls_handshake_first=self.nats_tls_handshake_first,
+        )
 
 
 class PublisherSettings(CommonSettings):

@@ -49,6 +49,7 @@ class Connected:
             settings.nats_servers(),
             name=name,
             ping_interval=settings.nats_ping_interval,
+            auth=settings.nats_auth(),
             on_state=self._state,
         )
         return self.nc

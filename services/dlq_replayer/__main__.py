@@ -7,10 +7,16 @@ import asyncio
 import logging
 import sys
 
-from shared.domain.errors import ConfigurationError
+from shared.domain.errors import AccessDenied, ConfigurationError
 from shared.lint import require_clean_topology
 from shared.metrics import ReplayerMetrics, RoleMetrics
-from shared.runtime import EXIT_CONFIG, configure_logging, postgres_probes, stop_on_signals
+from shared.runtime import (
+    EXIT_CONFIG,
+    EXIT_CONNECT,
+    configure_logging,
+    postgres_probes,
+    stop_on_signals,
+)
 from shared.settings import ReplayerSettings
 from shared.telemetry import setup_tracing
 from shared.wiring import Connected, close_all, serve, target_pools
@@ -75,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(ROLE, settings.log_level)
     try:
         return asyncio.run(_main(settings))
+    except AccessDenied as exc:
+        log.error("%s", exc)
+        return EXIT_CONNECT
     except ConfigurationError as exc:
         log.error("configuration error: %s", exc)
         return EXIT_CONFIG

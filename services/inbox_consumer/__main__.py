@@ -12,13 +12,14 @@ import sys
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import create_pool_when_up
 from shared.domain.ack import RetryPolicy
-from shared.domain.errors import ConfigurationError
+from shared.domain.errors import AccessDenied, ConfigurationError
 from shared.lint import require_clean_topology
 from shared.metrics import ConsumerMetrics, RoleMetrics
 from shared.registry import AcceptedEvents
 from shared.registry import accepted_events as registry_accepted
 from shared.runtime import (
     EXIT_CONFIG,
+    EXIT_CONNECT,
     EXIT_DRAIN_TIMEOUT,
     EXIT_OK,
     HealthServer,
@@ -55,6 +56,7 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
         settings.nats_servers(),
         name=f"{ROLE}:{settings.durable}",
         ping_interval=settings.nats_ping_interval,
+        auth=settings.nats_auth(),
         on_state=lambda up: nats_up.__setitem__("connected", up),
     )
     secret = settings.signing_secret()
@@ -134,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(ROLE, settings.log_level)
     try:
         return asyncio.run(_main(settings))
+    except AccessDenied as exc:
+        log.error("%s", exc)
+        return EXIT_CONNECT
     except ConfigurationError as exc:
         log.error("configuration error: %s", exc)
         return EXIT_CONFIG

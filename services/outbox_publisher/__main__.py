@@ -10,11 +10,12 @@ import sys
 from shared.adapters.nats import connect_nats
 from shared.adapters.notify import listen
 from shared.adapters.postgres import create_pool_when_up
-from shared.domain.errors import ConfigurationError
+from shared.domain.errors import AccessDenied, ConfigurationError
 from shared.lint import PublisherTiming, require_clean_topology
 from shared.metrics import PublisherMetrics, RoleMetrics
 from shared.runtime import (
     EXIT_CONFIG,
+    EXIT_CONNECT,
     EXIT_DRAIN_TIMEOUT,
     EXIT_OK,
     HealthServer,
@@ -48,6 +49,7 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
         settings.nats_servers(),
         name=f"{ROLE}:{settings.context}",
         ping_interval=settings.nats_ping_interval,
+        auth=settings.nats_auth(),
         on_state=lambda up: nats_up.__setitem__("connected", up),
     )
     metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
@@ -126,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(ROLE, settings.log_level)
     try:
         return asyncio.run(_main(settings))
+    except AccessDenied as exc:
+        log.error("%s", exc)
+        return EXIT_CONNECT
     except ConfigurationError as exc:
         log.error("configuration error: %s", exc)
         return EXIT_CONFIG

@@ -3,19 +3,29 @@
 nats-py's defaults are wrong for a role that must never silently stop (DESIGN §6a):
 it gives up reconnecting after about two minutes, and with a two-minute ping interval a
 black-holed link goes unnoticed for minutes. Every role connects through here.
+
+Credentials and TLS come from :class:`NatsAuth` (built from settings by
+:meth:`shared.settings.CommonSettings.nats_auth`). A server that refuses them ends the
+first connection attempt at once with :class:`~shared.domain.errors.AccessDenied`
+(roles exit 3), naming the server and the user, never the password: retrying a wrong
+password forever would only hide the mistake.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-import nats
 from nats.aio.client import Client as NATS
-from nats.errors import NoServersError
 
-from shared.domain.errors import ConfigurationError
+from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
+from shared.nats_auth import inbox_prefix
 
 log = logging.getLogger("ferry.nats")
 
@@ -23,8 +33,112 @@ log = logging.getLogger("ferry.nats")
 MAX_OUTSTANDING_PINGS = 3
 #: Pause between reconnect attempts; reconnects never stop (-1).
 RECONNECT_WAIT_SECONDS = 0.5
-#: Upper bound of the wait between initial connection attempts.
-INITIAL_CONNECT_MAX_WAIT = 5.0
+#: What the server says when it refuses the credentials (lower-cased).
+_REFUSALS = ("authorization violation", "authentication expired", "authentication timeout")
+
+
+@dataclass(frozen=True)
+class NatsAuth:
+    """Who a client is and how it secures the link; all optional (an open dev server).
+
+    ``user``/``password``: a user of the server's ``authorization`` block;
+    ``creds_file``: a JWT ``.creds`` file (operator mode); ``nkey_seed_file``: an nkey
+    seed. ``tls_ca`` verifies the server, ``tls_cert``/``tls_key`` authenticate the client
+    (mutual TLS); ``tls_handshake_first`` starts TLS before the server speaks (nothing,
+    not even the INFO line, travels in clear; the server needs ``handshake_first``).
+    """
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    creds_file: Path | None = None
+    nkey_seed_file: Path | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_handshake_first: bool = False
+
+    def wants_tls(self, servers: list[str]) -> bool:
+        """TLS when any URL says ``tls://`` or any TLS file is given."""
+        schemes = {urlsplit(s).scheme for s in servers}
+        return "tls" in schemes or any((self.tls_ca, self.tls_cert, self.tls_key))
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A verifying client context (system CAs unless ``tls_ca``), with the client cert."""
+        try:
+            context = ssl.create_default_context(cafile=str(self.tls_ca) if self.tls_ca else None)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(f"FERRY_NATS_TLS_CA {self.tls_ca}: {exc}") from exc
+        if self.tls_cert is not None or self.tls_key is not None:
+            if self.tls_cert is None:
+                raise ConfigurationError("FERRY_NATS_TLS_KEY is set without FERRY_NATS_TLS_CERT")
+            try:
+                context.load_cert_chain(
+                    str(self.tls_cert), str(self.tls_key) if self.tls_key else None
+                )
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigurationError(
+                    f"FERRY_NATS_TLS_CERT {self.tls_cert} / FERRY_NATS_TLS_KEY {self.tls_key}: "
+                    f"{exc}"
+                ) from exc
+        return context
+
+    def options(self, servers: list[str]) -> dict[str, Any]:
+        """Keyword arguments of ``nats.connect`` for these credentials."""
+        options: dict[str, Any] = {}
+        if self.user is not None:
+            options["user"] = self.user
+            options["password"] = self.password
+            # A private reply inbox: the server lets this user subscribe only below it.
+            options["inbox_prefix"] = inbox_prefix(self.user)
+        if self.creds_file is not None:
+            options["user_credentials"] = str(self.creds_file)
+        if self.nkey_seed_file is not None:
+            options["nkeys_seed"] = str(self.nkey_seed_file)
+        if self.wants_tls(servers):
+            options["tls"] = self.ssl_context()
+            options["tls_handshake_first"] = self.tls_handshake_first
+        return options
+
+
+def redact_url(url: str) -> str:
+    """``url`` without any user or password in it."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def _refused(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(reason in text for reason in _REFUSALS)
+
+
+class _Events:
+    """The connection's callbacks: log, report state, catch a refusal of the first attempt."""
+
+    def __init__(self, on_state: Callable[[bool], None] | None) -> None:
+        self.on_state = on_state
+        self.connected = False
+        self.last_error: str | None = None
+        self.refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def disconnected(self) -> None:
+        log.warning("nats disconnected", extra={"role_event": "nats_disconnected"})
+        if self.on_state:
+            self.on_state(False)
+
+    async def reconnected(self) -> None:
+        log.info("nats reconnected")
+        if self.on_state:
+            self.on_state(True)
+
+    async def error(self, exc: Exception) -> None:
+        if not self.connected and _refused(exc):
+            if not self.refused.done():
+                self.refused.set_result(str(exc))
+            return
+        self.last_error = str(exc) or type(exc).__name__
+        log.warning("nats error: %s", exc)
 
 
 async def connect_nats(
@@ -32,59 +146,54 @@ async def connect_nats(
     *,
     name: str,
     ping_interval: float = 2.0,
-    user: str | None = None,
-    password: str | None = None,
+    auth: NatsAuth | None = None,
     on_state: Callable[[bool], None] | None = None,
     give_up_after: float | None = None,
 ) -> NATS:
-    """Connect, retrying the first connection with back-off; reconnect forever afterwards.
+    """Connect, retrying the first connection; reconnect forever afterwards.
 
     ``on_state(connected)`` is called on every disconnect and reconnect (for /readyz).
-    ``give_up_after`` bounds the initial attempts (seconds); None retries forever.
+    ``give_up_after`` bounds the wait for a reachable server (seconds; then
+    :class:`TransientError`); None waits forever. Refused credentials raise
+    :class:`AccessDenied` at once.
     """
-
-    async def disconnected() -> None:
-        log.warning("nats disconnected", extra={"role_event": "nats_disconnected"})
-        if on_state:
-            on_state(False)
-
-    async def reconnected() -> None:
-        log.info("nats reconnected")
-        if on_state:
-            on_state(True)
-
-    async def error(exc: Exception) -> None:
-        log.warning("nats error: %s", exc)
-
-    loop = asyncio.get_running_loop()
-    deadline = None if give_up_after is None else loop.time() + give_up_after
-    wait = 0.2
-    while True:
-        try:
-            nc = await nats.connect(
-                servers=servers,
-                name=name,
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=RECONNECT_WAIT_SECONDS,
-                ping_interval=ping_interval,
-                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
-                connect_timeout=2,
-                user=user,
-                password=password,
-                disconnected_cb=disconnected,
-                reconnected_cb=reconnected,
-                error_cb=error,
-            )
-        except (NoServersError, OSError, TimeoutError) as exc:
-            if deadline is not None and loop.time() + wait > deadline:
-                raise ConfigurationError(
-                    f"cannot reach NATS at {', '.join(servers)}: {exc}"
-                ) from exc
-            log.warning("nats not reachable at %s (%s); retrying in %.1fs", servers, exc, wait)
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, INITIAL_CONNECT_MAX_WAIT)
-            continue
+    auth = auth or NatsAuth()
+    events = _Events(on_state)
+    options: dict[str, Any] = {
+        "servers": servers,
+        "name": name,
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": RECONNECT_WAIT_SECONDS,
+        "ping_interval": ping_interval,
+        "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
+        "connect_timeout": 2,
+        "disconnected_cb": events.disconnected,
+        "reconnected_cb": events.reconnected,
+        "error_cb": events.error,
+        **auth.options(servers),
+    }
+    nc = NATS()
+    attempt: asyncio.Future[Any] = asyncio.ensure_future(nc.connect(**options))
+    waiting: set[asyncio.Future[Any]] = {attempt, events.refused}
+    done, _ = await asyncio.wait(
+        waiting, timeout=give_up_after, return_when=asyncio.FIRST_COMPLETED
+    )
+    if attempt in done:
+        attempt.result()
+        events.connected = True
         if on_state:
             on_state(True)
         return nc
+    attempt.cancel()
+    await asyncio.gather(attempt, return_exceptions=True)
+    await nc.close()
+    where = ", ".join(redact_url(s) for s in servers)
+    if events.refused.done():
+        who = f"user {auth.user!r}" if auth.user else "an anonymous client"
+        raise AccessDenied(
+            f"NATS at {where} refused {who}: authorization violation "
+            "(check FERRY_NATS_USER and FERRY_NATS_PASSWORD / _FILE, or the creds file)"
+        )
+    last = f" (last error: {events.last_error})" if events.last_error else ""
+    raise TransientError(f"cannot reach NATS at {where} within {give_up_after}s{last}")

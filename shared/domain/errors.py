@@ -45,3 +45,11 @@ class OutboxValidationError(FerryError, ValueError):
         self.code = code
         self.field = field
         self.reason = reason
+
+
+class AccessDenied(ConfigurationError):
+    """A server refused this process's credentials (wrong user, password or certificate).
+
+    A configuration error, but reported as "cannot connect" (exit 3): the process is fine,
+    its secret or the server's authorization is not.
+    """

@@ -1,0 +1,171 @@
+"""Who is who: the process-role identities of a topology and where their secrets live.
+
+Every process role of a topology gets an identity of its own, named like its program in
+``supervisord.conf`` (``outbox-publisher-sea``, ``inbox-consumer-cg_f_ingest``,
+``dlq-router-mediation``). The NATS user (:mod:`shared.nats_auth`) and the PostgreSQL
+login (:mod:`shared.db_access`) of a process are derived from it, so one name follows a
+process from its supervisord program through its NATS connection to its database session.
+
+Provisioning and migrations use separate administrative identities that no long-running
+role holds: the NATS user :data:`NATS_ADMIN` and the PostgreSQL owner :data:`DB_OWNER`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from shared.domain.errors import ConfigurationError
+from shared.topology import Topology
+
+Kind = Literal[
+    "outbox-publisher",
+    "inbox-consumer",
+    "dlq-router",
+    "dlq-replayer",
+    "handler",
+    "producer",
+    "kpi-spark-job",
+]
+
+#: The NATS user of ``ferry provision`` and operator commands (all permissions).
+NATS_ADMIN = "ferry-admin"
+#: The PostgreSQL role that owns every Ferry table and runs ``ferry migrate``.
+DB_OWNER = "ferry_owner"
+#: Kinds that talk to NATS (handlers, producers and the KPI job only use PostgreSQL).
+NATS_KINDS: tuple[Kind, ...] = ("outbox-publisher", "inbox-consumer", "dlq-router", "dlq-replayer")
+#: PostgreSQL limits identifiers to 63 bytes.
+_PG_NAME_MAX = 63
+_PG_UNSAFE = re.compile(r"[^a-z0-9_]")
+
+
+@dataclass(frozen=True, order=True)
+class Identity:
+    """One process role of a topology: ``kind`` of ``of`` (a context, durable or topology)."""
+
+    kind: Kind
+    of: str
+
+    @property
+    def name(self) -> str:
+        """``{kind}-{of}``: the supervisord program name and the NATS user name."""
+        return f"{self.kind}-{self.of}"
+
+    @property
+    def pg_role(self) -> str:
+        """The PostgreSQL login: ``ferry_`` + the name in lower snake case."""
+        return pg_role_name(self.name)
+
+    @property
+    def uses_nats(self) -> bool:
+        """Whether this role connects to NATS."""
+        return self.kind in NATS_KINDS
+
+
+def pg_role_name(name: str) -> str:
+    """``ferry_`` + ``name`` with every character PostgreSQL would need quoted replaced."""
+    role = "ferry_" + _PG_UNSAFE.sub("_", name.lower())
+    if len(role) > _PG_NAME_MAX:
+        raise ConfigurationError(
+            f"PostgreSQL role {role!r} is longer than {_PG_NAME_MAX} characters; "
+            "shorten the context, durable or topology name"
+        )
+    return role
+
+
+def handler_contexts(topology: Topology) -> list[str]:
+    """Contexts that run a handler service: the targets of the topology's durables."""
+    return sorted({d.target for d in topology.durables.values()})
+
+
+def identities(topology: Topology) -> list[Identity]:
+    """Every process role of ``topology``, in a stable order."""
+    found: list[Identity] = []
+    for name, ctx in sorted(topology.contexts.items()):
+        if ctx.stream is not None:
+            found.append(Identity("outbox-publisher", name))
+            found.append(Identity("producer", name))
+    found += [Identity("inbox-consumer", name) for name in sorted(topology.durables)]
+    found += [Identity("handler", name) for name in handler_contexts(topology)]
+    found += [
+        Identity("dlq-router", topology.name),
+        Identity("dlq-replayer", topology.name),
+        Identity("kpi-spark-job", topology.name),
+    ]
+    return found
+
+
+def identity_named(topologies: list[Topology], name: str) -> Identity:
+    """The identity called ``name`` in any of ``topologies``; a clear error otherwise."""
+    for topology in topologies:
+        for identity in identities(topology):
+            if identity.name == name:
+                return identity
+    known = sorted({i.name for t in topologies for i in identities(t)})
+    raise ConfigurationError(f"no role called {name!r} (known: {', '.join(known)})")
+
+
+def check_unique(topologies: list[Topology]) -> None:
+    """Refuse topologies whose roles would share a name (one NATS server, one cluster)."""
+    seen: dict[str, str] = {}
+    for topology in topologies:
+        for identity in identities(topology):
+            other = seen.setdefault(identity.name, topology.name)
+            if other != topology.name:
+                raise ConfigurationError(
+                    f"role {identity.name!r} exists in topologies {other!r} and "
+                    f"{topology.name!r}; context, durable and topology names must differ"
+                )
+
+
+class SecretsDir:
+    """A directory of one-secret-per-file credentials (what a mounted Kubernetes Secret
+    looks like): ``nats-password-{name}``, ``pg-password-{name}`` and ``pgpass-{name}``.
+
+    The directory is 0700 and every file 0600; values are never logged or printed.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def nats_password_file(self, name: str) -> Path:
+        """The NATS password of the user ``name``."""
+        return self.root / f"nats-password-{name}"
+
+    def pg_password_file(self, name: str) -> Path:
+        """The PostgreSQL password of the role identity ``name`` (or :data:`DB_OWNER`)."""
+        return self.root / f"pg-password-{name}"
+
+    def pgpass_file(self, name: str) -> Path:
+        """A libpq password file holding only ``name``'s login (``?passfile=`` in a DSN)."""
+        return self.root / f"pgpass-{name}"
+
+    def read(self, path: Path) -> str:
+        """The secret in ``path``; the error names the file, never its content."""
+        try:
+            value = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigurationError(f"secret {path}: cannot read: {exc.strerror}") from exc
+        if not value:
+            raise ConfigurationError(f"secret {path} is empty")
+        return value
+
+    def ensure(self, path: Path) -> str:
+        """The secret in ``path``, generated (random, URL-safe) when the file is missing."""
+        if not path.exists():
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_private(path, secrets.token_urlsafe(24))
+        return self.read(path)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, readable by its owner only (0600) from the first byte."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)

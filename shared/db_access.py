@@ -1,0 +1,383 @@
+"""PostgreSQL logins per process role, granted only what the role's statements use.
+
+One login per process role (:mod:`shared.access`), derived from the topology:
+
+==========================  ================================================================
+outbox-publisher-{ctx}      its context's database: read ``outbox_events`` and mark rows
+                            (UPDATE of the four publish columns only; no INSERT, no DELETE)
+producer-{ctx}              INSERT of the SDS-047 columns of ``outbox_events`` (never
+                            ``published_at``), nothing else
+inbox-consumer-{durable}    its target's database: its own rows of ``inbox_messages`` and
+                            ``dead_letters`` (read, insert, update) and ``dead_letter_actions``
+                            (insert), enforced per row (row-level security on ``durable``)
+handler-{ctx}               its context's database: create and use its own ``handler_*``
+                            tables; a handler that forwards events (module_f) may also
+                            INSERT into ``outbox_events``
+dlq-router-{topology}       each target database: the rows of its topology's durables in
+                            ``inbox_messages``/``dead_letters`` (read, insert, update),
+                            ``dead_letter_actions`` (insert)
+dlq-replayer-{topology}     the same rows: read and update (it never inserts an inbox row
+                            or a dead letter), ``dead_letter_actions`` (insert)
+kpi-spark-job-{topology}    every database of the topology: read ``outbox_events``, its
+                            durables' ``inbox_messages``/``dead_letters``; write its own
+                            ``kpi_*`` result tables
+==========================  ================================================================
+
+No login may connect to a database it has no grant in (``CONNECT`` is revoked from
+PUBLIC). The tables belong to :data:`~shared.access.DB_OWNER`, which runs the migrations
+and which no long-running role uses.
+
+``ferry db-roles`` applies all of this (idempotently: privileges our roles no longer need
+are revoked, stale policies dropped) with an administrative DSN. Passwords are set as
+SCRAM-SHA-256 verifiers computed here, so a password never reaches the server (or its
+statement log) in clear, and are never printed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from shared.access import DB_OWNER, Identity, check_unique, handler_contexts, identities
+from shared.domain.errors import ConfigurationError
+from shared.topology import Topology
+
+#: Columns the publisher updates when it marks a row published or failed.
+OUTBOX_MARK_COLUMNS = ("published_at", "publish_attempts", "publish_error", "last_attempt_at")
+#: Columns a producer may write (SDS-047's, plus trace context); the rest are defaults.
+OUTBOX_INSERT_COLUMNS = (
+    "id",
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "event_version",
+    "payload",
+    "occurred_at",
+    "correlation_id",
+    "causation_id",
+    "traceparent",
+    "tracestate",
+)
+#: The KPI job's result tables (migrations/0004_kpi.sql).
+KPI_TABLES = ("kpi_windows", "kpi_reasons", "kpi_watermarks", "kpi_runs")
+#: Tables holding one durable's rows, guarded by row-level security on ``durable``.
+PER_DURABLE_TABLES = ("inbox_messages", "dead_letters", "dead_letter_actions")
+#: Every table of the migrations that a grant here may touch.
+FERRY_TABLES = ("outbox_events", *PER_DURABLE_TABLES, *KPI_TABLES)
+#: Handler services that record events in their own outbox while handling one
+#: (services/handlers/contexts/module_f.py forwards lane E→F into lane F→G).
+FORWARDING_HANDLERS = frozenset({"module_f"})
+#: SCRAM iterations (PostgreSQL's default).
+SCRAM_ITERATIONS = 4096
+
+_READ_WRITE = ("SELECT", "INSERT", "UPDATE")
+_READ_UPDATE = ("SELECT", "UPDATE")
+
+
+@dataclass(frozen=True)
+class TableAccess:
+    """Privileges on one table; ``durables`` limits the visible rows (None: every row)."""
+
+    table: str
+    privileges: tuple[str, ...]
+    durables: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class RoleAccess:
+    """What one role may do in one database."""
+
+    identity: Identity
+    database: str
+    tables: tuple[TableAccess, ...]
+    #: May create tables in schema public (a handler's own ``handler_*`` tables).
+    create_tables: bool = False
+
+    @property
+    def role(self) -> str:
+        """The PostgreSQL login."""
+        return self.identity.pg_role
+
+
+def _columns(privilege: str, columns: tuple[str, ...]) -> str:
+    return f"{privilege} ({', '.join(columns)})"
+
+
+def _per_durable(
+    durables: list[str], *, inbox: tuple[str, ...], dead: tuple[str, ...]
+) -> tuple[TableAccess, ...]:
+    rows = tuple(sorted(durables))
+    return (
+        TableAccess("inbox_messages", inbox, rows),
+        TableAccess("dead_letters", dead, rows),
+        TableAccess("dead_letter_actions", ("INSERT",), rows),
+    )
+
+
+def _by_target_db(topology: Topology) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for name, spec in sorted(topology.durables.items()):
+        found.setdefault(topology.contexts[spec.target].database, []).append(name)
+    return found
+
+
+def _outbox_insert() -> TableAccess:
+    return TableAccess("outbox_events", (_columns("INSERT", OUTBOX_INSERT_COLUMNS),))
+
+
+def role_access(identity: Identity, topology: Topology) -> list[RoleAccess]:
+    """Every database ``identity`` may use and what it may do there."""
+    kind, of = identity.kind, identity.of
+    if kind in ("outbox-publisher", "producer", "handler"):
+        database = topology.contexts[of].database
+        if kind == "outbox-publisher":
+            mark = ("SELECT", _columns("UPDATE", OUTBOX_MARK_COLUMNS))
+            return [RoleAccess(identity, database, (TableAccess("outbox_events", mark),))]
+        if kind == "producer":
+            return [RoleAccess(identity, database, (_outbox_insert(),))]
+        own: tuple[TableAccess, ...] = (_outbox_insert(),) if of in FORWARDING_HANDLERS else ()
+        return [RoleAccess(identity, database, own, create_tables=True)]
+    if kind == "inbox-consumer":
+        spec = topology.durables[of]
+        database = topology.contexts[spec.target].database
+        tables = _per_durable([of], inbox=_READ_WRITE, dead=_READ_WRITE)
+        return [RoleAccess(identity, database, tables)]
+    if kind in ("dlq-router", "dlq-replayer"):
+        inbox = _READ_WRITE if kind == "dlq-router" else _READ_UPDATE
+        return [
+            RoleAccess(identity, db, _per_durable(names, inbox=inbox, dead=inbox))
+            for db, names in _by_target_db(topology).items()
+        ]
+    # kpi-spark-job: read the sources, write its results, in every database.
+    by_db = _by_target_db(topology)
+    out = []
+    for database in topology.databases():
+        rows = tuple(by_db.get(database, []))
+        tables = (
+            TableAccess("outbox_events", ("SELECT",)),
+            TableAccess("inbox_messages", ("SELECT",), rows),
+            TableAccess("dead_letters", ("SELECT",), rows),
+            *(TableAccess(t, ("SELECT", "INSERT", "UPDATE", "DELETE")) for t in KPI_TABLES),
+        )
+        out.append(RoleAccess(identity, database, tables))
+    return out
+
+
+def plan(topologies: list[Topology]) -> dict[str, list[RoleAccess]]:
+    """Database → the access of every role that uses it, for all ``topologies``."""
+    check_unique(topologies)
+    by_db: dict[str, list[RoleAccess]] = {}
+    for topology in topologies:
+        for database in topology.databases():
+            by_db.setdefault(database, [])
+        for identity in identities(topology):
+            for access in role_access(identity, topology):
+                by_db[access.database].append(access)
+    return by_db
+
+
+def login_roles(topologies: list[Topology]) -> list[Identity]:
+    """Every login of ``topologies`` (the owner aside)."""
+    return [i for t in topologies for i in identities(t)]
+
+
+def handler_identities(topology: Topology) -> list[Identity]:
+    """The handler services' identities (they own their ``handler_*`` tables)."""
+    return [Identity("handler", c) for c in handler_contexts(topology)]
+
+
+# --------------------------------------------------------------------------- SQL
+
+
+def ident(name: str) -> str:
+    """A double-quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def literal(value: str) -> str:
+    """A single-quoted SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def scram_verifier(password: str, *, salt: bytes | None = None) -> str:
+    """The SCRAM-SHA-256 verifier PostgreSQL stores for ``password`` (RFC 5802/7677)."""
+    salt = salt if salt is not None else os.urandom(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, SCRAM_ITERATIONS)
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
+    return f"SCRAM-SHA-256${SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+#: Attributes of every login: no way to step outside its grants.
+_LOGIN = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION NOBYPASSRLS"
+
+
+def role_sql(role: str, password: str | None, *, owner: bool = False) -> list[str]:
+    """Create (if missing) and set the attributes and password of one login."""
+    attributes = _LOGIN.replace("NOCREATEDB", "CREATEDB") if owner else _LOGIN
+    create = (
+        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {literal(role)}) "
+        f"THEN CREATE ROLE {ident(role)}; END IF; END $$"
+    )
+    alter = f"ALTER ROLE {ident(role)} WITH {attributes}"
+    if password is not None:
+        alter += f" PASSWORD {literal(scram_verifier(password))}"
+    return [create, alter]
+
+
+def _grant(access: RoleAccess, table: TableAccess) -> str:
+    return f"GRANT {', '.join(table.privileges)} ON {table.table} TO {ident(access.role)}"
+
+
+def _policy(access: RoleAccess, table: TableAccess) -> list[str]:
+    name, role = ident(access.role), ident(access.role)
+    rows = "ARRAY[" + ", ".join(literal(d) for d in table.durables or ()) + "]::text[]"
+    check = f"durable = ANY({rows})"
+    return [
+        f"DROP POLICY IF EXISTS {name} ON {table.table}",
+        f"CREATE POLICY {name} ON {table.table} TO {role} USING ({check}) WITH CHECK ({check})",
+    ]
+
+
+@dataclass
+class DatabasePlan:
+    """The statements that give one database's roles exactly their access."""
+
+    database: str
+    accesses: list[RoleAccess]
+    #: Every login we manage (privileges on Ferry's tables are revoked from all of them).
+    managed: list[str] = field(default_factory=list)
+
+    def statements(self, existing_policies: list[tuple[str, str]]) -> list[str]:
+        """SQL for this database; ``existing_policies`` are (table, policy) pairs found."""
+        sql = [f"REVOKE ALL ON DATABASE {ident(self.database)} FROM PUBLIC"]
+        every = ", ".join(FERRY_TABLES)
+        for role in self.managed:
+            sql.append(f"REVOKE ALL ON {every} FROM {ident(role)}")
+            sql.append(f"REVOKE CREATE ON SCHEMA public FROM {ident(role)}")
+            sql.append(f"REVOKE CONNECT, TEMPORARY ON DATABASE {ident(self.database)} "
+                       f"FROM {ident(role)}")  # fmt: skip
+        for name in PER_DURABLE_TABLES:
+            sql.append(f"ALTER TABLE {name} ENABLE ROW LEVEL SECURITY")
+        wanted = {(t.table, a.role) for a in self.accesses for t in a.tables if t.durables}
+        managed = set(self.managed)
+        for name, policy in existing_policies:
+            if policy in managed and (name, policy) not in wanted:
+                sql.append(f"DROP POLICY {ident(policy)} ON {name}")
+        for access in self.accesses:
+            sql.append(f"GRANT CONNECT ON DATABASE {ident(self.database)} TO {ident(access.role)}")
+            if access.create_tables:
+                sql.append(f"GRANT CREATE ON SCHEMA public TO {ident(access.role)}")
+            for table in access.tables:
+                sql.append(_grant(access, table))
+                if table.durables is not None:
+                    sql += _policy(access, table)
+        return sql
+
+
+#: A database name → an administrative DSN of it.
+DsnOf = Callable[[str], str]
+#: An identity name (or :data:`DB_OWNER`) → its password, or None to leave it unset.
+PasswordOf = Callable[[str], str | None]
+
+
+async def _policies(conn: asyncpg.Connection) -> list[tuple[str, str]]:
+    rows = await conn.fetch(
+        "SELECT tablename, policyname FROM pg_policies WHERE schemaname = 'public'"
+    )
+    return [(r["tablename"], r["policyname"]) for r in rows]
+
+
+async def apply_roles(
+    topologies: list[Topology],
+    dsn_of: DsnOf,
+    password_of: PasswordOf,
+    *,
+    owner: bool = True,
+    databases: Collection[str] | None = None,
+    logins_only: bool = False,
+) -> dict[str, list[str]]:
+    """Create the logins and grant each database's access; database → roles granted there.
+
+    ``databases`` limits the grants to those databases (default: all of the topologies);
+    ``logins_only`` creates the logins and grants nothing (a fresh cluster: the owner must
+    create and migrate the databases first). ``dsn_of`` must give a role that may create
+    roles and grant on Ferry's tables (a superuser, or the owner with CREATEROLE). The
+    statements are never logged: some hold a password verifier.
+    """
+    all_dbs = plan(topologies)
+    by_db = {db: a for db, a in all_dbs.items() if databases is None or db in databases}
+    if not all_dbs:
+        return {}
+    roles = sorted({i.pg_role: i.name for i in login_roles(topologies)}.items())
+    first = await asyncpg.connect(_maintenance(dsn_of(next(iter(all_dbs)))))
+    try:
+        statements = role_sql(DB_OWNER, password_of(DB_OWNER), owner=True) if owner else []
+        for role, name in roles:
+            statements += role_sql(role, password_of(name))
+        async with first.transaction():
+            await first.execute(";\n".join(statements))  # one round trip
+    finally:
+        await first.close()
+    done: dict[str, list[str]] = {}
+    for database, accesses in {} if logins_only else by_db.items():
+        conn = await _connect_existing(dsn_of(database), database)
+        try:
+            plan_ = DatabasePlan(database, accesses, [role for role, _ in roles])
+            async with conn.transaction():
+                await conn.execute(";\n".join(plan_.statements(await _policies(conn))))
+        finally:
+            await conn.close()
+        done[database] = sorted({a.role for a in accesses})
+    return done
+
+
+def _maintenance(dsn: str) -> str:
+    """``dsn`` pointed at the server's ``postgres`` database (roles are cluster-wide)."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/postgres"))
+
+
+async def _connect_existing(dsn: str, database: str) -> asyncpg.Connection:
+    try:
+        return await asyncpg.connect(dsn)
+    except asyncpg.exceptions.InvalidCatalogNameError:
+        raise ConfigurationError(
+            f"database {database!r} does not exist: create the logins first "
+            f"(`ferry db-roles --logins-only`), migrate as {DB_OWNER} (`ferry migrate`), "
+            "then run `ferry db-roles` again"
+        ) from None
+
+
+def describe(topologies: list[Topology]) -> list[dict[str, object]]:
+    """Each role's grants per database, for ``ferry db-roles --show`` and the docs."""
+    out: list[dict[str, object]] = []
+    for database, accesses in plan(topologies).items():
+        for access in accesses:
+            out.append(
+                {
+                    "role": access.role,
+                    "database": database,
+                    "create_tables": access.create_tables,
+                    "tables": {
+                        t.table: {
+                            "privileges": list(t.privileges),
+                            "rows": "all" if t.durables is None else list(t.durables),
+                        }
+                        for t in access.tables
+                    },
+                }
+            )
+    return out

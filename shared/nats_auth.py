@@ -1,0 +1,220 @@
+"""NATS users and subject permissions derived from the topology (least privilege per role).
+
+Each NATS-using process role (:mod:`shared.access`) gets one user whose permissions allow
+exactly the subjects its nats-py calls use, and nothing else:
+
+``outbox-publisher-{context}``
+    publishes only into its context's namespace (``{namespace}.>``, e.g. ``sea.event.>``)
+    and receives only its own PubAck replies.
+``inbox-consumer-{durable}``
+    pulls from, acks and reads the info of its own durable only
+    (``$JS.API.CONSUMER.MSG.NEXT|INFO.{STREAM}.{durable}``, ``$JS.ACK.{STREAM}.{durable}.>``),
+    reads its stream by sequence for the lag gauge (``$JS.API.STREAM.MSG.GET.{STREAM}``)
+    and publishes its dead-letter subject.
+``dlq-router-{topology}``
+    pulls and acks the topology's advisory durable (``dlq_router``), reads the original
+    messages of the topology's streams by sequence and publishes its dead-letter subjects.
+``dlq-replayer-{topology}``
+    publishes only the replay subjects of its topology's durables
+    (``ferry.replay.{STREAM}.{durable}``).
+
+Replies: every client uses a private inbox prefix (``_INBOX.{user}``, see
+:func:`inbox_prefix`) and may subscribe only there, so no role can listen to another's
+replies (PubAcks, pulled messages). Provisioning and operator commands use
+:data:`~shared.access.NATS_ADMIN`, which no long-running role holds; nothing else may
+create, change or delete a stream or a consumer.
+
+``ferry nats-auth`` prints the ``authorization { users = [...] }`` block for nats-server:
+with ``$FERRY_NATS_PASSWORD_<USER>`` references (the server reads them from its
+environment, e.g. a Kubernetes Secret) or, with ``--passwords-dir``, with the passwords
+themselves, into a file only its owner can read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from shared.access import NATS_ADMIN, Identity, SecretsDir, check_unique, identities
+from shared.domain.subjects import replay_subject
+from shared.provision import ROUTER_DURABLE
+from shared.topology import Topology
+
+if TYPE_CHECKING:
+    from shared.adapters.nats import NatsAuth
+
+#: Prefix of every reply inbox; each user gets ``_INBOX.{user}`` below it.
+INBOX_ROOT = "_INBOX"
+_UNSAFE_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def inbox_prefix(user: str) -> str:
+    """The private reply-inbox prefix of ``user`` (one subject token below ``_INBOX``)."""
+    return f"{INBOX_ROOT}.{_UNSAFE_TOKEN.sub('_', user)}"
+
+
+def password_variable(user: str) -> str:
+    """The environment variable a nats-server config reads ``user``'s password from."""
+    return "FERRY_NATS_PASSWORD_" + re.sub(r"[^A-Z0-9]", "_", user.upper())
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """What one NATS user may publish to and subscribe to (``allow`` lists; all else denied)."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, list[str]]:
+        """``{"publish": [...], "subscribe": [...]}``."""
+        return {"publish": list(self.publish), "subscribe": list(self.subscribe)}
+
+
+def _durable_api(stream: str, durable: str) -> list[str]:
+    """Pull (fetch), info and acks of one durable: all a consumer of it needs."""
+    return [
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+        f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+        f"$JS.ACK.{stream}.{durable}.>",
+    ]
+
+
+def _stream_read(stream: str) -> str:
+    """``js.get_msg`` of one stream (by sequence, or the next one on a subject)."""
+    return f"$JS.API.STREAM.MSG.GET.{stream}"
+
+
+def _unique(subjects: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(subjects))
+
+
+def permissions_of(identity: Identity, topology: Topology) -> Permissions | None:
+    """The permissions of ``identity``; None for roles that never connect to NATS."""
+    reply = (f"{inbox_prefix(identity.name)}.>",)
+    if identity.kind == "outbox-publisher":
+        return Permissions((f"{topology.contexts[identity.of].namespace}.>",), reply)
+    if identity.kind == "inbox-consumer":
+        spec = topology.durables[identity.of]
+        publish = [
+            *_durable_api(spec.stream, identity.of),
+            _stream_read(spec.stream),
+            spec.dead_letter_subject,
+        ]
+        return Permissions(_unique(publish), reply)
+    if identity.kind == "dlq-router":
+        durables = sorted(topology.durables.items())
+        publish = [
+            *_durable_api(topology.advisory_stream, ROUTER_DURABLE),
+            *sorted({_stream_read(spec.stream) for _, spec in durables}),
+            *sorted({spec.dead_letter_subject for _, spec in durables}),
+        ]
+        return Permissions(_unique(publish), reply)
+    if identity.kind == "dlq-replayer":
+        publish = [replay_subject(s.stream, n) for n, s in sorted(topology.durables.items())]
+        return Permissions(_unique(publish), reply)
+    return None
+
+
+def nats_users(topologies: list[Topology]) -> dict[str, Permissions | None]:
+    """Every NATS user of ``topologies`` → its permissions (None: the admin, unrestricted)."""
+    check_unique(topologies)
+    users: dict[str, Permissions | None] = {NATS_ADMIN: None}
+    for topology in topologies:
+        for identity in identities(topology):
+            permissions = permissions_of(identity, topology)
+            if permissions is not None:
+                users[identity.name] = permissions
+    return users
+
+
+#: How a user's password appears in the config: a quoted literal or a ``$VARIABLE``.
+PasswordSource = Callable[[str], str]
+
+
+def env_references(user: str) -> str:
+    """``$FERRY_NATS_PASSWORD_<USER>``: nats-server substitutes its environment variable."""
+    return "$" + password_variable(user)
+
+
+def passwords_from(folder: SecretsDir, *, generate: bool) -> PasswordSource:
+    """Literal passwords from ``folder`` (``nats-password-{user}``), created when missing."""
+
+    def source(user: str) -> str:
+        path = folder.nats_password_file(user)
+        return json.dumps(folder.ensure(path) if generate else folder.read(path))
+
+    return source
+
+
+def _quoted(values: Iterable[str]) -> str:
+    return "[" + ", ".join(json.dumps(v) for v in values) + "]"
+
+
+def authorization_block(
+    users: dict[str, Permissions | None], password: PasswordSource = env_references
+) -> str:
+    """The nats-server ``authorization { users = [...] }`` block for ``users``."""
+    lines = [
+        "# Generated by `ferry nats-auth` from the topology: one user per process role,",
+        "# allowed only the subjects its job uses (README: Security). Do not edit by hand.",
+        "authorization {",
+        "  users = [",
+    ]
+    for user, permissions in users.items():
+        lines.append("    {")
+        lines.append(f"      user: {json.dumps(user)}")
+        lines.append(f"      password: {password(user)}")
+        if permissions is None:
+            lines.append("      # administrative: provisioning and operator commands only")
+        else:
+            lines.append("      permissions: {")
+            lines.append(f"        publish: {{allow: {_quoted(permissions.publish)}}}")
+            lines.append(f"        subscribe: {{allow: {_quoted(permissions.subscribe)}}}")
+            lines.append("      }")
+        lines.append("    }")
+    lines += ["  ]", "}"]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class DevAccess:
+    """The users of a local nats-server (dev stack, tests) with passwords in a secrets dir."""
+
+    secrets: SecretsDir
+    users: dict[str, Permissions | None]
+
+    @classmethod
+    def create(cls, topologies: list[Topology], secrets_dir: Path) -> DevAccess:
+        """Users of ``topologies`` plus the admin; missing passwords are generated."""
+        access = cls(SecretsDir(secrets_dir), nats_users(topologies))
+        for user in access.users:
+            access.secrets.ensure(access.secrets.nats_password_file(user))
+        return access
+
+    def config(self) -> str:
+        """The authorization block with the literal passwords (write it 0600)."""
+        return authorization_block(self.users, passwords_from(self.secrets, generate=False))
+
+    def password_file(self, user: str) -> Path:
+        """Where ``user``'s password is kept."""
+        if user not in self.users:
+            raise KeyError(f"no NATS user {user!r} on this server")
+        return self.secrets.nats_password_file(user)
+
+    def password(self, user: str) -> str:
+        """``user``'s password (for an in-process client)."""
+        return self.secrets.read(self.password_file(user))
+
+    def env(self, user: str = NATS_ADMIN) -> dict[str, str]:
+        """The ``FERRY_NATS_USER`` / ``FERRY_NATS_PASSWORD_FILE`` a process of ``user`` gets."""
+        return {"FERRY_NATS_USER": user, "FERRY_NATS_PASSWORD_FILE": str(self.password_file(user))}
+
+    def auth(self, user: str = NATS_ADMIN) -> NatsAuth:
+        """Credentials of ``user`` for an in-process client."""
+        from shared.adapters.nats import NatsAuth  # the adapter imports this module
+
+        return NatsAuth(user=user, password=self.password(user))
