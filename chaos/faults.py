@@ -40,7 +40,7 @@ RESTART_DELAY = (0.3, 2.0)
 #: Seconds a killed server stays down.
 SERVER_DOWN = (1.0, 3.0)
 #: Seconds to wait for a role to enter its crash window before killing it anyway.
-WINDOW_WAIT = 15.0
+WINDOW_WAIT = 25.0
 
 
 @dataclass
