@@ -62,6 +62,12 @@ def _build_parser() -> argparse.ArgumentParser:
     ns.add_argument("--monitor-port", type=int, help="HTTP monitoring port (off if omitted)")
     ns.add_argument("--host", default=nats.DEFAULT_HOST, help="address to listen on")
     ns.add_argument("--server-name", default=nats.DEFAULT_SERVER_NAME, help="server name")
+    ns.add_argument(
+        "--authorization",
+        type=Path,
+        help="file with an authorization block (ferry nats-auth) to append; the config "
+        "then holds passwords and is written readable by its owner only",
+    )
     return parser
 
 
@@ -73,13 +79,21 @@ def main(argv: Sequence[str] | None = None) -> None:
             args.data_dir, args.port, args.host, extra_settings=dict(args.settings)
         )
     else:
+        path = args.data_dir / nats.CONFIG_NAME
+        extra = ""
+        if args.authorization is not None:
+            extra = args.authorization.read_text()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch(mode=0o600)
+            path.chmod(0o600)
         config = nats.write_config(
-            args.data_dir / nats.CONFIG_NAME,
+            path,
             port=args.port,
             store_dir=args.data_dir,
             monitor_port=args.monitor_port,
             host=args.host,
             server_name=args.server_name,
+            extra=extra,
         )
         nats.run_foreground(config)
 

@@ -27,6 +27,7 @@ from typing import Any
 import asyncpg
 
 from devstack import demo_dlq
+from shared.adapters.nats import NatsAuth
 from shared.adapters.postgres import Conn
 from shared.domain.envelope import format_timestamp
 from shared.producer import record_event
@@ -100,6 +101,8 @@ class Demo:
     dsn_template: str
     topologies: list[Topology]
     nats_url: str = ""
+    #: The operator's NATS credentials (the stack's admin), for the dead-letter act.
+    nats_auth: NatsAuth | None = None
     pools: dict[str, asyncpg.Pool] = field(default_factory=dict)
     produced: int = 0
 
@@ -234,7 +237,9 @@ async def dead_letter_act(demo: Demo, seconds: float) -> None:
     """Let automatic replays run, replay mediation's rejects as an operator, print a table."""
     mediation = [t for t in demo.topologies if t.name == "mediation"]
     if demo.nats_url and mediation:
-        replayed = await demo_dlq.operator_replay(demo.nats_url, mediation[0], demo.pools)
+        replayed = await demo_dlq.operator_replay(
+            demo.nats_url, mediation[0], demo.pools, demo.nats_auth
+        )
         print(f"\noperator (ferry dlq replay) replayed {replayed} held mediation dead letter(s)")
     await demo_dlq.settle(demo.topologies, demo.pools, seconds=seconds)
     demo_dlq.print_table(await demo_dlq.tally(demo.topologies, demo.pools))
@@ -269,6 +274,9 @@ def run_demo(env: dict[str, str], argv: list[str]) -> int:
     args = parser.parse_args(argv)
     topologies = [load_topology(ROOT / path) for path in TOPOLOGIES]
     demo = Demo(env["FERRY_DSN_TEMPLATE"], topologies, env.get("FERRY_NATS_URL", ""))
+    if "FERRY_NATS_USER" in env:
+        password = Path(env["FERRY_NATS_PASSWORD_FILE"]).read_text().strip()
+        demo.nats_auth = NatsAuth(user=env["FERRY_NATS_USER"], password=password)
 
     async def main() -> int:
         await demo.open()

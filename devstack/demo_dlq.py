@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 
 from shared.adapters import dead_letters as store
-from shared.adapters.nats import connect_nats
+from shared.adapters.nats import NatsAuth, connect_nats
 from shared.topology import Topology
 
 ACTOR = "demo-operator"
@@ -31,9 +31,14 @@ def _databases(topology: Topology) -> dict[str, list[str]]:
     return grouped
 
 
-async def operator_replay(nats_url: str, topology: Topology, pools: dict[str, asyncpg.Pool]) -> int:
+async def operator_replay(
+    nats_url: str,
+    topology: Topology,
+    pools: dict[str, asyncpg.Pool],
+    auth: NatsAuth | None = None,
+) -> int:
     """Replay every held, handler-rejected dead letter of ``topology`` once; how many."""
-    nc = await connect_nats([nats_url], name="demo-operator", give_up_after=10)
+    nc = await connect_nats([nats_url], name="demo-operator", auth=auth, give_up_after=10)
     replayed = 0
     try:
         for database, durables in _databases(topology).items():

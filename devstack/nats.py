@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from devstack._proc import (
     ServerError,
@@ -30,6 +30,9 @@ from devstack._proc import (
     wait_until_ready,
 )
 from devstack.ports import free_port
+
+if TYPE_CHECKING:
+    from shared.nats_auth import DevAccess
 
 __all__ = [
     "CONFIG_NAME",
@@ -183,6 +186,7 @@ class NatsServer:
         host: str = DEFAULT_HOST,
         server_name: str = DEFAULT_SERVER_NAME,
         extra: str = "",
+        access: DevAccess | None = None,
         start_timeout: float = 30.0,
         stop_timeout: float = 30.0,
     ) -> None:
@@ -199,6 +203,7 @@ class NatsServer:
             self._monitor_port = None
         self._server_name = server_name
         self._extra = extra
+        self._access = access
         self._start_timeout = start_timeout
         self._stop_timeout = stop_timeout
         self._spawned: Spawned | None = None
@@ -217,6 +222,11 @@ class NatsServer:
     def monitor_port(self) -> int | None:
         """HTTP monitoring port, or None when monitoring is disabled."""
         return self._monitor_port
+
+    @property
+    def access(self) -> DevAccess | None:
+        """The users (and their passwords) this server authorizes; None: no authentication."""
+        return self._access
 
     @property
     def store_dir(self) -> Path:
@@ -239,7 +249,16 @@ class NatsServer:
         return self._spawned is not None and self._spawned.proc.poll() is None
 
     def write_config(self) -> Path:
-        """(Re)write this server's config file and validate it."""
+        """(Re)write this server's config file and validate it.
+
+        With ``access`` the config holds passwords: it is written readable by its owner only.
+        """
+        extra = self._extra
+        if self._access is not None:
+            extra = "\n".join(part for part in (extra, self._access.config()) if part)
+            self.config_path.parent.mkdir(parents=True, exist_ok=True)
+            self.config_path.touch(mode=0o600)
+            self.config_path.chmod(0o600)
         write_config(
             self.config_path,
             port=self._port,
@@ -247,7 +266,7 @@ class NatsServer:
             monitor_port=self._monitor_port,
             host=self._host,
             server_name=self._server_name,
-            extra=self._extra,
+            extra=extra,
         )
         check_config(self.config_path)
         return self.config_path

@@ -55,6 +55,17 @@ DEFAULT_HOST = "127.0.0.1"
 SUPERUSER = "postgres"  # The database superuser created by initdb (not an OS account).
 SYSTEM_USER = "ferrypg"  # OS account PostgreSQL runs as when we are root.
 MAX_CONNECTIONS = 200
+#: Client authentication: the superuser is trusted locally, every other role gives its
+#: password (SCRAM-SHA-256). Written once, when the cluster is created.
+HBA = f"""\
+# Written by Ferry's devstack (dev/test only).
+local all {SUPERUSER} trust
+host  all {SUPERUSER} 127.0.0.1/32 trust
+host  all {SUPERUSER} ::1/128 trust
+local all all scram-sha-256
+host  all all 127.0.0.1/32 scram-sha-256
+host  all all ::1/128 scram-sha-256
+"""
 
 # sun_path is 108 bytes including the terminating NUL on Linux.
 _MAX_SOCKET_PATH = 107
@@ -126,8 +137,9 @@ def _prepare_dirs(data_dir: Path, socket_dir: Path | None = None) -> RunAs | Non
 def ensure_initialized(data_dir: Path) -> None:
     """Create a PostgreSQL cluster in ``data_dir`` unless one is already there.
 
-    The cluster trusts every local TCP/socket connection and has the superuser
-    ``postgres``: fine for a developer machine, never for production.
+    The cluster trusts local connections of the superuser ``postgres`` (fine for a
+    developer machine, never for production) and asks every other role for its password
+    (SCRAM), so the per-role logins of ``ferry db-roles`` are really checked.
     """
     data_dir = data_dir.resolve()
     if (data_dir / "PG_VERSION").exists():
@@ -156,6 +168,7 @@ def ensure_initialized(data_dir: Path) -> None:
             f"initdb failed for {data_dir} (exit {result.returncode}):\n"
             f"{result.stdout}\n{result.stderr}"
         )
+    (data_dir / "pg_hba.conf").write_text(HBA)
 
 
 def _quote_list_item(value: str) -> str:

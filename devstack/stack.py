@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from devstack.credentials import admin_nats_env, check_var_dir, hostport, write_role_credentials
 from devstack.ports import free_port
 from devstack.secrets import write_handler_secrets
 from shared.topology import load_topology
@@ -60,6 +61,8 @@ def stack_environment(var_dir: Path) -> dict[str, str]:
     env.setdefault(
         "FERRY_DSN_TEMPLATE", f"postgresql://postgres@127.0.0.1:{env['FERRY_PG_PORT']}/{{database}}"
     )
+    # Each program's own login is built on this (supervisord.conf, FERRY_DSN_TEMPLATE).
+    env["FERRY_PG_HOSTPORT"] = hostport(env["FERRY_DSN_TEMPLATE"])
     env.setdefault("FERRY_MAX_STREAM_REPLICAS", "1")
     env.setdefault("FERRY_MAX_STREAM_BYTES", "1GB")
     return env
@@ -111,6 +114,18 @@ def program_states(env: dict[str, str]) -> dict[str, str]:
     return states
 
 
+#: Programs that start with supervisord; every role waits for bootstrap (autostart=false).
+SERVERS = ("nats-server", "postgres", "bootstrap")
+
+
+def start_roles(env: dict[str, str], states: dict[str, str]) -> None:
+    """Start the roles that have not started: only once bootstrap has created their logins,
+    databases and streams can they connect with their own credentials."""
+    waiting = sorted(k for k, v in states.items() if v == "STOPPED" and k not in SERVERS)
+    if waiting:
+        supervisorctl(env, "start", *waiting)
+
+
 def wait_until_up(env: dict[str, str], supervisord: subprocess.Popen[bytes]) -> dict[str, str]:
     """Wait until bootstrap EXITED and every other program is RUNNING; fail loudly otherwise."""
     deadline = time.monotonic() + START_TIMEOUT
@@ -125,6 +140,8 @@ def wait_until_up(env: dict[str, str], supervisord: subprocess.Popen[bytes]) -> 
             raise SystemExit(f"bootstrap failed; see {env['FERRY_VAR']}/log/bootstrap.log")
         others = {k: v for k, v in states.items() if k != "bootstrap"}
         embedded = env["FERRY_EMBEDDED"] == "true"
+        if states.get("bootstrap") == "EXITED":
+            start_roles(env, others)
         if states.get("bootstrap") == "EXITED" and all(
             v == "RUNNING" or (not embedded and k in ("nats-server", "postgres"))
             for k, v in others.items()
@@ -174,13 +191,18 @@ def print_banner(env: dict[str, str], states: dict[str, str]) -> None:
 
 def up(var_dir: Path, *, demo: bool, demo_args: list[str]) -> int:
     """Start the stack; run the demo or wait; always shut down cleanly."""
+    check_var_dir(var_dir)
     prepare_var_dir(var_dir)
     write_handler_secrets(var_dir, [load_topology(ROOT / path) for path in STACK_TOPOLOGIES])
+    write_role_credentials(var_dir, [load_topology(ROOT / path) for path in STACK_TOPOLOGIES])
     env = stack_environment(var_dir)
+    # The operator's shell (stack.env) and the demo act as the NATS admin; the programs
+    # never inherit it: each gets its own role's user in supervisord.conf.
+    operator = {**env, **admin_nats_env(var_dir)}
     (var_dir / "stack.env").write_text(
         "".join(
             f"export {k}={v}\n"
-            for k, v in sorted(env.items())
+            for k, v in sorted(operator.items())
             if k.startswith("FERRY_") and not _secret_name(k)
         )
     )
@@ -198,7 +220,7 @@ def up(var_dir: Path, *, demo: bool, demo_args: list[str]) -> int:
         if demo:
             from devstack.demo import run_demo
 
-            return int(run_demo(env, demo_args))
+            return int(run_demo(operator, demo_args))
         print("Press Ctrl-C to stop.")
         while supervisord.poll() is None:
             time.sleep(1.0)
