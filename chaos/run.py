@@ -155,7 +155,11 @@ class Chaos:
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
         self.echo(f"chaos run: schedule {self.config.schedule}, seed {self.config.seed}")
         self.echo(f"run directory: {self.config.run_dir}")
-        await self.world.start()
+        try:
+            await self.world.start()
+        except BaseException:
+            await self.world.stop()  # whatever did start (servers, proxy, roles) goes down
+            raise
         monitor = asyncio.create_task(self._monitor())
         try:
             schedule = make_schedule(self.config, self.world)

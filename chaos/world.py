@@ -191,7 +191,15 @@ class World:
         )
         self.logs.mkdir(parents=True, exist_ok=True)
         self.nats = NatsServer(self.run_dir / "nats")
-        await asyncio.gather(asyncio.to_thread(self.pg.start), asyncio.to_thread(self.nats.start))
+        # Both attempts finish before any failure is raised, so stop() sees what started.
+        outcomes = await asyncio.gather(
+            asyncio.to_thread(self.pg.start),
+            asyncio.to_thread(self.nats.start),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _prepare_topology(self) -> None:
         self.topology_path.write_text(yaml.safe_dump(chaos_topology_doc()))
