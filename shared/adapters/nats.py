@@ -14,6 +14,7 @@ password forever would only hide the mistake.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import ssl
 from collections.abc import Callable
@@ -91,13 +92,24 @@ class NatsAuth:
             # A private reply inbox: the server lets this user subscribe only below it.
             options["inbox_prefix"] = inbox_prefix(self.user)
         if self.creds_file is not None:
-            options["user_credentials"] = str(self.creds_file)
+            options["user_credentials"] = str(_key_file(self.creds_file, "FERRY_NATS_CREDS_FILE"))
         if self.nkey_seed_file is not None:
-            options["nkeys_seed"] = str(self.nkey_seed_file)
+            options["nkeys_seed"] = str(_key_file(self.nkey_seed_file, "FERRY_NATS_NKEY_SEED_FILE"))
         if self.wants_tls(servers):
             options["tls"] = self.ssl_context()
             options["tls_handshake_first"] = self.tls_handshake_first
         return options
+
+
+def _key_file(path: Path, setting: str) -> Path:
+    """A JWT/nkey file nats-py can use: it exists, and the ``nkeys`` package is there."""
+    if importlib.util.find_spec("nkeys") is None:
+        raise ConfigurationError(
+            f"{setting} needs the nkeys package (pip install 'nats-py[nkeys]')"
+        )
+    if not path.is_file():
+        raise ConfigurationError(f"{setting} {path}: no such file")
+    return path
 
 
 def redact_url(url: str) -> str:
