@@ -106,7 +106,8 @@ async def test_policy_violations_are_named(
         "aggregate_type": "model",
         "aggregate_id": "m1",
         "event_type": "model_published",
-        "payload": {"model_id": "m1"},
+        # Valid for the schema, so each case fails on its own violation only.
+        "payload": {"model_id": "m1", "name": "m"},
     }
     args.update(kwargs)
     with pytest.raises(OutboxValidationError) as caught:
