@@ -1,0 +1,141 @@
+"""The run's plots (PNG, matplotlib's Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+
+from bench.report import MODES, Results, _short
+
+
+def draw_all(results: Results, out: Path) -> list[Path]:
+    """Every plot there is data for; returns the files written."""
+    written: list[Path] = []
+    for draw in (latency_cdf, latency_percentiles, throughput, cpu_bars):
+        path = draw(results, out)
+        if path is not None:
+            written.append(path)
+    return written
+
+
+def latency_cdf(results: Results, out: Path) -> Path | None:
+    """Distribution (CDF) of end-to-end latency per offered load, one panel per mode."""
+    modes = [m for m in MODES if any(results.samples.get(m, {}).values())]
+    if not modes:
+        return None
+    fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 5), squeeze=False)
+    for ax, mode in zip(axes[0], modes, strict=True):
+        for label, values in results.samples[mode].items():
+            if not values:
+                continue
+            ordered = sorted(values)
+            n = len(ordered)
+            ax.plot(ordered, [(i + 1) / n for i in range(n)], label=f"{label} (n={n:,})")
+        ax.set_xscale("log")
+        ax.set_xlabel("occurred_at → processed (ms, log scale)")
+        ax.set_ylabel("fraction of events")
+        ax.set_title(f"end-to-end latency, tracing {mode}")
+        for q in (0.5, 0.95, 0.99):
+            ax.axhline(q, color="grey", linewidth=0.5, linestyle=":")
+        ax.grid(True, which="both", linewidth=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path = out / "latency_cdf.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def latency_percentiles(results: Results, out: Path) -> Path | None:
+    """p50 / p95 / p99 per offered load, bars, one panel per mode."""
+    modes = [m for m in MODES if any(results.samples.get(m, {}).values())]
+    if not modes:
+        return None
+    fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 5), squeeze=False)
+    for ax, mode in zip(axes[0], modes, strict=True):
+        series = {k: sorted(v) for k, v in results.samples[mode].items() if v}
+        labels = list(series)
+        for offset, (name, q) in enumerate((("p50", 0.5), ("p95", 0.95), ("p99", 0.99))):
+            heights = [series[k][min(len(series[k]) - 1, int(q * len(series[k])))]
+                       for k in labels]  # fmt: skip
+            xs = [i + (offset - 1) * 0.27 for i in range(len(labels))]
+            ax.bar(xs, heights, width=0.27, label=name)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel("ms")
+        ax.set_title(f"latency percentiles, tracing {mode}")
+        ax.legend()
+        ax.grid(True, axis="y", linewidth=0.3)
+    fig.tight_layout()
+    path = out / "latency_percentiles.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def throughput(results: Results, out: Path) -> Path | None:
+    """Every msg/s figure (baselines, Ferry per mode, the peer) as horizontal bars."""
+    bars: list[tuple[str, float, str]] = []
+    for row in results.rows:
+        if row.unit not in ("msg/s", "txn/s", "req/s"):
+            continue
+        for mode in MODES:
+            value = row.values.get(mode)
+            if value is not None:
+                suffix = "" if mode == "raw" else f" [tracing {mode}]"
+                bars.append((row.label + suffix, value, mode))
+    if not bars:
+        return None
+    colours = {"on": "tab:orange", "off": "tab:blue", "raw": "tab:grey"}
+    fig, ax = plt.subplots(figsize=(11, 0.45 * len(bars) + 1.5))
+    names = [b[0] for b in bars][::-1]
+    values = [b[1] for b in bars][::-1]
+    ax.barh(names, values, color=[colours.get(b[2], "tab:grey") for b in bars][::-1])
+    for y, value in enumerate(values):
+        ax.text(value, y, f" {value:,.0f}", va="center", fontsize=8)
+    ax.set_xlabel("per second")
+    ax.set_title("throughput: raw baselines, Ferry, faststream-outbox (same machine, same run)")
+    ax.tick_params(axis="y", labelsize=8)
+    ax.grid(True, axis="x", linewidth=0.3)
+    fig.tight_layout()
+    path = out / "throughput.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def cpu_bars(results: Results, out: Path) -> Path | None:
+    """CPU µs per message, stacked by process, per measurement."""
+    entries = results.cpu_table()
+    if not entries:
+        return None
+    names: list[str] = []
+    for entry in entries:
+        for name in entry["us_per_msg"]:
+            if _short(name) not in names:
+                names.append(_short(name))
+    labels = [f"{e['label']} [{e['mode']}]" for e in entries]
+    fig, ax = plt.subplots(figsize=(11, 0.45 * len(entries) + 1.5))
+    left = [0.0] * len(entries)
+    for name in names:
+        widths = []
+        for entry in entries:
+            widths.append(sum(v for k, v in entry["us_per_msg"].items() if _short(k) == name))
+        ax.barh(labels, widths, left=left, label=name)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.invert_yaxis()
+    ax.set_xlabel("CPU µs per message")
+    ax.set_title("where the CPU goes, per process")
+    ax.tick_params(axis="y", labelsize=8)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, axis="x", linewidth=0.3)
+    fig.tight_layout()
+    path = out / "cpu_per_message.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,294 @@
+"""``python -m bench``: Ferry's benchmark, in one run, beside the raw baselines.
+
+Starts its own nats-server (file store, ``sync_interval: always``) and PostgreSQL
+(default durability settings) in a temporary directory, runs Ferry's roles as real
+processes and the load generator in a process of its own, and measures, by section:
+
+``baselines``  raw JetStream publish and pull consume + ack, the PostgreSQL state+outbox
+               transaction over 8 connections, the HTTP round trip to the example handler
+``peer``       faststream-outbox relaying the same backlog into JetStream
+``publisher``  outbox-publisher drain of a ``--rows`` backlog
+``drain``      end-to-end drain of a ``--rows`` backlog with one and two consumer replicas
+``latency``    end-to-end latency at each of ``--rates`` offered by the producer
+``sustained``  the highest rate the pipeline holds with the producer on the box
+``mediation``  lanes E→F and F→G of the mediation topology together
+``soak``       resident memory of every role over ``--soak-seconds``
+
+Every Ferry section runs once per tracing mode (``--tracing both``: 10 % parent-based
+sampling exported over OTLP, and off). Prints a table and the CPU time per message per
+process, and writes ``results.json``, ``table.txt``, the plots and the roles' logs into
+``--out`` (default ``bench/results/<time>/``, with ``bench/results/latest`` pointing there).
+Exit status 0 when every section ran, 1 when one failed (the others still ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from bench import sections as s
+from bench.common import ROOT, say
+from bench.plots import draw_all
+from bench.report import Results, cpu_text, table, write_json
+from bench.world import Servers
+
+SECTIONS = ("baselines", "peer", "publisher", "drain", "latency", "sustained", "mediation", "soak")
+RESULTS = ROOT / "bench" / "results"
+
+#: Sizes of a full run, and of ``--quick`` (a smoke run of a minute or two).
+FULL = {"rows": 100_000, "seconds": 30.0, "sustain_start": 1200, "sustain_step": 300,
+        "sustain_max": 4000, "soak_seconds": 600.0, "soak_rate": 1000, "warmup": 5.0,
+        "baseline_seconds": 10.0}  # fmt: skip
+QUICK = {"rows": 1000, "seconds": 2.0, "sustain_start": 300, "sustain_step": 300,
+         "sustain_max": 600, "soak_seconds": 6.0, "soak_rate": 200, "warmup": 1.0,
+         "baseline_seconds": 1.5}  # fmt: skip
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Ferry's benchmark: roles as processes, raw baselines, one table.",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke-run sizes (seconds, not minutes); explicit flags still win",
+    )
+    parser.add_argument("--rows", type=int, help="backlog size of the drains (100,000)")
+    parser.add_argument(
+        "--peer-rows", type=int, help="backlog of the faststream-outbox drain (default: --rows)"
+    )
+    parser.add_argument("--seconds", type=float, help="duration of each fixed-rate step (30)")
+    parser.add_argument(
+        "--rates",
+        default="600,1000,1500",
+        help="offered loads of the latency section, msg/s (600,1000,1500)",
+    )
+    parser.add_argument(
+        "--mediation-rate",
+        type=int,
+        default=600,
+        help="offered load into lane E→F, forwarded F→G (600)",
+    )
+    parser.add_argument("--sustain-start", type=int, help="first step of the search (1200)")
+    parser.add_argument("--sustain-step", type=int, help="increment of the search (300)")
+    parser.add_argument("--sustain-max", type=int, help="ceiling of the search (4000)")
+    parser.add_argument("--soak-seconds", type=float, help="length of the soak (600)")
+    parser.add_argument("--soak-rate", type=int, help="offered load of the soak (1000)")
+    parser.add_argument("--warmup", type=float, help="warm-up at 200 msg/s before latency (5)")
+    parser.add_argument(
+        "--baseline-seconds", type=float, help="duration of the PostgreSQL and HTTP baselines (10)"
+    )
+    parser.add_argument(
+        "--tracing",
+        choices=["on", "off", "both"],
+        default="both",
+        help="tracing modes of the Ferry sections (both)",
+    )
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated, from: {', '.join(SECTIONS)} (all)",
+    )
+    parser.add_argument("--skip", default="", help="comma-separated sections to leave out")
+    parser.add_argument(
+        "--peer-workers", type=int, default=32, help="faststream-outbox max_workers (32)"
+    )
+    parser.add_argument("--out", type=Path, help="output directory (bench/results/<time>)")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary directory (server data) for inspection",
+    )
+    return parser.parse_args(argv)
+
+
+def options_from(args: argparse.Namespace) -> s.Options:
+    sizes = QUICK if args.quick else FULL
+
+    def pick(name: str) -> Any:
+        value = getattr(args, name, None)
+        return sizes[name] if value is None else value
+
+    chosen = {x.strip() for x in args.sections.split(",") if x.strip()}
+    chosen -= {x.strip() for x in args.skip.split(",") if x.strip()}
+    unknown = chosen - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"--sections: unknown {', '.join(sorted(unknown))}; "
+                         f"choose from {', '.join(SECTIONS)}")  # fmt: skip
+    try:
+        rates = [int(r) for r in args.rates.split(",") if r.strip()]
+    except ValueError:
+        raise SystemExit(
+            f"--rates: {args.rates!r} is not a comma-separated list of integers"
+        ) from None
+    rows = int(pick("rows"))
+    modes = ["on", "off"] if args.tracing == "both" else [args.tracing]
+    return s.Options(
+        rows=rows, peer_rows=args.peer_rows or rows, seconds=float(pick("seconds")),
+        rates=rates, mediation_rate=args.mediation_rate,
+        sustain_start=int(pick("sustain_start")), sustain_step=int(pick("sustain_step")),
+        sustain_max=int(pick("sustain_max")), soak_seconds=float(pick("soak_seconds")),
+        soak_rate=int(pick("soak_rate")), warmup_seconds=float(pick("warmup")),
+        modes=modes, sections=chosen, peer_workers=args.peer_workers,
+        baseline_seconds=float(pick("baseline_seconds")),
+    )  # fmt: skip
+
+
+def meta(options: s.Options) -> dict[str, Any]:
+    def output(*argv: str) -> str:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        except OSError as exc:
+            return f"unavailable: {exc}"
+        text = (done.stdout or done.stderr).strip()
+        return text.splitlines()[0] if text else ""
+
+    from devstack.nats import nats_server_binary
+    from devstack.postgres import install_dir
+
+    return {
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count(),
+        "load_average_at_start": os.getloadavg(), "python": sys.version.split()[0],
+        "git_commit": output("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"),
+        "nats_server": output(str(nats_server_binary()), "--version"),
+        "postgres": output(str(install_dir() / "bin" / "postgres"), "--version"),
+        "server_settings": "nats-server file store, sync_interval: always; PostgreSQL "
+                           "defaults (fsync on, synchronous_commit on)",
+        "tracing_on": "OTLP/HTTP to a local sink, parentbased_traceidratio 0.1",
+        "options": {k: (sorted(v) if isinstance(v, set) else v)
+                    for k, v in vars(options).items()},
+    }  # fmt: skip
+
+
+async def run(options: s.Options, out: Path, keep: bool) -> Results:
+    results = Results(meta(options))
+    base = _scratch()
+    logs = out / "logs"
+    say(f"servers in {base}; results in {out}")
+    try:
+        with Servers(base) as servers:
+            if "on" in options.modes:
+                await servers.start_sink(logs)
+            bench = s.Bench(servers, options, results, logs)
+            try:
+                await _sections(bench)
+            finally:
+                await servers.stop_sink()
+    finally:
+        if keep:
+            say(f"kept {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+    _finish(bench)
+    results.meta["load_average_at_end"] = os.getloadavg()
+    return results
+
+
+def _scratch() -> Path:
+    base = Path(tempfile.mkdtemp(prefix="ferry-bench-"))
+    base.chmod(0o711)  # PostgreSQL's unprivileged user must reach its data directory
+    return base
+
+
+Plan = list[tuple[str, Callable[[], Awaitable[None]]]]
+
+
+async def _sections(bench: s.Bench) -> None:
+    plan = _plan(bench)
+    for number, (name, step) in enumerate(plan, 1):
+        say(f"=== {number}/{len(plan)}: {name}")
+        try:
+            await step()
+        except Exception as exc:  # one failed section is reported; the others still run
+            bench.results.errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            say(f"  FAILED: {type(exc).__name__}: {exc}")
+
+
+def _plan(bench: s.Bench) -> Plan:
+    """The sections to run, in order: mode-independent first, then each tracing mode."""
+    sections, modes = bench.options.sections, bench.options.modes
+    plan: Plan = []
+    if "baselines" in sections:
+        plan.append(("baselines", partial(s.baselines, bench)))
+    if "peer" in sections:
+        plan.append(("peer", partial(s.peer, bench)))
+    for mode in modes:
+        if "publisher" in sections:
+            plan.append((f"publisher [{mode}]", partial(s.publisher_drain, bench, mode)))
+        if "drain" in sections:
+            plan.append((f"drain x1 [{mode}]", partial(s.e2e_drain, bench, mode, 1)))
+            plan.append((f"drain x2 [{mode}]", partial(s.e2e_drain, bench, mode, 2)))
+        if sections & {"latency", "sustained"}:
+            plan.append((f"latency [{mode}]", partial(s.latency, bench, mode)))
+        if "mediation" in sections:
+            plan.append((f"mediation [{mode}]", partial(s.mediation, bench, mode)))
+    if "soak" in sections:
+        plan.append((f"soak [{modes[0]}]", partial(s.soak, bench, modes[0])))
+    return plan
+
+
+def _finish(bench: s.Bench) -> None:
+    """Tracing availability, baselines and ratios, once everything is measured."""
+    results = bench.results
+    if "on" in bench.options.modes and not bench.tracing_available.get("on"):
+        reason = ("not measured: tracing not available (the roles exported no spans to the "
+                  "OTLP sink with FERRY_TRACES_EXPORTER=otlp)")  # fmt: skip
+        for row in results.rows:
+            if "on" in row.values:
+                row.not_measured("on", reason)
+    raw = {r.key: r.values.get("raw") for r in results.rows if r.key.startswith("raw.")}
+    chain = {k: v for k, v in raw.items() if v}
+    labels = {r.key: r.label for r in results.rows}
+    for row in results.rows:
+        if row.key == "ferry.publisher_drain" and raw.get("raw.js_publish"):
+            row.baseline = raw["raw.js_publish"]
+            row.baseline_label = labels["raw.js_publish"]
+        elif row.key.startswith(("ferry.e2e_drain", "ferry.sustained")) and chain:
+            slowest = min(chain, key=lambda k: chain[k] or 0)
+            row.baseline = chain[slowest]
+            row.baseline_label = f"slowest raw stage on the path: {labels[slowest]}"
+    s.finish_peer_ratio(results)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    options = options_from(args)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out or RESULTS / stamp
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    results = asyncio.run(run(options, out, args.keep))
+    results.meta["wall_seconds"] = round(time.monotonic() - began, 1)
+    text = table(results) + "\n\n" + cpu_text(results)
+    if results.errors:
+        text += "\n\nerrors:\n" + "\n".join(f"  {e}" for e in results.errors)
+    print("\n" + text)
+    (out / "table.txt").write_text(text + "\n")
+    write_json(results, out / "results.json")
+    plots = draw_all(results, out)
+    if args.out is None:
+        latest = RESULTS / "latest"
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(out.name)
+    print(f"\nwrote {out / 'results.json'}, {out / 'table.txt'}"
+          + "".join(f", {p.name}" for p in plots))  # fmt: skip
+    return 1 if results.errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,747 @@
+"""The measurements, one coroutine per section of the table.
+
+Every Ferry measurement runs the roles as processes on a fresh :class:`Deployment`;
+every count that decides a figure is read back from the databases or the stream, not
+from what the bench believes it sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import nats
+
+from bench.common import AGGREGATES, say, stream_span, summarize
+from bench.report import Results, Row, Target
+from bench.world import PYTHON, Deployment, Servers, cpu_delta, run_worker
+
+SEA_DURABLE = "vibespro__from_sea"
+SEA_STREAM = "SEA_EVENTS"
+#: A step is sustained when the producer kept ≥ 97 % of the offered rate, every event
+#: was processed within the grace after the producer stopped, and p99 ≤ 500 ms
+#: (the seed's KPI: a backlog that grows during the step shows up as a growing p99).
+SUSTAIN_ACHIEVED = 0.97
+SUSTAIN_P99_MS = 500.0
+#: Longest time without progress before a wait gives up.
+STALL_SECONDS = 60.0
+
+
+@dataclass
+class Options:
+    """What to measure and how big (see ``python -m bench --help``)."""
+
+    rows: int
+    peer_rows: int
+    seconds: float
+    rates: list[int]
+    mediation_rate: int
+    sustain_start: int
+    sustain_step: int
+    sustain_max: int
+    soak_seconds: float
+    soak_rate: int
+    warmup_seconds: float
+    modes: list[str]
+    sections: set[str]
+    peer_workers: int = 32
+    baseline_seconds: float = 10.0
+
+
+@dataclass
+class Bench:
+    """One run: the servers, the options, the results being filled in."""
+
+    servers: Servers
+    options: Options
+    results: Results
+    logs: Any
+    tracing_available: dict[str, bool] = field(default_factory=dict)
+
+    def deployment(self, topology: str, mode: str, label: str) -> Deployment:
+        return Deployment(self.servers, topology, mode == "on", self.logs, label)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+async def wait_for(what: str, count: Callable[[], Awaitable[int]], target: int) -> int:
+    """Poll ``count`` until it reaches ``target``; progress every 5 s; fail on a stall."""
+    started = last_report = last_change = time.monotonic()
+    last = -1
+    while True:
+        now_count = await count()
+        now = time.monotonic()
+        if now_count != last:
+            last, last_change = now_count, now
+        if now_count >= target:
+            return now_count
+        if now - last_report >= 5:
+            rate = now_count / (now - started)
+            say(f"    {what}: {now_count:,}/{target:,} ({rate:,.0f}/s)")
+            last_report = now
+        if now - last_change > STALL_SECONDS:
+            stuck = f"{what}: stuck at {now_count:,}/{target:,} for {STALL_SECONDS:.0f}s"
+            raise TimeoutError(stuck)
+        await asyncio.sleep(0.2)
+
+
+async def fill_outbox(
+    conn: asyncpg.Connection, rows: int, event_type: str = "model_published"
+) -> None:
+    """INSERT ``rows`` events into the outbox in one statement (the caller's transaction)."""
+    if event_type != "model_published":
+        raise ValueError(f"no backlog payload for {event_type!r}")
+    await conn.execute(
+        "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, payload)"
+        " SELECT gen_random_uuid(), 'model', 'm' || (g % $2), 'model_published',"
+        " jsonb_build_object('model_id', 'm' || (g % $2), 'name', 'bench model ' || g)"
+        " FROM generate_series(1, $1) g",
+        rows,
+        AGGREGATES,
+    )
+
+
+async def processed(conn: asyncpg.Connection, durable: str, since: datetime | None = None) -> int:
+    """Rows of ``durable`` processed (optionally: of events that occurred since ``since``)."""
+    if since is None:
+        query = "SELECT count(*) FROM inbox_messages WHERE durable = $1 AND status = 'processed'"
+        return int(await conn.fetchval(query, durable))
+    query = (
+        "SELECT count(*) FROM inbox_messages WHERE durable = $1 AND status = 'processed'"
+        " AND occurred_at >= $2"
+    )
+    return int(await conn.fetchval(query, durable, since))
+
+
+async def handler_books(conn: asyncpg.Connection, handler: str) -> dict[str, int]:
+    """The handler's own record: calls made, ids applied, and dead-lettered inbox rows."""
+    calls = await conn.fetchval("SELECT count(*) FROM handler_calls WHERE handler = $1", handler)
+    applied = await conn.fetchval(
+        "SELECT count(*) FROM handler_applied WHERE handler = $1", handler
+    )
+    failed = await conn.fetchval("SELECT count(*) FROM inbox_messages WHERE status = 'failed'")
+    return {"handler_calls": int(calls), "handler_applied": int(applied),
+            "dead_lettered": int(failed)}  # fmt: skip
+
+
+async def sink_spans(bench: Bench) -> int:
+    return int((await bench.servers.sink_stats())["spans"])
+
+
+def ferry_row(bench: Bench, key: str, label: str, unit: str, **kwargs: Any) -> Row:
+    return bench.results.row(key, label, unit, **kwargs)
+
+
+# ---------------------------------------------------------------------------- baselines
+
+
+async def baselines(bench: Bench) -> None:
+    """Raw JetStream publish and consume, the PostgreSQL transaction, the HTTP round trip."""
+    opts, res = bench.options, bench.results
+    say(f"baselines: JetStream publish/consume of {opts.rows:,}, PostgreSQL and HTTP for "
+        f"{opts.baseline_seconds:.0f}s each")  # fmt: skip
+    details: dict[str, Any] = {}
+    async with bench.deployment("sea-vibespro", "off", "baseline") as dep:
+        url = bench.servers.nats.url
+        jobs: list[tuple[str, list[str]]] = [
+            ("js-publish", ["--nats-url", url, "--rows", str(opts.rows)]),
+            ("js-consume", ["--nats-url", url, "--rows", str(opts.rows)]),
+            ("pg-txn", ["--dsn", dep.dsn("sea"), "--seconds", str(opts.baseline_seconds)]),
+        ]
+        for kind, args in jobs:
+            details[kind] = await _baseline(bench, kind, args)
+        handler_url = await dep.start_handler("vibespro")
+        args = ["--url", handler_url, "--seconds", str(opts.baseline_seconds)]
+        details["http-handler"] = await _baseline(bench, "http-handler", args)
+    res.sections["baselines"] = details
+    rows = [
+        ("raw.js_publish", "raw JetStream publish, pipelined, unique Nats-Msg-Id", "msg/s",
+         details["js-publish"]["msg_s"]),
+        ("raw.js_consume", "raw JetStream pull consume + ack (batch 50)", "msg/s",
+         details["js-consume"]["msg_s"]),
+        ("raw.pg_txn", "raw PostgreSQL state+outbox transaction, 8 connections", "txn/s",
+         details["pg-txn"]["txn_s"]),
+        ("raw.http", "raw HTTP POST /handle to the example handler, 64 in flight", "req/s",
+         details["http-handler"]["req_s"]),
+    ]  # fmt: skip
+    for key, label, unit, value in rows:
+        res.row(key, label, unit).set("raw", value)
+
+
+async def _baseline(bench: Bench, kind: str, args: list[str]) -> dict[str, Any]:
+    book = bench.servers.book
+    before = book.snapshot()
+    started = time.monotonic()
+    result = await run_worker(kind, [PYTHON, "-m", "bench.baselines", kind, *args],
+                              bench_env())  # fmt: skip
+    elapsed = time.monotonic() - started
+    cpu = cpu_delta(before, book.snapshot())
+    cpu["raw client"] = float(result.get("cpu_s", 0.0))
+    count = int(result.get("count", 0))
+    bench.results.book_cpu(f"raw {kind}", "raw", count, min(elapsed, result["seconds"]), cpu)
+    result["cpu_s_by_process"] = cpu
+    rate = result.get("msg_s") or result.get("txn_s") or result.get("req_s")
+    say(f"  {kind}: {rate:,.0f}/s")
+    return result
+
+
+def bench_env() -> dict[str, str]:
+    from bench.world import clean_environ
+
+    return clean_environ()
+
+
+# ------------------------------------------------------------------------ drains
+
+
+async def publisher_drain(bench: Bench, mode: str) -> None:
+    """outbox-publisher emptying a backlog of ``rows`` events into its stream."""
+    rows = bench.options.rows
+    say(f"publisher drain of {rows:,} rows, tracing {mode}")
+    row = ferry_row(bench, "ferry.publisher_drain", f"outbox-publisher drain, {rows:,}-row backlog",
+                    "msg/s", target=Target(">=", 0.6, "≥ 0.6 x raw", ratio=True))  # fmt: skip
+    async with bench.deployment("sea-vibespro", mode, f"pubdrain-{mode}") as dep:
+        await dep.start_publisher("sea")
+        spans0 = await sink_spans(bench)
+        nc = await nats.connect(bench.servers.nats.url)
+        js = nc.jetstream()
+        conn = await asyncpg.connect(dep.dsn("sea"))
+        try:
+            before, started = await _commit_backlog(bench, conn, rows)
+            await wait_for("published", lambda: _stream_count(js, SEA_STREAM), rows)
+            cpu = cpu_delta(before, bench.servers.book.snapshot())
+            first, last, count = await stream_span(js, SEA_STREAM)
+            pending = await conn.fetchval(
+                "SELECT count(*) FROM outbox_events WHERE published_at IS NULL"
+            )
+        finally:
+            await conn.close()
+            await nc.close()
+        spans = await sink_spans(bench) - spans0
+    rate = count / max(last - first, 1e-3)
+    elapsed = time.monotonic() - started
+    bench.results.book_cpu(f"publisher drain {rows:,}", mode, count, elapsed, cpu)
+    bench.results.sections.setdefault("publisher_drain", {})[mode] = {
+        "rows": rows, "in_stream": count, "unpublished_left": int(pending), "msg_s": rate,
+        "seconds": last - first, "spans_exported": spans, "cpu_s": cpu,
+    }  # fmt: skip
+    row.set(mode, rate)
+    _note_spans(bench, mode, spans)
+    say(f"  publisher drain, tracing {mode}: {rate:,.0f} msg/s ({count:,} in stream)")
+
+
+async def _commit_backlog(
+    bench: Bench, conn: asyncpg.Connection, rows: int
+) -> tuple[dict[str, float], float]:
+    """Insert the backlog in one transaction; the CPU book opens just before its commit."""
+    async with conn.transaction():
+        await fill_outbox(conn, rows)
+        before = bench.servers.book.snapshot()
+        started = time.monotonic()
+    return before, started
+
+
+async def _stream_count(js: Any, stream: str) -> int:
+    return int((await js.stream_info(stream)).state.messages)
+
+
+async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
+    """A backlog through publisher, stream, consumer(s), inbox and the example handler."""
+    rows = bench.options.rows
+    say(f"end-to-end drain of {rows:,} events, {replicas} consumer replica(s), tracing {mode}")
+    label = f"end-to-end backlog drain, {rows:,} events, {replicas} consumer" + (
+        "s" if replicas > 1 else ""
+    )
+    target = Target(">=", 3000, "≥ 3,000 msg/s") if replicas == 1 else None
+    row = ferry_row(bench, f"ferry.e2e_drain_{replicas}", label, "msg/s", target=target)
+    async with bench.deployment("sea-vibespro", mode, f"drain{replicas}-{mode}") as dep:
+        handler_url = await dep.start_handler("vibespro")
+        for replica in range(1, replicas + 1):
+            await dep.start_consumer(SEA_DURABLE, handler_url, replica)
+        await dep.start_publisher("sea")
+        spans0 = await sink_spans(bench)
+        nc = await nats.connect(bench.servers.nats.url)
+        sea = await asyncpg.connect(dep.dsn("sea"))
+        target_db = await asyncpg.connect(dep.dsn("vibespro"))
+        try:
+            before, started = await _commit_backlog(bench, sea, rows)
+            await wait_for("processed", lambda: processed(target_db, SEA_DURABLE), rows)
+            cpu = cpu_delta(before, bench.servers.book.snapshot())
+            first, _, _ = await stream_span(nc.jetstream(), SEA_STREAM)
+            last = await target_db.fetchval(
+                "SELECT extract(epoch FROM max(processed_at)) FROM inbox_messages"
+                " WHERE durable = $1", SEA_DURABLE,
+            )  # fmt: skip
+            books = await handler_books(target_db, "vibespro")
+        finally:
+            await sea.close()
+            await target_db.close()
+            await nc.close()
+        spans = await sink_spans(bench) - spans0
+    rate = rows / max(float(last) - first, 1e-3)
+    bench.results.book_cpu(label, mode, rows, time.monotonic() - started, cpu)
+    bench.results.sections.setdefault(f"e2e_drain_{replicas}", {})[mode] = {
+        "rows": rows, "msg_s": rate, "seconds": float(last) - first, **books,
+        "spans_exported": spans, "cpu_s": cpu,
+    }  # fmt: skip
+    row.set(mode, rate)
+    _check_books(bench, label, mode, rows, books)
+    _note_spans(bench, mode, spans)
+    say(f"  end-to-end drain x{replicas}, tracing {mode}: {rate:,.0f} msg/s")
+
+
+def _check_books(bench: Bench, label: str, mode: str, rows: int, books: dict[str, int]) -> None:
+    """Every event applied once, no handler call for an id already applied, none dead."""
+    problems = []
+    if books["handler_applied"] != rows:
+        problems.append(f"{books['handler_applied']:,} applied of {rows:,}")
+    if books["handler_calls"] != books["handler_applied"]:
+        extra = books["handler_calls"] - books["handler_applied"]
+        problems.append(f"{extra:,} handler calls beyond one per event")
+    if books["dead_lettered"]:
+        problems.append(f"{books['dead_lettered']:,} dead-lettered")
+    if problems:
+        bench.results.errors.append(f"{label} [tracing {mode}]: " + "; ".join(problems))
+
+
+def _note_spans(bench: Bench, mode: str, spans: int) -> None:
+    if mode == "on":
+        seen = bench.tracing_available.get("on", False)
+        bench.tracing_available["on"] = seen or spans > 0
+
+
+# ------------------------------------------------------------------ latency under load
+
+
+@dataclass
+class Step:
+    """One fixed-rate step: what the producer did and what the pipeline made of it."""
+
+    rate: int
+    producer: dict[str, Any]
+    latencies: dict[str, list[float]]
+    unprocessed: int
+    cpu: dict[str, float]
+    seconds: float
+
+    def p99(self, series: str) -> float:
+        return summarize(self.latencies[series]).get("p99", float("nan"))
+
+
+async def run_step(
+    bench: Bench, dep: Deployment, lanes: list[dict[str, Any]], seconds: float,
+    measure: Callable[[datetime], Awaitable[tuple[dict[str, list[float]], int]]],
+    expected: Callable[[dict[str, Any]], int], grace: float = 30.0,
+) -> Step:  # fmt: skip
+    """Run the producer for ``seconds``; wait for the pipeline; read latencies back."""
+    spec = {"seconds": seconds, "connections": 8, "lanes": lanes}
+    book = bench.servers.book
+    before = book.snapshot()
+    started = time.monotonic()
+    producer = await run_worker(
+        "loadgen", [PYTHON, "-m", "bench.loadgen", "--spec", json.dumps(spec)], dep.env()
+    )
+    since = datetime.fromtimestamp(producer["wall_start"]).astimezone()
+    want = expected(producer)
+    deadline = time.monotonic() + grace
+    latencies, done = await measure(since)
+    while done < want and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        latencies, done = await measure(since)
+    cpu = cpu_delta(before, book.snapshot())
+    cpu["producer"] = float(producer["cpu_s"])
+    rate = int(sum(lane["rate"] for lane in lanes))
+    return Step(rate, producer, latencies, max(want - done, 0), cpu, time.monotonic() - started)
+
+
+async def sea_latencies(
+    source_dsn: str, target_dsn: str, since: datetime
+) -> tuple[dict[str, list[float]], int]:
+    """Latencies in ms of the events that occurred since ``since``.
+
+    ``processed``: occurred_at → inbox processed_at (after the handler's 200), the
+    headline; ``applied``: occurred_at → the handler's claim in its transaction;
+    ``from_insert``: the outbox row's INSERT (recorded_at, inside the producer's
+    transaction) → processed_at, i.e. without the producer's own queueing.
+    """
+    target = await asyncpg.connect(target_dsn)
+    try:
+        records = await target.fetch(
+            "SELECT i.message_id, i.processed_at,"
+            " extract(epoch FROM i.processed_at - i.occurred_at) * 1000 AS processed,"
+            " extract(epoch FROM a.applied_at - i.occurred_at) * 1000 AS applied"
+            " FROM inbox_messages i LEFT JOIN handler_applied a"
+            " ON a.message_id = i.message_id AND a.handler = 'vibespro'"
+            " WHERE i.durable = $1 AND i.status = 'processed' AND i.occurred_at >= $2",
+            SEA_DURABLE, since,
+        )  # fmt: skip
+    finally:
+        await target.close()
+    source = await asyncpg.connect(source_dsn)
+    try:
+        rows = await source.fetch(
+            "SELECT id, recorded_at FROM outbox_events WHERE occurred_at >= $1", since
+        )
+    finally:
+        await source.close()
+    inserted = {r["id"]: r["recorded_at"] for r in rows}
+    from_insert = [
+        (r["processed_at"] - inserted[r["message_id"]]).total_seconds() * 1000
+        for r in records
+        if r["message_id"] in inserted
+    ]
+    out = {
+        "processed": [float(r["processed"]) for r in records],
+        "applied": [float(r["applied"]) for r in records if r["applied"] is not None],
+        "from_insert": from_insert,
+    }
+    return out, len(records)
+
+
+def _sea_lane(dep: Deployment, rate: int) -> dict[str, Any]:
+    return {"name": "sea", "dsn": dep.dsn("sea"), "event_type": "model_published", "rate": rate}
+
+
+def _committed(producer: dict[str, Any]) -> int:
+    return int(sum(lane["committed"] for lane in producer["lanes"]))
+
+
+LATENCY_TARGETS = {600: 25.0, 1000: 50.0, 1500: 150.0}
+
+
+async def latency(bench: Bench, mode: str) -> None:
+    """Fixed offered loads, then (if selected) the highest sustained rate, on one deployment."""
+    opts = bench.options
+    async with bench.deployment("sea-vibespro", mode, f"latency-{mode}") as dep:
+        handler_url = await dep.start_handler("vibespro")
+        await dep.start_consumer(SEA_DURABLE, handler_url)
+        await dep.start_publisher("sea")
+        source_dsn, target_dsn = dep.dsn("sea"), dep.dsn("vibespro")
+
+        async def measure(since: datetime) -> tuple[dict[str, list[float]], int]:
+            return await sea_latencies(source_dsn, target_dsn, since)
+
+        say(f"latency, tracing {mode}: warm-up {opts.warmup_seconds:.0f}s at 200 msg/s")
+        await run_step(bench, dep, [_sea_lane(dep, 200)], opts.warmup_seconds, measure,
+                       _committed)  # fmt: skip
+        if "latency" in opts.sections:
+            for rate in opts.rates:
+                await _latency_step(bench, dep, mode, rate, measure)
+        if "sustained" in opts.sections:
+            await sustained(bench, dep, mode, measure)
+
+
+async def _latency_step(bench: Bench, dep: Deployment, mode: str, rate: int,
+                        measure: Any) -> None:  # fmt: skip
+    seconds = bench.options.seconds
+    say(f"latency at {rate:,} msg/s offered for {seconds:.0f}s, tracing {mode}")
+    spans0 = await sink_spans(bench)
+    step = await run_step(bench, dep, [_sea_lane(dep, rate)], seconds, measure, _committed)
+    spans = await sink_spans(bench) - spans0
+    _record_latency(bench, mode, f"{rate:,} msg/s", f"ferry.latency_{rate}",
+                    f"end-to-end latency p50/p95/p99 at {rate:,} msg/s offered",
+                    step, "processed", LATENCY_TARGETS.get(rate), spans)  # fmt: skip
+
+
+def _record_latency(
+    bench: Bench, mode: str, series: str, key: str, label: str, step: Step, column: str,
+    target_ms: float | None, spans: int, lane: str = "", book: bool = True,
+) -> None:  # fmt: skip
+    values = step.latencies[column]
+    stats = summarize(values)
+    target = Target("<=", target_ms, f"p99 ≤ {target_ms:.0f} ms") if target_ms else None
+    row = ferry_row(bench, key, label, "ms", target=target)
+    shown = f"{stats.get('p50', 0):.1f}/{stats.get('p95', 0):.1f}/{stats.get('p99', 0):.1f}"
+    row.set(mode, stats.get("p99", float("nan")), shown if values else "n/m")
+    producer = step.producer["lanes"]
+    if lane:
+        producer = [p for p in producer if p["name"] == lane] or producer
+    achieved = sum(p["achieved"] for p in producer)
+    offered = sum(p["offered"] for p in producer)
+    if offered and achieved < SUSTAIN_ACHIEVED * offered:
+        row.notes.append(f"tracing {mode}: the producer achieved only {achieved:,.0f} msg/s")
+    if step.unprocessed:
+        row.notes.append(f"tracing {mode}: {step.unprocessed:,} events not processed in time")
+    bench.results.samples.setdefault(mode, {})[series] = values
+    doc = {"offered": offered, "achieved": achieved, "latency_ms": stats,
+           "other_latencies_ms": {k: summarize(v) for k, v in step.latencies.items()},
+           "unprocessed": step.unprocessed, "producer": step.producer,
+           "spans_exported": spans, "cpu_s": step.cpu}  # fmt: skip
+    bench.results.sections.setdefault("latency", {}).setdefault(mode, {})[series] = doc
+    if book:
+        events = max(_committed(step.producer), 1)
+        what = f"latency {series}" if lane != "module_e" else "mediation, per E event (2 lanes)"
+        bench.results.book_cpu(what, mode, events, step.seconds, step.cpu)
+    _note_spans(bench, mode, spans)
+    say(f"  {series}, tracing {mode}: p50 {stats.get('p50', 0):.1f}  p95 "
+        f"{stats.get('p95', 0):.1f}  p99 {stats.get('p99', 0):.1f} ms "
+        f"(producer {achieved:,.0f}/s, unprocessed {step.unprocessed})")  # fmt: skip
+
+
+async def sustained(bench: Bench, dep: Deployment, mode: str, measure: Any) -> None:
+    """Raise the offered load step by step; the highest step that holds is the figure."""
+    opts = bench.options
+    passed: int | None = None
+    failed: tuple[int, str] | None = None
+    tried: list[dict[str, Any]] = []
+    rate = opts.sustain_start
+    while rate <= opts.sustain_max:
+        verdict = await _sustain_step(bench, dep, mode, rate, measure, tried)
+        if verdict:
+            failed = (rate, verdict)
+            break
+        passed = rate
+        rate += opts.sustain_step
+    if failed is not None and passed is not None and failed[0] - passed > opts.sustain_step // 2:
+        middle = (passed + failed[0]) // 2 // 50 * 50
+        if middle > passed and not await _sustain_step(bench, dep, mode, middle, measure, tried):
+            passed = middle
+    row = ferry_row(bench, "ferry.sustained", "highest sustained rate, producer on the box",
+                    "msg/s", target=Target(">=", 1800, "≥ 1,800 msg/s"))  # fmt: skip
+    row.set(mode, float(passed) if passed is not None else None)
+    if passed is None:
+        row.notes.append(f"tracing {mode}: not even {opts.sustain_start:,} msg/s held")
+    if failed is not None:
+        row.notes.append(f"tracing {mode}: {failed[0]:,} msg/s failed: {failed[1]}")
+    elif passed is not None:
+        row.notes.append(f"tracing {mode}: the search stopped at its ceiling --sustain-max")
+    bench.results.sections.setdefault("sustained", {})[mode] = {
+        "highest": passed, "first_failure": failed, "steps": tried,
+        "criteria": {"achieved_fraction": SUSTAIN_ACHIEVED, "p99_ms": SUSTAIN_P99_MS,
+                     "grace_s": 10},
+    }  # fmt: skip
+
+
+async def _sustain_step(bench: Bench, dep: Deployment, mode: str, rate: int, measure: Any,
+                        tried: list[dict[str, Any]]) -> str:  # fmt: skip
+    """Run one step; return why it failed ('' when it held)."""
+    seconds = bench.options.seconds
+    say(f"sustained? {rate:,} msg/s for {seconds:.0f}s, tracing {mode}")
+    step = await run_step(bench, dep, [_sea_lane(dep, rate)], seconds, measure, _committed,
+                          grace=10.0)  # fmt: skip
+    lane = step.producer["lanes"][0]
+    p99 = step.p99("processed")
+    reasons = []
+    if lane["errors"]:
+        reasons.append(f"{lane['errors']} producer errors")
+    if lane["achieved"] < SUSTAIN_ACHIEVED * rate:
+        reasons.append(f"producer achieved {lane['achieved']:,.0f} msg/s")
+    if step.unprocessed:
+        reasons.append(f"{step.unprocessed:,} events unprocessed 10 s after the producer stopped")
+    if not p99 <= SUSTAIN_P99_MS:
+        reasons.append(f"p99 {p99:,.0f} ms")
+    verdict = "; ".join(reasons)
+    tried.append({"rate": rate, "achieved": lane["achieved"], "p99_ms": p99,
+                  "unprocessed": step.unprocessed, "held": not verdict, "why_not": verdict,
+                  "cpu_s": step.cpu})  # fmt: skip
+    bench.results.book_cpu(f"sustained step {rate:,} msg/s", mode,
+                           max(lane["committed"], 1), step.seconds, step.cpu)  # fmt: skip
+    say(f"  {rate:,} msg/s: {'held' if not verdict else 'failed: ' + verdict} (p99 {p99:,.1f} ms)")
+    return verdict
+
+
+# ----------------------------------------------------------------------------- mediation
+
+
+async def mediation(bench: Bench, mode: str) -> None:
+    """Lanes E→F and F→G of INFRA-005 together, producer feeding E at the E→F peak."""
+    opts = bench.options
+    rate = opts.mediation_rate
+    say(f"mediation lanes, {rate:,} msg/s into E→F (each forwarded F→G), tracing {mode}")
+    async with bench.deployment("mediation", mode, f"mediation-{mode}") as dep:
+        f_url = await dep.start_handler("module_f")
+        g_url = await dep.start_handler("module_g")
+        await dep.start_consumer("cg_f_ingest", f_url)
+        await dep.start_consumer("cg_g_archive", g_url)
+        await dep.start_publisher("module_e")
+        await dep.start_publisher("module_f")
+        f_dsn, g_dsn = dep.dsn("module_f"), dep.dsn("module_g")
+
+        async def measure(since: datetime) -> tuple[dict[str, list[float]], int]:
+            return await mediation_latencies(f_dsn, g_dsn, since)
+
+        lane = {"name": "module_e", "dsn": dep.dsn("module_e"),
+                "event_type": "opportunity_scored", "rate": rate}  # fmt: skip
+        await run_step(bench, dep, [{**lane, "rate": 200}], opts.warmup_seconds, measure,
+                       _committed)  # fmt: skip
+        spans0 = await sink_spans(bench)
+        step = await run_step(bench, dep, [lane], opts.seconds, measure, _committed)
+        spans = await sink_spans(bench) - spans0
+    series = {"e_to_f": "E→F", "f_to_g": "F→G", "e_to_g": "E→F→G"}
+    for column, name in series.items():
+        _record_latency(
+            bench, mode, f"mediation {name}", f"ferry.mediation_{column}",
+            f"mediation {name} latency p50/p95/p99, {rate:,} E→F + {rate:,} F→G msg/s",
+            step, column, 50.0 if column != "e_to_g" else None, spans, lane="module_e",
+            book=column == "e_to_f",
+        )  # fmt: skip
+
+
+async def mediation_latencies(
+    f_dsn: str, g_dsn: str, since: datetime
+) -> tuple[dict[str, list[float]], int]:
+    """E→F (F's inbox), F→G (G's inbox) and E→G through F's forward (causation id)."""
+    f = await asyncpg.connect(f_dsn)
+    g = await asyncpg.connect(g_dsn)
+    try:
+        f_rows = await f.fetch(
+            "SELECT message_id, occurred_at, processed_at FROM inbox_messages"
+            " WHERE durable = 'cg_f_ingest' AND status = 'processed' AND occurred_at >= $1",
+            since,
+        )
+        forwards = await f.fetch(
+            "SELECT id, causation_id FROM outbox_events WHERE occurred_at >= $1", since
+        )
+        g_rows = await g.fetch(
+            "SELECT message_id, occurred_at, processed_at FROM inbox_messages"
+            " WHERE durable = 'cg_g_archive' AND status = 'processed' AND occurred_at >= $1",
+            since,
+        )
+    finally:
+        await f.close()
+        await g.close()
+    e_occurred = {r["message_id"]: r["occurred_at"] for r in f_rows}
+    cause = {r["id"]: r["causation_id"] for r in forwards}
+    ms = 1000.0
+    e_to_f = [(r["processed_at"] - r["occurred_at"]).total_seconds() * ms for r in f_rows]
+    f_to_g = [(r["processed_at"] - r["occurred_at"]).total_seconds() * ms for r in g_rows]
+    e_to_g = []
+    for r in g_rows:
+        origin = e_occurred.get(cause.get(r["message_id"]))
+        if origin is not None:
+            e_to_g.append((r["processed_at"] - origin).total_seconds() * ms)
+    # Done when every E event has come out of G as well.
+    return {"e_to_f": e_to_f, "f_to_g": f_to_g, "e_to_g": e_to_g}, len(e_to_g)
+
+
+# ----------------------------------------------------------------------------- the peer
+
+
+async def peer(bench: Bench) -> None:
+    """faststream-outbox relaying the same kind of backlog into the same nats-server."""
+    rows = bench.options.peer_rows
+    say(f"faststream-outbox drain of {rows:,} rows (the closest Python peer)")
+    row = bench.results.row("peer.faststream_outbox", f"faststream-outbox drain, {rows:,} rows",
+                            "msg/s")  # fmt: skip
+    ratio_row = bench.results.row(
+        "ferry.vs_peer",
+        "outbox-publisher drain / faststream-outbox drain",
+        "x",
+        target=Target(">=", 1.5, "≥ 1.5 x"),
+    )
+    pg = bench.servers.pg
+    conn = await asyncpg.connect(pg.dsn("postgres"))
+    try:
+        await conn.execute("DROP DATABASE IF EXISTS bench_peer WITH (FORCE)")
+        await conn.execute("CREATE DATABASE bench_peer")
+    finally:
+        await conn.close()
+    nc = await nats.connect(bench.servers.nats.url)
+    try:
+        js = nc.jetstream()
+        for info in await js.streams_info():
+            await js.delete_stream(info.config.name or "")
+    finally:
+        await nc.close()
+    book = bench.servers.book
+    before = book.snapshot()
+    started = time.monotonic()
+    argv = [PYTHON, "-m", "bench.peer", "--dsn", pg.dsn("bench_peer"), "--nats-url",
+            bench.servers.nats.url, "--rows", str(rows), "--workers",
+            str(bench.options.peer_workers)]  # fmt: skip
+    result = await run_worker("peer", argv, bench_env())
+    cpu = cpu_delta(before, book.snapshot())
+    bench.results.sections["peer"] = result
+    if "error" in result:
+        row.not_measured("raw", result["error"])
+        ratio_row.not_measured("raw", result["error"])
+        say(f"  faststream-outbox: not measured: {result['error']}")
+        return
+    cpu["faststream-outbox"] = float(result.get("cpu_s", 0.0))
+    bench.results.book_cpu(f"faststream-outbox drain {rows:,}", "raw", int(result["in_stream"]),
+                           time.monotonic() - started, cpu)  # fmt: skip
+    row.set("raw", float(result["msg_s"]))
+    say(f"  faststream-outbox: {result['msg_s']:,.0f} msg/s")
+
+
+def finish_peer_ratio(results: Results) -> None:
+    """The publisher-to-peer ratio per mode, once both are known."""
+    peer_row = next((r for r in results.rows if r.key == "peer.faststream_outbox"), None)
+    pub = next((r for r in results.rows if r.key == "ferry.publisher_drain"), None)
+    ratio = next((r for r in results.rows if r.key == "ferry.vs_peer"), None)
+    if peer_row is None or pub is None or ratio is None:
+        return
+    peer_rate = peer_row.values.get("raw")
+    if not peer_rate:
+        return
+    ratio.values.pop("raw", None)
+    ratio.shown.pop("raw", None)
+    for mode, value in pub.values.items():
+        if value is not None:
+            ratio.set(mode, value / peer_rate, f"{value / peer_rate:.2f}")
+
+
+# -------------------------------------------------------------------------------- soak
+
+
+async def soak(bench: Bench, mode: str) -> None:
+    """Resident memory of every role over a long run at a fixed rate."""
+    opts = bench.options
+    seconds, rate = opts.soak_seconds, opts.soak_rate
+    say(f"soak: {rate:,} msg/s for {seconds:.0f}s, resident memory of every role, tracing {mode}")
+    row = ferry_row(bench, "ferry.rss_growth",
+                    f"largest resident-memory growth of a role, {seconds:.0f}s at {rate:,} msg/s",
+                    "%", target=Target("<=", 10.0, "≤ 10 %"))  # fmt: skip
+    async with bench.deployment("sea-vibespro", mode, f"soak-{mode}") as dep:
+        handler_url = await dep.start_handler("vibespro")
+        await dep.start_consumer(SEA_DURABLE, handler_url)
+        await dep.start_publisher("sea")
+        samples: list[dict[str, Any]] = []
+        stop = asyncio.Event()
+
+        async def sample() -> None:
+            began = time.monotonic()
+            every = max(seconds / 60, 1.0)
+            while not stop.is_set():
+                rss = {n: v for n, v in bench.servers.book.rss().items() if n in dep.role_names}
+                samples.append({"t": round(time.monotonic() - began, 1), "rss": rss})
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=every)
+                except TimeoutError:
+                    continue
+
+        sampler = asyncio.create_task(sample())
+        source_dsn, target_dsn = dep.dsn("sea"), dep.dsn("vibespro")
+
+        async def measure(since: datetime) -> tuple[dict[str, list[float]], int]:
+            return await sea_latencies(source_dsn, target_dsn, since)
+
+        step = await run_step(bench, dep, [_sea_lane(dep, rate)], seconds, measure, _committed)
+        stop.set()
+        await sampler
+    growth = _rss_growth(samples)
+    worst = max(growth.values(), default=float("nan"))
+    row.set(mode, worst)
+    bench.results.sections.setdefault("soak", {})[mode] = {
+        "rate": rate, "seconds": seconds, "growth_percent": growth, "samples": samples,
+        "latency_ms": summarize(step.latencies["processed"]), "unprocessed": step.unprocessed,
+    }  # fmt: skip
+    say("  resident memory growth per role: "
+        + ", ".join(f"{n} {g:+.1f} %" for n, g in growth.items()))  # fmt: skip
+
+
+def _rss_growth(samples: list[dict[str, Any]]) -> dict[str, float]:
+    """Per role: last sample against the first one after the first fifth (warm-up)."""
+    if len(samples) < 3:
+        return {}
+    start = samples[max(1, len(samples) // 5)]["rss"]
+    end = samples[-1]["rss"]
+    return {n: round((end[n] - start[n]) / start[n] * 100, 1)
+            for n in start if n in end and start[n]}  # fmt: skip

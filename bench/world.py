@@ -1,0 +1,438 @@
+"""The bench's world: servers, deployments of Ferry's roles as real processes, CPU books.
+
+Everything runs on this machine: one nats-server (file store, ``sync_interval: always``,
+as :mod:`devstack.nats` always writes it) and one PostgreSQL with its default durability
+settings (fsync and synchronous_commit on), both in a temporary directory. Each
+measurement gets a fresh :class:`Deployment` — its own databases (a prefix per
+deployment), every stream deleted and provisioned anew — so nothing one measurement
+leaves behind is seen by the next.
+
+Roles run as the commands an operator runs (``python -m services.outbox_publisher``
+...), configured only through ``FERRY_*`` variables, each in its own process, so that
+no GIL is shared between them and the load generator. :class:`CpuBook` reads the CPU
+time of every process (PostgreSQL's whole process tree included) at the start and end
+of a measurement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+import aiohttp
+import asyncpg
+import nats
+import psutil
+import yaml
+
+from bench.common import PROGRESS_PREFIX, ROOT, parse_result
+from devstack.nats import NatsServer
+from devstack.ports import free_port
+from devstack.postgres import PostgresServer
+from shared.adapters.postgres import migrate_database
+from shared.provision import Caps, provision
+from shared.topology import Topology, load_topology
+
+PYTHON = sys.executable
+#: Every stream's max_bytes (JetStream reserves it on disk); 100,000 events need ~60 MB.
+STREAM_BYTES = "2GB"
+#: Longest wait for a role to answer /readyz.
+READY_TIMEOUT = 60.0
+#: SIGTERM, then this long for the drain, then SIGKILL.
+STOP_TIMEOUT = 20.0
+#: The sampler every tracing-on measurement uses: 10 % of new traces, parents obeyed.
+TRACES_SAMPLER = "parentbased_traceidratio"
+TRACES_RATIO = "0.1"
+
+_deployments = itertools.count(1)
+
+
+@dataclass
+class Proc:
+    """A child process the bench started (a role, a worker, the OTLP sink)."""
+
+    name: str
+    kind: str
+    process: asyncio.subprocess.Process
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        """Its process id."""
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """Whether it still runs."""
+        return self.process.returncode is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines of its log."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    async def stop(self) -> int:
+        """SIGTERM, wait for its drain, SIGKILL if it outlives STOP_TIMEOUT."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.process.wait(), timeout=STOP_TIMEOUT)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.kill()
+                await self.process.wait()
+        return int(self.process.returncode or 0)
+
+
+async def spawn(
+    name: str, kind: str, argv: Sequence[str], env: Mapping[str, str], logs: Path
+) -> Proc:
+    """Start ``argv`` in its own session, output to ``logs/<name>.log`` (``logs`` exists)."""
+    log_path = logs / f"{name}.log"
+    with log_path.open("ab") as log:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            env=dict(env),
+            cwd=ROOT,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Proc(name, kind, process, log_path)
+
+
+async def run_worker(
+    name: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    on_start: Callable[[int], None] | None = None,
+    echo: bool = True,
+) -> dict[str, Any]:
+    """Run a worker (``python -m bench.X``) to its end and return the result it printed.
+
+    Its progress lines (:func:`bench.common.progress`) are echoed as they come, its
+    other output kept for the error message; ``on_start`` gets its pid.
+    """
+    process = await asyncio.create_subprocess_exec(
+        *argv,
+        env=dict(env),
+        cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    if on_start is not None:
+        on_start(process.pid)
+    assert process.stdout is not None and process.stderr is not None
+    tail: list[str] = []
+
+    async def pump(stream: asyncio.StreamReader) -> None:
+        async for raw in stream:
+            line = raw.decode(errors="replace").rstrip()
+            if line.startswith(PROGRESS_PREFIX):
+                if echo:
+                    print(f"      {line[len(PROGRESS_PREFIX) :]}", flush=True)
+                continue
+            tail.append(line)
+            del tail[:-20]
+
+    stdout_task = asyncio.create_task(process.stdout.read())
+    await pump(process.stderr)
+    stdout = (await stdout_task).decode(errors="replace")
+    code = await process.wait()
+    if code != 0:
+        raise RuntimeError(f"{name} exited with {code}: " + " | ".join(tail[-8:]))
+    return parse_result(stdout)
+
+
+class CpuBook:
+    """CPU seconds (user + system) of named processes, readable at any moment.
+
+    A process registered as a tree (PostgreSQL's postmaster) counts itself, its live
+    children and every child it has reaped, so backends that come and go between two
+    readings are counted too. A process that exited keeps its last reading.
+    """
+
+    def __init__(self) -> None:
+        self._procs: dict[str, tuple[psutil.Process, bool]] = {}
+        self._last: dict[str, float] = {}
+
+    def add(self, name: str, pid: int, *, tree: bool = False) -> None:
+        """Follow ``pid`` under ``name``."""
+        with contextlib.suppress(psutil.Error):
+            self._procs[name] = (psutil.Process(pid), tree)
+            self._last[name] = self._read(name)
+
+    def forget(self, name: str) -> None:
+        """Stop following ``name``."""
+        self._procs.pop(name, None)
+
+    def _read(self, name: str) -> float:
+        proc, tree = self._procs[name]
+        try:
+            with proc.oneshot():
+                times = proc.cpu_times()
+                total = times.user + times.system
+                if tree:
+                    total += times.children_user + times.children_system
+                    for child in proc.children(recursive=True):
+                        with contextlib.suppress(psutil.Error):
+                            child_times = child.cpu_times()
+                            total += child_times.user + child_times.system
+        except psutil.Error:
+            return self._last.get(name, 0.0)
+        self._last[name] = float(total)
+        return float(total)
+
+    def snapshot(self) -> dict[str, float]:
+        """Every followed process's CPU seconds now."""
+        return {name: self._read(name) for name in list(self._procs)}
+
+    def rss(self) -> dict[str, int]:
+        """Resident memory (bytes) of every followed process that is not a tree."""
+        out: dict[str, int] = {}
+        for name, (proc, tree) in list(self._procs.items()):
+            if not tree:
+                with contextlib.suppress(psutil.Error):
+                    out[name] = int(proc.memory_info().rss)
+        return out
+
+
+def cpu_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """CPU seconds each process spent between two snapshots."""
+    return {name: round(after[name] - before.get(name, 0.0), 3) for name in after}
+
+
+def _server_pid(server: NatsServer | PostgresServer) -> int:
+    # devstack keeps the child it spawned privately; the bench only reads its pid.
+    spawned = server._spawned
+    if spawned is None:
+        raise RuntimeError("server is not running")
+    return int(spawned.proc.pid)
+
+
+class Servers:
+    """nats-server and PostgreSQL in ``base`` for the whole run, and the OTLP sink."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.nats = NatsServer(base / "nats")
+        self.pg = PostgresServer(base / "pg" / "data")
+        self.book = CpuBook()
+        self.sink: Proc | None = None
+        self.sink_port: int | None = None
+
+    def __enter__(self) -> Self:
+        self.nats.start()
+        try:
+            self.pg.start()
+        except BaseException:
+            self.nats.stop()
+            raise
+        self.book.add("nats-server", _server_pid(self.nats))
+        self.book.add("postgres", _server_pid(self.pg), tree=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.pg.stop()
+        finally:
+            self.nats.stop()
+
+    async def start_sink(self, logs: Path) -> None:
+        """Start the OTLP sink that stands in for a collector (tracing-on runs)."""
+        self.sink_port = free_port()
+        argv = [PYTHON, "-m", "bench.otlp_sink", "--port", str(self.sink_port)]
+        self.sink = await spawn("otlp-sink", "sink", argv, clean_environ(), logs)
+        await wait_http(f"http://127.0.0.1:{self.sink_port}/stats", self.sink)
+        self.book.add("otlp-sink", self.sink.pid)
+
+    async def sink_stats(self) -> dict[str, int]:
+        """Requests, spans and bytes the sink has received so far."""
+        if self.sink_port is None:
+            return {"requests": 0, "spans": 0, "bytes": 0}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{self.sink_port}/stats") as resp,
+        ):
+            stats: dict[str, int] = await resp.json()
+            return stats
+
+    async def stop_sink(self) -> None:
+        """Stop the sink."""
+        if self.sink is not None:
+            await self.sink.stop()
+            self.book.forget("otlp-sink")
+            self.sink = None
+
+    def tracing_env(self, on: bool) -> dict[str, str]:
+        """FERRY_* variables for tracing on (OTLP to the sink, 10 % parent-based) or off."""
+        if not on:
+            return {"FERRY_TRACES_EXPORTER": "none"}
+        if self.sink_port is None:
+            raise RuntimeError("tracing on needs the OTLP sink started")
+        return {
+            "FERRY_TRACES_EXPORTER": "otlp",
+            "FERRY_OTLP_PROTOCOL": "http/protobuf",
+            "FERRY_OTLP_ENDPOINT": f"http://127.0.0.1:{self.sink_port}",
+            "FERRY_TRACES_SAMPLER": TRACES_SAMPLER,
+            "FERRY_TRACES_SAMPLER_ARG": TRACES_RATIO,
+        }
+
+
+def clean_environ() -> dict[str, str]:
+    """This environment without FERRY_* and OTEL_* (the bench sets those), repo on the path."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("FERRY_", "OTEL_", "PYTHONPATH"))
+    }
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+async def wait_http(url: str, proc: Proc, *, timeout: float = READY_TIMEOUT) -> None:
+    """Poll ``url`` until it answers 200; fail naming the process if it dies or stalls."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited early:\n{proc.log_tail()}")
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{proc.name} not ready after {timeout:.0f}s:\n{proc.log_tail()}")
+
+
+@dataclass
+class Deployment:
+    """One topology on fresh databases and fresh streams, and the roles started on it."""
+
+    servers: Servers
+    topology_name: str
+    tracing: bool
+    logs: Path
+    label: str
+    prefix: str = field(default_factory=lambda: f"b{next(_deployments)}")
+    procs: list[Proc] = field(default_factory=list)
+    #: The roles' names in the CPU book (``publisher-sea``, ``consumer-<durable>-1`` ...).
+    role_names: list[str] = field(default_factory=list)
+
+    async def __aenter__(self) -> Self:
+        doc: dict[str, Any] = yaml.safe_load(
+            (ROOT / "topologies" / f"{self.topology_name}.yaml").read_text()
+        )
+        for ctx in doc["contexts"].values():
+            ctx["database"] = f"{self.prefix}_{ctx['database']}"
+        self.path = self.servers.base / f"{self.prefix}-{self.topology_name}.yaml"
+        self.path.write_text(yaml.safe_dump(doc))
+        self.topology: Topology = load_topology(self.path)
+        for database in self.topology.databases():
+            await migrate_database(self.servers.pg.dsn(database))
+        await self._fresh_streams()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop_roles()
+        await self._drop_databases()
+
+    async def _fresh_streams(self) -> None:
+        nc = await nats.connect(self.servers.nats.url)
+        try:
+            js = nc.jetstream()
+            for info in await js.streams_info():
+                await js.delete_stream(info.config.name or "")
+            caps = Caps(max_replicas=1, max_bytes=2 * 1000**3)
+            await provision(js, self.topology, caps=caps)
+        finally:
+            await nc.close()
+
+    async def _drop_databases(self) -> None:
+        conn = await asyncpg.connect(self.servers.pg.dsn("postgres"))
+        try:
+            for database in self.topology.databases():
+                await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    def dsn(self, context: str) -> str:
+        """DSN of a context's database."""
+        return self.servers.pg.dsn(self.topology.contexts[context].database)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment of a role (or of the load generator) on this deployment."""
+        databases = {d: self.servers.pg.dsn(d) for d in self.topology.databases()}
+        env = clean_environ()
+        env.update(
+            FERRY_TOPOLOGY=str(self.path),
+            FERRY_NATS_URL=self.servers.nats.url,
+            FERRY_DATABASES=json.dumps(databases),
+            FERRY_MAX_STREAM_REPLICAS="1",
+            FERRY_MAX_STREAM_BYTES=STREAM_BYTES,
+            FERRY_LOG_LEVEL="INFO",
+        )
+        env.update(self.servers.tracing_env(self.tracing))
+        env.update(extra)
+        return env
+
+    async def _start(self, name: str, kind: str, argv: list[str], **extra: str) -> Proc:
+        port = free_port()
+        proc = await spawn(
+            f"{self.label}-{name}", kind, argv, self.env(FERRY_HEALTH_PORT=str(port), **extra),
+            self.logs,
+        )  # fmt: skip
+        self.procs.append(proc)
+        await wait_http(f"http://127.0.0.1:{port}/readyz", proc)
+        self.servers.book.add(name, proc.pid)
+        self.role_names.append(name)
+        return proc
+
+    async def start_handler(self, service: str) -> str:
+        """Start an example handler service; return its /handle URL."""
+        port = free_port()
+        argv = [PYTHON, "-m", "services.handlers", "--service", service, "--port", str(port)]
+        name = f"handler-{service}"
+        proc = await spawn(f"{self.label}-{name}", "handler", argv, self.env(), self.logs)
+        self.procs.append(proc)
+        await wait_http(f"http://127.0.0.1:{port}/readyz", proc)
+        self.servers.book.add(name, proc.pid)
+        self.role_names.append(name)
+        return f"http://127.0.0.1:{port}/handle"
+
+    async def start_consumer(self, durable: str, handler_url: str, replica: int = 1) -> Proc:
+        """Start one inbox-consumer replica of ``durable`` calling ``handler_url``."""
+        argv = [PYTHON, "-m", "services.inbox_consumer", "--durable", durable]
+        name = f"consumer-{durable}-{replica}"
+        return await self._start(name, "consumer", argv, FERRY_HANDLER_URL=handler_url)
+
+    async def start_publisher(self, context: str) -> Proc:
+        """Start the outbox-publisher of ``context``."""
+        argv = [PYTHON, "-m", "services.outbox_publisher", "--context", context]
+        return await self._start(f"publisher-{context}", "publisher", argv)
+
+    async def stop_roles(self) -> dict[str, int]:
+        """Stop every role (SIGTERM, drain) and return their exit codes."""
+        codes = {}
+        for proc in reversed(self.procs):
+            codes[proc.name] = await proc.stop()
+        for name in self.role_names:
+            self.servers.book.forget(name)
+        self.procs.clear()
+        self.role_names.clear()
+        return codes

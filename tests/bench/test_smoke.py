@@ -1,0 +1,96 @@
+"""Smoke test of ``python -m bench``: every section at tiny sizes, so the command cannot rot.
+
+No figure is judged here (the CI machine is shared and the sizes are tiny); what is
+checked is what a user of the benchmark relies on: the command runs every section to
+the end, each figure comes with its independent counts (every event in the stream,
+every event applied once by the handler, none dead-lettered, the latency samples are
+the events the producer committed), tracing-on runs really export spans, and the table,
+the JSON and the plots are written.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = 200
+RATE = 200
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("bench") / "out"
+    argv = [
+        sys.executable, "-m", "bench", "--quick", "--tracing", "on",
+        "--rows", str(ROWS), "--peer-rows", "100", "--rates", str(RATE),
+        "--mediation-rate", "100", "--sustain-start", "100", "--sustain-max", "100",
+        "--soak-seconds", "3", "--soak-rate", "100", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    doc: dict[str, Any] = json.loads((out / "results.json").read_text())
+    return out, doc, done.stdout
+
+
+def _rows(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {row["key"]: row for row in doc["table"]}
+
+
+def test_every_section_produces_its_figures(run: tuple[Path, dict[str, Any], str]) -> None:
+    _, doc, stdout = run
+    assert doc["errors"] == []
+    rows = _rows(doc)
+    for key in ("raw.js_publish", "raw.js_consume", "raw.pg_txn", "raw.http",
+                "peer.faststream_outbox"):  # fmt: skip
+        assert rows[key]["values"]["raw"] > 0, key
+    for key in ("ferry.publisher_drain", "ferry.e2e_drain_1", "ferry.e2e_drain_2",
+                "ferry.vs_peer"):  # fmt: skip
+        assert rows[key]["values"]["on"] > 0, key
+    for key in (f"ferry.latency_{RATE}", "ferry.mediation_e_to_f", "ferry.mediation_f_to_g",
+                "ferry.mediation_e_to_g", "ferry.rss_growth", "ferry.sustained"):  # fmt: skip
+        assert key in rows, key
+    assert rows["ferry.publisher_drain"]["baseline"] == rows["raw.js_publish"]["values"]["raw"]
+    assert "verdict" in stdout and "CPU µs per message" in stdout
+
+
+def test_drains_count_every_event_once(run: tuple[Path, dict[str, Any], str]) -> None:
+    sections = run[1]["sections"]
+    drain = sections["publisher_drain"]["on"]
+    assert (drain["in_stream"], drain["unpublished_left"]) == (ROWS, 0)
+    for replicas in (1, 2):
+        e2e = sections[f"e2e_drain_{replicas}"]["on"]
+        assert e2e["handler_applied"] == ROWS
+        assert e2e["handler_calls"] == ROWS
+        assert e2e["dead_lettered"] == 0
+
+
+def test_latency_covers_every_committed_event(run: tuple[Path, dict[str, Any], str]) -> None:
+    sections = run[1]["sections"]
+    step = sections["latency"]["on"][f"{RATE} msg/s"]
+    committed = sum(lane["committed"] for lane in step["producer"]["lanes"])
+    assert committed > 0
+    assert step["unprocessed"] == 0
+    assert step["latency_ms"]["count"] == committed
+    assert step["spans_exported"] > 0  # tracing on really traced
+    mediation = sections["latency"]["on"]["mediation E→F→G"]
+    assert mediation["latency_ms"]["count"] == sum(
+        lane["committed"] for lane in mediation["producer"]["lanes"]
+    )
+    assert sections["sustained"]["on"]["steps"]
+    assert sections["soak"]["on"]["samples"]
+
+
+def test_writes_table_and_plots(run: tuple[Path, dict[str, Any], str]) -> None:
+    out = run[0]
+    assert "verdict" in (out / "table.txt").read_text()
+    for name in ("latency_cdf.png", "latency_percentiles.png", "throughput.png",
+                 "cpu_per_message.png"):  # fmt: skip
+        assert (out / name).read_bytes().startswith(b"\x89PNG"), name
