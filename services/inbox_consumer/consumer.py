@@ -53,6 +53,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 RECORD_BODY_LIMIT = 64 * 1024
 #: The decision code of a delivery that failed on its last attempt.
 EXHAUSTED = "MAX_DELIVERIES_EXCEEDED"
+#: First and longest pause (s) between inbox claims while the database is unreachable.
+INBOX_RETRY_INITIAL = 0.2
+INBOX_RETRY_MAX = 5.0
 #: Delay before a copy that lost the race for an id is offered again.
 CONTENDED_DELAY = 1.0
 #: Failures that leave a dead letter unwritten: the message is nak'ed and tried again.
@@ -77,6 +80,7 @@ class ConsumerStats:
     handler_calls: int = 0
     contended: int = 0
     auth_refusals: int = 0
+    inbox_unavailable: int = 0
     alerts: int = 0
     bound: bool = False
     retries_by_reason: dict[str, int] = field(default_factory=dict)
@@ -221,12 +225,8 @@ class InboxConsumer:
                 await self._nak(delivery.msg, CONTENDED_DELAY)
                 continue
             unique[delivery.message_id] = delivery
-        try:
-            claim = await self._claim(list(unique.values()))
-        except DATABASE_ERRORS as exc:
-            log.warning("inbox unavailable (%s): batch will be redelivered", exc)
-            for delivery in unique.values():
-                await self._nak(delivery.msg, self.policy.delay(delivery.attempt))
+        claim = await self._claim_holding(list(unique.values()))
+        if claim is None:
             return
         await self._settle_unclaimed(unique, claim)
         claimed = [unique[mid] for mid in claim.claimed]
@@ -234,6 +234,34 @@ class InboxConsumer:
             delivery.span = self._process_span(delivery)
         decisions = await asyncio.gather(*(self._traced_decide(d) for d in claimed))
         await self._settle(list(zip(claimed, decisions, strict=True)))
+
+    async def _claim_holding(self, deliveries: list[Delivery]) -> ClaimResult | None:
+        """Claim the batch; while the inbox is unreachable, hold it rather than nak it.
+
+        An unreachable inbox says nothing about the messages: nak'ing them would spend a
+        delivery per attempt and, over a long outage, exhaust max_deliver and dead-letter
+        healthy events. So the batch is held (heart-beating, so JetStream neither
+        redelivers nor counts a delivery) and no more is fetched — back-pressure — until
+        the database answers. Only a stop gives up: the batch is nak'ed for another
+        replica (or the next start) and None is returned.
+        """
+        pause = INBOX_RETRY_INITIAL
+        while True:
+            try:
+                return await self._claim(deliveries)
+            except DATABASE_ERRORS as exc:
+                self.stats.inbox_unavailable += 1
+                if self._stop.is_set():
+                    log.warning("inbox unavailable (%s) while stopping: batch nak'ed", exc)
+                    for delivery in deliveries:
+                        await self._nak(delivery.msg, CONTENDED_DELAY)
+                    return None
+                log.warning("inbox unavailable (%s): holding the batch, again in %.1fs", exc, pause)
+            for delivery in deliveries:
+                await _quiet(delivery.msg.in_progress())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=pause)
+            pause = min(pause * 2, min(INBOX_RETRY_MAX, self.heartbeat_every))
 
     async def _claim(self, deliveries: list[Delivery]) -> ClaimResult:
         async with self.pool.acquire() as conn:

@@ -107,15 +107,24 @@ class RunningConsumer:
     """The role's consumer class, in-process."""
 
     def __init__(
-        self, env: Env, nc: NATS, url: str, *, concurrency: int = 16, durable: str = DURABLE
+        self,
+        env: Env,
+        nc: NATS,
+        url: str,
+        *,
+        concurrency: int = 16,
+        durable: str = DURABLE,
+        dsn: str | None = None,
     ) -> None:
         self.env, self.nc, self.url, self.concurrency = env, nc, url, concurrency
-        self.durable = durable
+        self.durable, self.dsn = durable, dsn
         self.stop = asyncio.Event()
 
     async def __aenter__(self) -> InboxConsumer:
         spec = self.env.topology.durables[self.durable]
-        self.pool = await asyncpg.create_pool(self.env.dsn("sea"), min_size=1, max_size=4)
+        self.pool = await asyncpg.create_pool(
+            self.dsn or self.env.dsn("sea"), min_size=1, max_size=4
+        )
         self.http = HttpHandler(
             self.url, timeout=spec.handler.timeout, connections=self.concurrency
         )
