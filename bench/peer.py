@@ -29,7 +29,7 @@ from typing import Any
 import asyncpg
 import nats
 
-from bench.common import emit, progress
+from bench.common import emit, progress, stream_span
 
 #: faststream-outbox's queue name for the relay and the table it lives in.
 QUEUE = "relay"
@@ -107,15 +107,13 @@ async def drain(dsn: str, nats_url: str, rows: int, workers: int, batch: int) ->
     await broker.start()
     cpu0, started = time.process_time(), time.perf_counter()
     await outbox.start()
-    await _until_empty(engine, rows, started)
+    await _until_relayed(js, engine, rows, started)
     cpu = time.process_time() - cpu0
     await outbox.stop()
     await broker.stop()
     await engine.dispose()
-    info = await js.stream_info(STREAM)
-    first, last = await _stream_span(js)
+    first, last, in_stream = await stream_span(js, STREAM)
     await nc.close()
-    in_stream = int(info.state.messages)
     elapsed = max(last - first, 1e-6)
     return {
         "rows": rows,
@@ -128,38 +126,28 @@ async def drain(dsn: str, nats_url: str, rows: int, workers: int, batch: int) ->
     }
 
 
-async def _until_empty(engine: Any, rows: int, started: float) -> None:
+async def _until_relayed(js: Any, engine: Any, rows: int, started: float) -> None:
+    """Wait until the stream holds every row (cheap to ask), then until the table is empty."""
     from sqlalchemy import text
 
     deadline = started + max(600.0, rows / 50)
     last_report = started
+    while time.perf_counter() < deadline:
+        stored = int((await js.stream_info(STREAM)).state.messages)
+        if stored >= rows:
+            break
+        if time.perf_counter() - last_report >= 5:
+            progress(f"faststream-outbox: {stored:,}/{rows:,} relayed")
+            last_report = time.perf_counter()
+        await asyncio.sleep(0.2)
     async with engine.connect() as conn:
         while time.perf_counter() < deadline:
             left = (await conn.execute(text(f"SELECT count(*) FROM {TABLE}"))).scalar_one()
             await conn.commit()
-            now = time.perf_counter()
             if not left:
                 return
-            if now - last_report >= 5:
-                done = rows - int(left)
-                progress(f"faststream-outbox: {done:,}/{rows:,} relayed")
-                last_report = now
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)
     raise TimeoutError(f"faststream-outbox left rows in {TABLE} after {deadline - started:.0f}s")
-
-
-async def _stream_span(js: Any) -> tuple[float, float]:
-    """Wall-clock times (s) of the stream's first and last message."""
-    info = await js.stream_info(STREAM)
-    first = await js.get_msg(STREAM, info.state.first_seq)
-    last = await js.get_msg(STREAM, info.state.last_seq)
-    return _stamp(first), _stamp(last)
-
-
-def _stamp(raw: Any) -> float:
-    if raw.time is None:
-        raise RuntimeError("nats-py returned no timestamp for a stored message")
-    return float(raw.time.timestamp())
 
 
 def main(argv: list[str] | None = None) -> int:

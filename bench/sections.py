@@ -248,6 +248,11 @@ async def _commit_backlog(
     return before, started
 
 
+async def _acked(js: Any, stream: str, durable: str) -> int:
+    info = await js.consumer_info(stream, durable)
+    return int(info.ack_floor.stream_seq if info.ack_floor else 0)
+
+
 async def _stream_count(js: Any, stream: str) -> int:
     return int((await js.stream_info(stream)).state.messages)
 
@@ -272,6 +277,9 @@ async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
         target_db = await asyncpg.connect(dep.dsn("vibespro"))
         try:
             before, started = await _commit_backlog(bench, sea, rows)
+            # The durable's ack floor is cheap to poll (a consumer acks after marking
+            # the inbox); the inbox itself is counted once it says everything is done.
+            await wait_for("acked", lambda: _acked(nc.jetstream(), SEA_STREAM, SEA_DURABLE), rows)
             await wait_for("processed", lambda: processed(target_db, SEA_DURABLE), rows)
             cpu = cpu_delta(before, bench.servers.book.snapshot())
             first, _, _ = await stream_span(nc.jetstream(), SEA_STREAM)
@@ -351,14 +359,44 @@ async def run_step(
     since = datetime.fromtimestamp(producer["wall_start"]).astimezone()
     want = expected(producer)
     deadline = time.monotonic() + grace
+    # Cheap to ask (outbox index, consumer info) while the pipeline finishes the tail;
+    # the latency query runs once it is idle (and once more if a row was still in flight).
+    while time.monotonic() < deadline:
+        if await pipeline_idle(bench, dep):
+            break
+        await asyncio.sleep(0.2)
     latencies, done = await measure(since)
     while done < want and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.0)
         latencies, done = await measure(since)
     cpu = cpu_delta(before, book.snapshot())
     cpu["producer"] = float(producer["cpu_s"])
     rate = int(sum(lane["rate"] for lane in lanes))
     return Step(rate, producer, latencies, max(want - done, 0), cpu, time.monotonic() - started)
+
+
+async def pipeline_idle(bench: Bench, dep: Deployment) -> bool:
+    """No outbox row left unpublished and no durable with messages pending or unacked."""
+    for context in dep.topology.contexts.values():
+        conn = await asyncpg.connect(bench.servers.pg.dsn(context.database))
+        try:
+            pending = await conn.fetchval(
+                "SELECT count(*) FROM outbox_events WHERE published_at IS NULL"
+            )
+        finally:
+            await conn.close()
+        if pending:
+            return False
+    nc = await nats.connect(bench.servers.nats.url)
+    try:
+        js = nc.jetstream()
+        for name, durable in dep.topology.durables.items():
+            info = await js.consumer_info(durable.stream, name)
+            if info.num_pending or info.num_ack_pending:
+                return False
+    finally:
+        await nc.close()
+    return True
 
 
 async def sea_latencies(
