@@ -28,6 +28,7 @@ import asyncio
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,7 @@ from bench import sections as s
 from bench.common import ROOT, say
 from bench.plots import draw_all
 from bench.report import Results, cpu_text, table, write_json
-from bench.world import Servers
+from bench.world import Servers, kill_leftovers
 
 SECTIONS = ("baselines", "peer", "publisher", "drain", "latency", "sustained", "mediation", "soak")
 RESULTS = ROOT / "bench" / "results"
@@ -175,6 +176,12 @@ def meta(options: s.Options) -> dict[str, Any]:
 
 
 async def run(options: s.Options, out: Path, keep: bool) -> Results:
+    # SIGTERM and Ctrl-C cancel the run: roles are stopped, the servers too, and
+    # main() kills whatever child is still alive.
+    task, loop = asyncio.current_task(), asyncio.get_running_loop()
+    assert task is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
     results = Results(meta(options))
     base = _scratch()
     logs = out / "logs"
@@ -271,7 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / stamp
     (out / "logs").mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
-    results = asyncio.run(run(options, out, args.keep))
+    try:
+        results = asyncio.run(run(options, out, args.keep))
+    except asyncio.CancelledError:
+        print("interrupted: servers stopped, nothing written", file=sys.stderr)
+        return 130
+    finally:
+        kill_leftovers()
     results.meta["wall_seconds"] = round(time.monotonic() - began, 1)
     text = table(results) + "\n\n" + cpu_text(results)
     if results.errors:

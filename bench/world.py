@@ -55,6 +55,16 @@ TRACES_SAMPLER = "parentbased_traceidratio"
 TRACES_RATIO = "0.1"
 
 _deployments = itertools.count(1)
+#: Process groups of every child still running, for :func:`kill_leftovers`.
+_CHILDREN: set[int] = set()
+
+
+def kill_leftovers() -> None:
+    """SIGKILL every child process group still alive (after an interrupted run)."""
+    for pgid in list(_CHILDREN):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        _CHILDREN.discard(pgid)
 
 
 @dataclass
@@ -94,6 +104,7 @@ class Proc:
                 with contextlib.suppress(ProcessLookupError):
                     self.process.kill()
                 await self.process.wait()
+        _CHILDREN.discard(self.pid)
         return int(self.process.returncode or 0)
 
 
@@ -112,6 +123,7 @@ async def spawn(
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
+    _CHILDREN.add(process.pid)
     return Proc(name, kind, process, log_path)
 
 
@@ -137,6 +149,7 @@ async def run_worker(
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
     )
+    _CHILDREN.add(process.pid)
     if on_start is not None:
         on_start(process.pid)
     assert process.stdout is not None and process.stderr is not None
@@ -156,6 +169,7 @@ async def run_worker(
     await pump(process.stderr)
     stdout = (await stdout_task).decode(errors="replace")
     code = await process.wait()
+    _CHILDREN.discard(process.pid)
     if code != 0:
         raise RuntimeError(f"{name} exited with {code}: " + " | ".join(tail[-8:]))
     return parse_result(stdout)
