@@ -48,6 +48,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="compute and report, write nothing to the KPI tables")  # fmt: skip
     p.add_argument("--every", help="run forever at this interval, e.g. 1h (FERRY_KPI_EVERY)")
+    once = "run once even if FERRY_KPI_EVERY is set (what each scheduled run does)"
+    p.add_argument("--once", action="store_true", help=once)
     return p
 
 
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     configure_logging(ROLE, settings.log_level)
     try:
-        if settings.kpi_every is not None:
+        if settings.kpi_every is not None and not args.once:
             if args.since or args.until:
                 raise ConfigurationError("--every cannot be combined with --since/--until")
             from spark.schedule import run_forever
@@ -131,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def child_argv(args: argparse.Namespace) -> list[str]:
-    """The options a scheduled run passes on to each single run."""
-    argv: list[str] = []
+    """The options a scheduled run passes on to each single run (which must not schedule)."""
+    argv: list[str] = ["--once"]
     for topology in args.topology or []:
         argv += ["--topology", str(topology)]
     for option in ("window", "grace", "report_dir"):

@@ -62,6 +62,8 @@ from spark.verdicts import (
 from spark.windows import RangeRequest, RunRange, decide_range, parse_instant
 
 T = TypeVar("T")
+#: Up to this many dead letters are broadcast to the join (tens of MB at most).
+BROADCAST_DEAD_LETTERS = 200_000
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ class _Run:
         self.conns: dict[str, asyncpg.Connection] = {}
         #: Seconds spent per phase (in the JSON report: where a run's time goes).
         self.timings: dict[str, float] = {}
+        self.dead_letter_rows = 0
         self._lap = time.monotonic()
 
     def lap(self, phase: str) -> None:
@@ -245,6 +248,7 @@ class _Run:
 
     def _read_inboxes(self, rng: RunRange) -> tuple[DataFrame, DataFrame]:
         inboxes, dead = [], []
+        self.dead_letter_rows = 0
         for database, durables in self.plan.inbox_databases().items():
             target = jdbc_target(self.settings.dsn(database))
             conn = self.conns[database]
@@ -256,7 +260,11 @@ class _Run:
                     sources.read_jdbc(self.spark, target, query, settings=self.settings,
                                       column="stream_seq", span=span)
                 )  # fmt: skip
-            if self.sync(store.dead_letter_count(conn, durables, rng.start - sources.CLOCK_SLACK)):
+            count = self.sync(
+                store.dead_letter_count(conn, durables, rng.start - sources.CLOCK_SLACK)
+            )
+            self.dead_letter_rows += count
+            if count:
                 query = sources.dead_letter_query(database, durables, rng.start)
                 dead.append(sources.read_jdbc(self.spark, target, query, settings=self.settings))
         return (
@@ -283,6 +291,7 @@ class _Run:
             facts = event_facts(
                 outbox, routes, inbox, dead_letters,
                 window_seconds=self.window, lost_before=lost_before,
+                broadcast_dead_letters=self.dead_letter_rows <= BROADCAST_DEAD_LETTERS,
             ).persist()  # fmt: skip
             try:
                 return self._aggregate(facts, sum(int(r["count"]) for r in per_kind))

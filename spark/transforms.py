@@ -132,13 +132,17 @@ def event_facts(
     *,
     window_seconds: int,
     lost_before: datetime,
+    broadcast_dead_letters: bool = True,
 ) -> DataFrame:
     """One row per expected delivery with what became of it.
 
     ``lost_before``: an event published at or before it and neither processed nor
     dead-lettered by its durable is a lost candidate (``as_of - grace``).
+    ``broadcast_dead_letters``: they are few (the caller counted them), so ship them to
+    every task instead of shuffling the facts for a join (Spark cannot size a JDBC read).
     """
     size = window_seconds * 1_000_000
+    dead = dead_letters.withColumnRenamed("database", "target_database")
     keyed = outbox.join(
         F.broadcast(routes), ["context", "event_type", "event_version"], "inner"
     ).withColumn(
@@ -149,7 +153,7 @@ def event_facts(
         ["target_database", "durable", "message_id"],
         "left",
     ).join(
-        dead_letters.withColumnRenamed("database", "target_database"),
+        F.broadcast(dead) if broadcast_dead_letters else dead,
         ["target_database", "durable", "message_id"],
         "left",
     )
@@ -165,8 +169,9 @@ def _derive(joined: DataFrame, lost_before: datetime) -> DataFrame:
         | F.col("dl_status").isNotNull()
         | F.coalesce(F.col("status") == F.lit("failed"), F.lit(False))
     )
-    entries = F.from_json(F.col("retry_history"), HISTORY_SCHEMA)
-    n_entries = F.coalesce(F.size(F.coalesce(entries, F.array())), F.lit(0))
+    # Counting entries does not need a parse (from_json on every row would double the cost
+    # of the facts); only reason_counts parses, and only the rows that had retries.
+    n_entries = F.coalesce(F.json_array_length(F.col("retry_history")), F.lit(0))
     # The last entry of a dead-lettered row records the dead-lettering, not a retry.
     final_entry = F.when((F.col("status") == F.lit("failed")) & (n_entries > 0), 1).otherwise(0)
     return joined.select(
@@ -185,7 +190,7 @@ def _derive(joined: DataFrame, lost_before: datetime) -> DataFrame:
         (processed & (F.col("handler_status") == F.lit(409))).alias("is_409"),
         F.coalesce(F.col("duplicates"), F.lit(0)).cast(LongType()).alias("duplicates"),
         F.coalesce(F.col("attempts"), F.lit(0)).cast(LongType()).alias("attempts"),
-        entries.alias("entries"),
+        "retry_history",
         (n_entries - final_entry).cast(LongType()).alias("retries"),
         F.coalesce(
             F.col("dl_reason"), F.when(F.col("status") == F.lit("failed"), F.col("reason_code"))
@@ -293,7 +298,11 @@ def reason_counts(facts: DataFrame) -> DataFrame:
     keys = ["window_start", *KEY_COLUMNS]
     retries = (
         facts.where(F.col("retries") > 0)
-        .select(*keys, "retries", F.posexplode("entries").alias("pos", "entry"))
+        .select(
+            *keys,
+            "retries",
+            F.posexplode(F.from_json(F.col("retry_history"), HISTORY_SCHEMA)).alias("pos", "entry"),
+        )
         .where(F.col("pos") < F.col("retries"))
         .select(
             *keys,

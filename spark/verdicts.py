@@ -18,7 +18,9 @@ INFRA-005 P0 alerts, per window and durable (its roll-up row ``*``):
 ==================  ===============================================================
 ``lag_sustained``   median consumer lag above the threshold in N consecutive windows
 ``dlq_spike``       dead letters >= a floor and > factor x the mean of the previous
-                    B windows (history from earlier runs included; missing windows = 0)
+                    B windows that were judged (by this run or an earlier one, read back
+                    from the KPI table); with none judged yet there is no baseline and
+                    no spike (the first hours of a deployment are not a spike)
 ``success_ratio``   processed / (processed + dead-lettered) below the threshold
 ==================  ===============================================================
 """
@@ -188,8 +190,10 @@ def _lag_streak(
 
 def _baseline(
     points: dict[datetime, tuple[int, float | None]], start: datetime, step: timedelta, n: int
-) -> float:
-    return sum(points.get(start - step * k, (0, None))[0] for k in range(1, n + 1)) / n
+) -> float | None:
+    """Mean dead letters of the judged windows among the ``n`` before ``start``, if any."""
+    known = [points[m][0] for k in range(1, n + 1) if (m := start - step * k) in points]
+    return sum(known) / len(known) if known else None
 
 
 def apply_alerts(
@@ -210,7 +214,11 @@ def apply_alerts(
             fired.append(("lag_sustained", row["lag_p50_ms"], rules.lag_ms))
         baseline = _baseline(points, row["window_start"], step, rules.baseline_windows)
         dead = row["dead_lettered"]
-        if dead >= rules.spike_min and dead > rules.spike_factor * baseline:
+        if (
+            baseline is not None
+            and dead >= rules.spike_min
+            and dead > rules.spike_factor * baseline
+        ):
             fired.append(
                 (
                     "dlq_spike",

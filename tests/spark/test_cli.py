@@ -25,7 +25,7 @@ from spark.errors import (
     EXIT_SLO_BREACH,
 )
 from tests.conftest import ROOT
-from tests.spark.conftest import KpiWorld
+from tests.spark.conftest import QUICK_JVM, KpiWorld
 from tests.spark.dataset import load, standard_events
 
 pytestmark = pytest.mark.integration
@@ -129,7 +129,8 @@ def test_spark_submit_runs_the_job_and_a_breach_exits_1(world: KpiWorld) -> None
     env.pop("PYTHONPATH")
     submit = Path(sys.executable).with_name("spark-submit")
     argv = [str(submit), "--master", "local[2]", "--jars", "/usr/share/java/postgresql.jar",
-            "--conf", "spark.ui.enabled=false", str(ROOT / "spark" / "kpi_job.py"),
+            "--conf", "spark.ui.enabled=false", "--driver-java-options", QUICK_JVM,
+            str(ROOT / "spark" / "kpi_job.py"),
             "--as-of", (base + timedelta(hours=4, minutes=10)).isoformat()]  # fmt: skip
     result = run(argv, env)
     assert result.returncode == EXIT_SLO_BREACH, result.stdout + result.stderr[-3000:]
@@ -147,10 +148,12 @@ def test_spark_submit_runs_the_job_and_a_breach_exits_1(world: KpiWorld) -> None
 
 def test_schedule_survives_failing_runs_and_stops_on_sigterm(world: KpiWorld) -> None:
     # Every run fails fast (no Java): the loop logs each one and carries on; SIGTERM ends it.
-    env = world.env(FERRY_KPI_JAVA_HOME="/nonexistent/jdk", FERRY_KPI_GRACE="0s")
-    proc = subprocess.Popen(
-        [*JOB, "--every", "2s"], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True
+    # The interval comes from the environment, which each run inherits: runs must not
+    # start schedulers of their own.
+    env = world.env(
+        FERRY_KPI_JAVA_HOME="/nonexistent/jdk", FERRY_KPI_GRACE="0s", FERRY_KPI_EVERY="2s"
     )
+    proc = subprocess.Popen(JOB, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         finished = []

@@ -294,3 +294,27 @@ def test_dry_run_writes_reports_only(spark: SparkSession, world: KpiWorld) -> No
     )
     assert outcome.report_dir is not None and (outcome.report_dir / "report.json").exists()
     assert stored(world) == [] and world.fetch("sea", "SELECT * FROM kpi_watermarks") == []
+
+
+def test_a_second_run_at_the_same_time_is_refused(spark: SparkSession, world: KpiWorld) -> None:
+    import asyncio
+
+    import asyncpg
+
+    from spark.errors import EXIT_LOCKED, RunLocked
+    from spark.store import LOCK_CLASS
+
+    async def hold_lock_and_run() -> None:
+        conn = await asyncpg.connect(world.dsn("sea"))
+        try:
+            await conn.execute("SELECT pg_advisory_lock($1, hashtext($2))", LOCK_CLASS,
+                               "sea-vibespro:3600")  # fmt: skip
+            loop = asyncio.get_running_loop()
+            request = RunRequest(world.path)
+            with pytest.raises(RunLocked, match="in progress") as caught:
+                await loop.run_in_executor(None, run_topology, spark, world.settings(), request)
+            assert caught.value.exit_code == EXIT_LOCKED
+        finally:
+            await conn.close()
+
+    asyncio.run(hold_lock_and_run())

@@ -11,10 +11,19 @@ import yaml
 
 from shared.domain.errors import ConfigurationError
 from shared.topology import load_topology
-from spark.errors import EXIT_ALERT, EXIT_OK, EXIT_SLO_BREACH
+from spark.errors import (
+    EXIT_ALERT,
+    EXIT_OK,
+    EXIT_SLO_BREACH,
+    DatabaseUnreachable,
+    JdbcDriverMissing,
+    SchemaMissing,
+    SparkFailed,
+)
 from spark.jdbc import jdbc_target
 from spark.kpis import complete_windows, empty_counts, with_rates
 from spark.plan import ALL_SUBJECTS, NO_DURABLE, Combo, Plan
+from spark.runner import translate_spark_error
 from spark.verdicts import (
     AlertRules,
     HistoryPoint,
@@ -227,19 +236,27 @@ def test_dead_letter_spike_against_the_baseline_including_history() -> None:
     rules = AlertRules(baseline_windows=4, spike_factor=3.0, spike_min=5)
     history = [HistoryPoint(T0 - timedelta(hours=h), "sea", "d", 2, None) for h in range(1, 5)]
     rows = [_window(0, processed=999, dead_lettered=6), _window(1, processed=999, dead_lettered=7)]
-    findings = apply_alerts(rows, history, rules, window_seconds=HOUR)
-    # Baseline 2 → 6 is not above 3 x 2; the next window's baseline is (6+2+2+2)/4 = 3.
-    assert findings == []
+    # Baseline 2: 6 is not above 3 x 2. The next window's baseline is (6 + 2 + 2 + 2) / 4 = 3.
+    assert apply_alerts(rows, history, rules, window_seconds=HOUR) == []
     rows = [_window(0, processed=1000, dead_lettered=7)]
-    assert [f.name for f in apply_alerts(rows, history, rules, window_seconds=HOUR)] == [
-        "dlq_spike"
-    ]
+    fired = apply_alerts(rows, history, rules, window_seconds=HOUR)
+    assert [(f.name, f.threshold) for f in fired] == [("dlq_spike", 6.0)]
     assert rows[0]["alerts"] == ["dlq_spike"]
-    # Without history the baseline is 0: the floor decides.
-    assert (
-        apply_alerts([_window(0, processed=1000, dead_lettered=4)], [], rules, window_seconds=HOUR)
-        == []
-    )
+
+
+def test_dead_letter_spike_needs_a_judged_baseline_and_the_floor() -> None:
+    rules = AlertRules(baseline_windows=24, spike_factor=3.0, spike_min=5)
+    # The very first window has nothing to compare with: no spike, however many.
+    first = [_window(0, processed=10000, dead_lettered=50)]
+    assert apply_alerts(first, [], rules, window_seconds=HOUR) == []
+    # Judged windows with no dead letters are a baseline of 0 (only two of 24 known).
+    quiet = [HistoryPoint(T0 - timedelta(hours=h), "sea", "d", 0, None) for h in (1, 2)]
+    rows = [
+        _window(0, processed=1000, dead_lettered=4),
+        _window(1, processed=1000, dead_lettered=5),
+    ]
+    fired = apply_alerts(rows, quiet, rules, window_seconds=HOUR)
+    assert [(f.name, f.window_start) for f in fired] == [("dlq_spike", T0 + timedelta(hours=1))]
 
 
 def test_lag_must_be_sustained_over_consecutive_windows() -> None:
@@ -278,3 +295,20 @@ def test_complete_windows_fills_the_grid() -> None:
     ]
     assert rows[1]["delivery_rate"] == 1.0 and rows[3]["delivery_rate"] is None
     assert rows[1]["window_end"] == T0 + timedelta(hours=1)
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("java.lang.ClassNotFoundException: org.postgresql.Driver", JdbcDriverMissing),
+        (
+            "org.postgresql.util.PSQLException: Connection to 127.0.0.1:5 refused.",
+            DatabaseUnreachable,
+        ),
+        ('org.postgresql.util.PSQLException: ERROR: relation "x" does not exist', SchemaMissing),
+        ("java.lang.OutOfMemoryError: Java heap space", SparkFailed),
+    ],
+)
+def test_spark_failures_map_to_the_job_errors(text: str, kind: type[Exception]) -> None:
+    error = translate_spark_error(RuntimeError(f"An error occurred\n{text}\n\tat ..."))
+    assert type(error) is kind
