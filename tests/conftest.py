@@ -4,21 +4,30 @@ Nothing here is mocked. PostgreSQL starts once per session (each test gets a fre
 migrated database); nats-server starts per test, on a free port with its own store
 directory, so streams never leak between tests. Tests that crash a server start their
 own instance. Every wait is bounded.
+
+Authentication is on, as in production: nats-server knows one user per role of the
+shipped topologies (permissions from :mod:`shared.nats_auth`) plus the admin, and each
+test database grants every role exactly its access (:mod:`shared.db_access`). Test code
+and operator commands use the admin (``nc``, ``Env.settings_env()``); a role process a
+test starts gets its own credentials (``Env.settings_env(command=argv)``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
 import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import nats
@@ -28,8 +37,13 @@ from nats.aio.client import Client as NATS
 
 from devstack.nats import NatsServer
 from devstack.postgres import PostgresServer
+from shared.access import NATS_ADMIN, Identity, SecretsDir, identity_named, write_private
+from shared.adapters.nats import NatsAuth
 from shared.adapters.postgres import migrate_database
+from shared.db_access import apply_roles
+from shared.nats_auth import DevAccess
 from shared.provision import Caps
+from shared.settings import ConsumerSettings, PublisherSettings
 from shared.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +53,35 @@ FAST_PG = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off
 CAPS = Caps(max_replicas=1, max_bytes=256 * 1000**2)
 #: For a server a test SIGKILLs: an acknowledged commit must survive the process dying.
 CRASHABLE_PG = {"fsync": "off"}
+#: Topologies whose roles are NATS users of every test server (tests rename databases only).
+AUTH_TOPOLOGIES = ("topologies/sea-vibespro.yaml", "topologies/mediation.yaml")
+#: The session's role passwords (NATS users and PostgreSQL logins), one file each.
+SECRETS = SecretsDir(Path(tempfile.mkdtemp(prefix="ferry-secrets-")))
+atexit.register(shutil.rmtree, SECRETS.root, True)
+#: The users of each running test nats-server, by URL (Env finds its credentials here).
+NATS_ACCESS: dict[str, DevAccess] = {}
+
+
+@cache
+def _auth_topologies() -> tuple[Topology, ...]:
+    return tuple(load_topology(ROOT / path) for path in AUTH_TOPOLOGIES)
+
+
+def nats_access() -> DevAccess:
+    """Users and passwords of a test nats-server: every shipped role plus the admin."""
+    return DevAccess.create(list(_auth_topologies()), SECRETS.root)
+
+
+def admin_settings(nats_url: str) -> dict[str, Any]:
+    """Settings fields (``nats_user``, ``nats_password_file``) of the admin of a test server."""
+    access = NATS_ACCESS[nats_url]
+    return {"nats_user": NATS_ADMIN, "nats_password_file": access.password_file(NATS_ADMIN)}
+
+
+def admin_auth(server: NatsServer) -> NatsAuth:
+    """The admin's credentials on ``server`` (provisioning, test assertions)."""
+    assert server.access is not None, "this nats-server runs without authentication"
+    return server.access.auth(NATS_ADMIN)
 
 
 @contextmanager
@@ -68,19 +111,23 @@ def pg_server() -> Iterator[PostgresServer]:
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    """A fresh nats-server with JetStream for one test."""
-    server = NatsServer(tmp_path / "nats")
+    """A fresh nats-server with JetStream and per-role authorization for one test."""
+    server = NatsServer(tmp_path / "nats", access=nats_access())
     server.start()
+    assert server.access is not None
+    NATS_ACCESS[server.url] = server.access
     try:
         yield server
     finally:
+        NATS_ACCESS.pop(server.url, None)
         server.stop()
 
 
 @pytest.fixture
 async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
-    """A plain client connection to the test's nats-server."""
-    client = await asyncio.wait_for(nats.connect(nats_server.url), timeout=10)
+    """A plain client connection to the test's nats-server, as the admin."""
+    options = admin_auth(nats_server).options([nats_server.url])
+    client = await asyncio.wait_for(nats.connect(nats_server.url, **options), timeout=10)
     try:
         yield client
     finally:
@@ -113,10 +160,37 @@ class Env:
         """DSN of a context's database."""
         return self.pg.dsn(self.topology.contexts[context].database)
 
-    def settings_env(self, **extra: str) -> dict[str, str]:
-        """Environment for a role subprocess."""
+    async def grant_roles(self, *databases: str) -> None:
+        """Create every role login of this topology and grant it its access in ``databases``
+        (default: all of them)."""
+        await apply_roles(
+            [self.topology], self.pg.dsn, _pg_password, owner=False, databases=databases or None
+        )
+
+    def role_dsn(self, identity: Identity, database: str) -> str:
+        """DSN of ``database`` as ``identity``'s login (its password in a passfile)."""
+        path = SECRETS.pgpass_file(identity.name)
+        if not path.exists():
+            write_private(path, f"*:*:*:{identity.pg_role}:{_pg_password(identity.name)}\n")
+        parts = urlsplit(self.pg.dsn(database))
+        netloc = f"{identity.pg_role}@{parts.netloc.rsplit('@', 1)[-1]}"
+        return urlunsplit(parts._replace(netloc=netloc, query=f"passfile={path}"))
+
+    def settings_env(
+        self, *, command: Sequence[str] | None = None, role: str | None = None, **extra: str
+    ) -> dict[str, str]:
+        """Environment for a subprocess: the admin's credentials, or with ``role`` (or a
+        ``command`` that runs a role) that role's own NATS user and database login."""
+        if role is None and command is not None:
+            role = role_of_command(command, extra, self.topology)
+        identity = None if role is None else identity_named([self.topology], role)
         databases = {c.database: self.pg.dsn(c.database) for c in self.topology.contexts.values()}
+        if identity is not None:
+            databases = {db: self.role_dsn(identity, db) for db in databases}
         env = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
+        access = NATS_ACCESS.get(self.nats_url)
+        if access is not None and (identity is None or identity.uses_nats):
+            env.update(access.env(NATS_ADMIN if identity is None else identity.name))
         env.update(
             FERRY_TOPOLOGY=str(self.path),
             FERRY_NATS_URL=self.nats_url,
@@ -130,6 +204,37 @@ class Env:
         return env
 
 
+def _pg_password(name: str) -> str:
+    return SECRETS.ensure(SECRETS.pg_password_file(name))
+
+
+def role_of_command(
+    command: Sequence[str], extra: dict[str, str], topology: Topology
+) -> str | None:
+    """The role identity a ``python -m services.X ...`` command runs as (None: not a role)."""
+    argv = list(command)
+    if "-m" not in argv:
+        return None
+    module, args = argv[argv.index("-m") + 1], argv[argv.index("-m") + 2 :]
+
+    def option(flag: str, variable: str, default: str) -> str:
+        if flag in args:
+            return args[args.index(flag) + 1]
+        return extra.get(variable, default)
+
+    if module == "services.outbox_publisher":
+        default = str(PublisherSettings.model_fields["context"].default)
+        return f"outbox-publisher-{option('--context', 'FERRY_CONTEXT', default)}"
+    if module == "services.inbox_consumer":
+        default = str(ConsumerSettings.model_fields["durable"].default)
+        return f"inbox-consumer-{option('--durable', 'FERRY_DURABLE', default)}"
+    if module in ("services.dlq_router", "services.dlq_replayer"):
+        return f"{module.split('.')[1].replace('_', '-')}-{topology.name}"
+    if module == "services.handlers":
+        return f"handler-{option('--service', 'FERRY_SERVICE', '')}"
+    return None
+
+
 @pytest.fixture
 async def env(tmp_path: Path, pg_server: PostgresServer, nats_server: NatsServer) -> Env:
     """The sea-vibespro topology on fresh, migrated databases and a fresh NATS."""
@@ -137,6 +242,7 @@ async def env(tmp_path: Path, pg_server: PostgresServer, nats_server: NatsServer
     world = Env(tmp_path, pg_server, nats_server.url, sea_vibespro_doc(prefix))
     for database in world.topology.databases():
         await asyncio.wait_for(migrate_database(pg_server.dsn(database)), timeout=60)
+    await asyncio.wait_for(world.grant_roles(), timeout=60)
     return world
 
 

@@ -22,9 +22,9 @@ def _spawn(env: Env, url: str) -> subprocess.Popen[bytes]:
     extra = {"FERRY_DURABLE": DURABLE, "FERRY_HANDLER_URL": url, "FERRY_FETCH_TIMEOUT": "0.2"}
     with open(env.tmp_path / "consumer.log", "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "services.inbox_consumer"],
+            argv := [sys.executable, "-m", "services.inbox_consumer"],
             cwd=ROOT,
-            env=env.settings_env(**extra),
+            env=env.settings_env(command=argv, **extra),
             stdout=log,
             stderr=log,
         )

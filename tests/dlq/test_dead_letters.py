@@ -151,9 +151,9 @@ def _spawn_consumer(env: Env, url: str) -> subprocess.Popen[bytes]:
     }
     with open(env.tmp_path / "consumer.log", "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "services.inbox_consumer"],
+            argv := [sys.executable, "-m", "services.inbox_consumer"],
             cwd=ROOT,
-            env=env.settings_env(**extra),
+            env=env.settings_env(command=argv, **extra),
             stdout=log,
             stderr=log,
         )

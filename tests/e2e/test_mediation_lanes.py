@@ -55,6 +55,7 @@ async def mediation(
     env = Env(tmp_path, pg_server, nats_server.url, doc)
     for database in env.topology.databases():
         await asyncio.wait_for(migrate_database(pg_server.dsn(database)), timeout=60)
+    await env.grant_roles()
     await provision(nc.jetstream(), env.topology, caps=CAPS)
     yield env
 
@@ -68,9 +69,9 @@ def roles(env: Env, commands: list[tuple[str, list[str], dict[str, str]]]) -> It
             procs.append(
                 (
                     subprocess.Popen(
-                        [sys.executable, "-m", *args],
+                        argv := [sys.executable, "-m", *args],
                         cwd=ROOT,
-                        env=env.settings_env(**extra),
+                        env=env.settings_env(command=argv, **extra),
                         stdout=log,
                         stderr=log,
                     ),

@@ -45,6 +45,7 @@ async def mediation_env(tmp_path: Path, pg_server: PostgresServer) -> Env:
     world = Env(tmp_path, pg_server, "", mediation_doc("t" + uuid.uuid4().hex[:10]))
     for database in world.topology.databases():
         await asyncio.wait_for(migrate_database(pg_server.dsn(database)), timeout=60)
+    await asyncio.wait_for(world.grant_roles(), timeout=60)
     return world
 
 

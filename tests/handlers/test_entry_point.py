@@ -25,8 +25,8 @@ pytestmark = pytest.mark.integration
 def _spawn(world: Env, *args: str) -> subprocess.Popen[bytes]:
     with open(world.tmp_path / "handler.log", "ab") as log:  # the child keeps its own copy
         return subprocess.Popen(
-            [sys.executable, "-m", "services.handlers", *args],
-            cwd=ROOT, env=world.settings_env(), stdout=log, stderr=log,
+            argv := [sys.executable, "-m", "services.handlers", *args],
+            cwd=ROOT, env=world.settings_env(command=argv), stdout=log, stderr=log,
         )
 
 

@@ -19,7 +19,15 @@ from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import migrate_database
 from shared.producer import record_event
 from shared.provision import provision
-from tests.conftest import CAPS, CRASHABLE_PG, ROOT, Env, postgres, sea_vibespro_doc
+from tests.conftest import (
+    CAPS,
+    CRASHABLE_PG,
+    ROOT,
+    Env,
+    admin_auth,
+    postgres,
+    sea_vibespro_doc,
+)
 from tests.helpers import (
     RunningPublisher,
     eventually,
@@ -169,9 +177,9 @@ def _spawn_publisher(env: Env, *, nats_url: str | None = None) -> subprocess.Pop
         extra["FERRY_NATS_URL"] = nats_url
     with open(env.tmp_path / "publisher.log", "ab") as log:  # the child keeps its own copy
         return subprocess.Popen(
-            [sys.executable, "-m", "services.outbox_publisher"],
+            argv := [sys.executable, "-m", "services.outbox_publisher"],
             cwd=ROOT,
-            env=env.settings_env(**extra),
+            env=env.settings_env(command=argv, **extra),
             stdout=log,
             stderr=log,
         )
@@ -241,7 +249,9 @@ async def _stream_nonempty(nc: NATS) -> bool:
 async def test_rides_out_a_nats_restart(
     env: Env, nats_server: NatsServer, sea_conn: asyncpg.Connection
 ) -> None:
-    nc = await connect_nats([nats_server.url], name="test", ping_interval=1)
+    nc = await connect_nats(
+        [nats_server.url], name="test", ping_interval=1, auth=admin_auth(nats_server)
+    )
     try:
         await provision(nc.jetstream(), env.topology, caps=CAPS)
         proc = _spawn_publisher(env)
@@ -266,7 +276,8 @@ async def test_rides_out_a_postgres_crash(tmp_path: Path, nats_server: NatsServe
     with postgres("crash", CRASHABLE_PG) as pg:
         world = Env(tmp_path, pg, nats_server.url, sea_vibespro_doc("crash"))
         await migrate_database(world.dsn("sea"))
-        nc = await connect_nats([nats_server.url], name="test")
+        await world.grant_roles(world.topology.contexts["sea"].database)
+        nc = await connect_nats([nats_server.url], name="test", auth=admin_auth(nats_server))
         await provision(nc.jetstream(), world.topology, caps=CAPS)
         proc = _spawn_publisher(world)
         try:

@@ -46,7 +46,8 @@ BAD_DETAIL = "vibe_created.v2: payload.owner_id: required property is missing"
 def _role(env: Env, name: str, args: list[str], **extra: str) -> Iterator[subprocess.Popen[bytes]]:
     with open(env.tmp_path / f"{name}.log", "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", *args], cwd=ROOT, env=env.settings_env(**extra),
+            argv := [sys.executable, "-m", *args], cwd=ROOT,
+            env=env.settings_env(command=argv, **extra),
             stdout=log, stderr=log,
         )  # fmt: skip
     try:
