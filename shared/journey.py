@@ -100,7 +100,9 @@ async def journey(settings: CommonSettings, topology: Topology, message_id: uuid
     doc: dict[str, Any] = {"message_id": str(message_id), "topology": topology.name}
     rows = await _database_rows(settings, topology, message_id)
     doc["outbox"] = rows["outbox"]
-    nc = await connect_nats(settings.nats_servers(), name="ferry-where", give_up_after=10)
+    nc = await connect_nats(
+        settings.nats_servers(), name="ferry-where", auth=settings.nats_auth(), give_up_after=10
+    )
     try:
         doc["stream"] = await _locate(nc, topology, doc["outbox"], rows["inbox"], message_id)
         doc["durables"] = await _durables(nc, topology, doc, rows)

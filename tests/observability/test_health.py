@@ -13,7 +13,7 @@ from devstack.nats import NatsServer
 from devstack.ports import free_port
 from shared.provision import provision
 from shared.runtime import HealthServer, postgres_probe
-from tests.conftest import CAPS, Env
+from tests.conftest import CAPS, Env, admin_auth
 from tests.consumer.conftest import DURABLE
 from tests.helpers import eventually
 
@@ -25,7 +25,8 @@ pytestmark = pytest.mark.integration
 async def test_readiness_drops_when_nats_goes_away_and_returns_with_it(
     env: Env, nats_server: NatsServer, roles: Roles
 ) -> None:
-    client = await nats.connect(nats_server.url)
+    options = admin_auth(nats_server).options([nats_server.url])
+    client = await nats.connect(nats_server.url, **options)
     try:
         await provision(client.jetstream(), env.topology, caps=CAPS)
     finally:

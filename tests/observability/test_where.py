@@ -19,7 +19,7 @@ from shared.adapters import dead_letters
 from shared.journey import journey, render
 from shared.producer import record_event
 from shared.settings import CommonSettings
-from tests.conftest import ROOT, Env
+from tests.conftest import ROOT, Env, admin_settings
 from tests.consumer.conftest import DURABLE, STREAM, RunningConsumer
 from tests.helpers import RunningPublisher, eventually
 
@@ -68,6 +68,7 @@ def _settings(env: Env) -> CommonSettings:
         topology=env.path,
         nats_url=env.nats_url,
         databases=databases,
+        **admin_settings(env.nats_url),
         trace_url_template="http://jaeger:16686/trace/{trace_id}",
     )
 
