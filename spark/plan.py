@@ -83,6 +83,19 @@ class Plan:
         """The database of the topology's first context (the default KPI database)."""
         return next(iter(self.topology.contexts.values())).database
 
+    def kpi_database(self, configured: str | None) -> str:
+        """The database the results go to: ``configured`` if set (one of the topology's,
+        since only those are migrated), else the first context's."""
+        if configured is None:
+            return self.first_database()
+        if configured not in self.topology.databases():
+            known = ", ".join(self.topology.databases())
+            raise ConfigurationError(
+                f"FERRY_KPI_DATABASE {configured!r} is not a database of topology "
+                f"{self.name!r} (ferry migrate creates the KPI tables in: {known})"
+            )
+        return configured
+
     def inbox_databases(self) -> dict[str, list[str]]:
         """Database → the durables whose inbox it holds."""
         out: dict[str, list[str]] = {}

@@ -119,7 +119,7 @@ def collect(frame: DataFrame) -> list[dict[str, Any]]:
 def preflight(settings: KpiSettings, topology: Path) -> None:
     """Check, before Spark starts, that every database answers and has its tables."""
     plan = Plan(load_topology(topology))
-    kpi_database = settings.kpi_database_for(plan.first_database())
+    kpi_database = plan.kpi_database(settings.kpi_database)
 
     async def check() -> None:
         for database in dict.fromkeys([*plan.databases(), kpi_database]):
@@ -151,7 +151,7 @@ class _Run:
         self.plan = Plan(load_topology(request.topology))
         self.window = settings.window_seconds
         self.as_of = (request.as_of or datetime.now(UTC)).astimezone(UTC)
-        self.kpi_database = settings.kpi_database_for(self.plan.first_database())
+        self.kpi_database = self.plan.kpi_database(settings.kpi_database)
         self.run_id = str(uuid.uuid4())
         self.started = datetime.now(UTC)
         self.conns: dict[str, asyncpg.Connection] = {}

@@ -46,8 +46,8 @@ class KpiSettings(CommonSettings):
     kpi_every: Seconds | None = None
 
     # ---- where results go
-    #: Database (a topology database name, see FERRY_DATABASES) holding the KPI tables;
-    #: unset: the database of the topology's first context.
+    #: Database holding the KPI tables: one of the topology's (``ferry migrate`` creates
+    #: the tables there); unset: the database of the topology's first context.
     kpi_database: str | None = None
     #: Directory of the JSON/HTML/PNG reports (one sub-directory per topology and run).
     kpi_report_dir: Path = Path(".var/kpi")
@@ -125,7 +125,3 @@ class KpiSettings(CommonSettings):
     def window_seconds(self) -> int:
         """The window length as whole seconds."""
         return round(self.kpi_window)
-
-    def kpi_database_for(self, first_context_database: str) -> str:
-        """The database the KPI tables are written to."""
-        return self.kpi_database or first_context_database

@@ -116,6 +116,14 @@ def test_combos_cover_manifests_and_roll_ups(tmp_path: Path) -> None:
     assert ("sea", "vibespro__from_sea", "sea.event.other.v1") in keys
 
 
+def test_the_kpi_database_must_be_one_of_the_topology(tmp_path: Path) -> None:
+    plan = _topology(tmp_path, narrow=False)
+    assert plan.kpi_database(None) == "sea"
+    assert plan.kpi_database("vibespro") == "vibespro"
+    with pytest.raises(ConfigurationError, match="'reports' is not a database of topology"):
+        plan.kpi_database("reports")
+
+
 def test_two_producers_in_one_database_are_refused(tmp_path: Path) -> None:
     doc: dict[str, Any] = yaml.safe_load((ROOT / "topologies/sea-vibespro.yaml").read_text())
     doc["contexts"]["vibespro"]["database"] = "sea"
