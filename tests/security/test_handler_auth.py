@@ -43,11 +43,13 @@ SECRET = "correct horse battery staple"
 
 
 def spawn(env: Env, name: str, args: list[str], **extra: str) -> subprocess.Popen[bytes]:
+    """A role process with its own NATS user and database login (not the admin's)."""
+    command = [sys.executable, "-m", *args]
     with open(env.tmp_path / f"{name}.log", "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", *args],
+            command,
             cwd=ROOT,
-            env=env.settings_env(**extra),
+            env=env.settings_env(command=command, **extra),
             stdout=log,
             stderr=log,
         )
