@@ -84,7 +84,7 @@ def prepare_var_dir(var_dir: Path) -> None:
         (var_dir / "pg").chmod(0o711)
 
 
-def supervisorctl(env: dict[str, str], *args: str) -> str:
+def supervisorctl(env: dict[str, str], *args: str, timeout: float = 30.0) -> str:
     """Run supervisorctl against our supervisord; return its output."""
     result = subprocess.run(
         [
@@ -98,7 +98,7 @@ def supervisorctl(env: dict[str, str], *args: str) -> str:
         env=env,
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=timeout,
         check=False,
     )
     return result.stdout
@@ -123,7 +123,8 @@ def start_roles(env: dict[str, str], states: dict[str, str]) -> None:
     databases and streams can they connect with their own credentials."""
     waiting = sorted(k for k, v in states.items() if v == "STOPPED" and k not in SERVERS)
     if waiting:
-        supervisorctl(env, "start", *waiting)
+        # supervisorctl starts them one after another, each waiting out its startsecs.
+        supervisorctl(env, "start", *waiting, timeout=START_TIMEOUT)
 
 
 def wait_until_up(env: dict[str, str], supervisord: subprocess.Popen[bytes]) -> dict[str, str]:
