@@ -22,11 +22,12 @@ import yaml
 from pyspark.sql import SparkSession
 
 from devstack.postgres import PostgresServer
+from shared.access import identity_named
 from shared.adapters.postgres import migrate_database
 from shared.topology import Topology, load_topology
 from spark.session import build_session, prepare_java
 from spark.settings import KpiSettings
-from tests.conftest import ROOT, sea_vibespro_doc
+from tests.conftest import ROOT, Env, sea_vibespro_doc
 
 #: A short-lived JVM on tiny data: C1 only (C2's compile time never pays back in a test).
 QUICK_JVM = "-Duser.timezone=UTC -XX:TieredStopAtLevel=1"
@@ -98,6 +99,14 @@ class KpiWorld:
         )
         env.update(extra)
         return env
+
+    def role_databases(self, role: str) -> dict[str, str]:
+        """Grant every role of the topology its access (shared.db_access, as in production)
+        and return database → DSN as ``role``'s own login, its password in a passfile."""
+        helper = Env(self.tmp_path, self.pg, "nats://unused", self.doc)
+        asyncio.run(helper.grant_roles())
+        identity = identity_named([self.topology], role)
+        return {db: helper.role_dsn(identity, db) for db in self.topology.databases()}
 
     def fetch(self, context: str, sql: str, *args: Any) -> list[dict[str, Any]]:
         """Run a query on ``context``'s database."""

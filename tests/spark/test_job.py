@@ -320,3 +320,18 @@ def test_a_second_run_at_the_same_time_is_refused(spark: SparkSession, world: Kp
             await conn.close()
 
     asyncio.run(hold_lock_and_run())
+
+
+def test_the_job_needs_no_more_than_its_own_login(spark: SparkSession, world: KpiWorld) -> None:
+    # The login shared.db_access grants kpi-spark-job-<topology>: SELECT on the sources
+    # (row-level security on its durables' inbox and dead-letter rows), DML on kpi_* only.
+    # Its DSNs carry ?passfile=, which JDBC does not know: the job reads it like libpq.
+    base = base_hour()
+    load(world, clean_events(window=0), base, HOUR)
+    databases = world.role_databases("kpi-spark-job-sea-vibespro")
+    assert all("passfile=" in dsn and "ferry_kpi_spark_job" in dsn for dsn in databases.values())
+    settings = world.settings(databases=databases)
+    as_of = base + timedelta(hours=1, minutes=6)
+    outcome = run_topology(spark, settings, RunRequest(world.path, as_of=as_of))
+    assert outcome.exit_code == EXIT_OK, outcome.summary
+    assert sum(r["processed"] for r in stored(world) if r["subject"] == "*") == 10

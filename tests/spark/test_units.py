@@ -59,6 +59,24 @@ def test_dsn_defaults_and_ipv6() -> None:
     assert jdbc_target("postgresql://u@h/db?connect_timeout=5").url.endswith("?connectTimeout=5")
 
 
+def test_passfile_gives_the_password_like_libpq(tmp_path: Path) -> None:
+    passfile = tmp_path / "pgpass"
+    passfile.write_text(
+        "# comment\n"
+        "other.host:5432:sea:ferry:wrong\n"
+        "db.example:*:sea:ferry:pa\\:ss\n"
+        "*:*:*:ferry:fallback\n"
+    )
+    dsn = f"postgresql://ferry@db.example:5433/sea?passfile={passfile}&sslmode=verify-full"
+    target = jdbc_target(dsn)
+    assert target.properties["password"] == "pa:ss"
+    assert target.url == "jdbc:postgresql://db.example:5433/sea?sslmode=verify-full"
+    other = jdbc_target(f"postgresql://ferry@db.example/vib?passfile={passfile}")
+    assert other.properties["password"] == "fallback"
+    with pytest.raises(ConfigurationError, match=r"passfile .*missing cannot be read"):
+        jdbc_target(f"postgresql://ferry@h/db?passfile={tmp_path / 'missing'}")
+
+
 @pytest.mark.parametrize(
     ("dsn", "message"),
     [
