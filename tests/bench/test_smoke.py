@@ -69,6 +69,7 @@ def test_drains_count_every_event_once(run: tuple[Path, dict[str, Any], str]) ->
         e2e = sections[f"e2e_drain_{replicas}"]["on"]
         assert e2e["handler_applied"] == ROWS
         assert e2e["handler_calls"] == ROWS
+        assert e2e["ids_called_twice"] == 0
         assert e2e["dead_lettered"] == 0
 
 
