@@ -108,6 +108,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--peer-workers", type=int, default=32, help="faststream-outbox max_workers (32)"
     )
     parser.add_argument(
+        "--producer-connections", type=int, default=16,
+        help="the producer's pool: one transaction per event on each (16)",
+    )  # fmt: skip
+    parser.add_argument(
         "--drain-budget", type=float, default=600.0,
         help="longest wait for one drain; a slower one is reported as partial (600 s)",
     )  # fmt: skip
@@ -148,7 +152,7 @@ def options_from(args: argparse.Namespace) -> s.Options:
         sustain_max=int(pick("sustain_max")), soak_seconds=float(pick("soak_seconds")),
         soak_rate=int(pick("soak_rate")), warmup_seconds=float(pick("warmup")),
         modes=modes, sections=chosen, peer_workers=args.peer_workers,
-        drain_budget=args.drain_budget,
+        drain_budget=args.drain_budget, producer_connections=args.producer_connections,
         baseline_seconds=float(pick("baseline_seconds")),
     )  # fmt: skip
 
