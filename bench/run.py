@@ -202,6 +202,10 @@ async def run(options: s.Options, out: Path, keep: bool) -> Results:
             bench = s.Bench(servers, options, results, logs)
             try:
                 await _sections(bench)
+            except asyncio.CancelledError:
+                # What was measured before the signal is still reported.
+                results.errors.append("interrupted by a signal: later sections did not run")
+                say("interrupted: writing what was measured")
             finally:
                 await servers.stop_sink()
     finally:

@@ -366,6 +366,8 @@ class Step:
     unprocessed: int
     cpu: dict[str, float]
     seconds: float
+    #: The pipeline had not finished an earlier step's backlog when this one began.
+    started_busy: bool = False
 
     def p99(self, series: str) -> float:
         return summarize(self.latencies[series]).get("p99", float("nan"))
@@ -376,8 +378,13 @@ async def run_step(
     measure: Callable[[datetime], Awaitable[tuple[dict[str, list[float]], int]]],
     expected: Callable[[dict[str, Any]], int], grace: float = 30.0,
 ) -> Step:  # fmt: skip
-    """Run the producer for ``seconds``; wait for the pipeline; read latencies back."""
+    """Run the producer for ``seconds``; wait for the pipeline; read latencies back.
+
+    A step starts on an idle pipeline: an earlier step's backlog is waited out first (up
+    to ``--drain-budget``), else the step is marked ``started_busy``.
+    """
     spec = {"seconds": seconds, "connections": bench.options.producer_connections, "lanes": lanes}
+    busy = not await wait_idle(bench, dep, bench.options.drain_budget)
     book = bench.servers.book
     before = book.snapshot()
     started = time.monotonic()
@@ -400,7 +407,22 @@ async def run_step(
     cpu = cpu_delta(before, book.snapshot())
     cpu["producer"] = float(producer["cpu_s"])
     rate = int(sum(lane["rate"] for lane in lanes))
-    return Step(rate, producer, latencies, max(want - done, 0), cpu, time.monotonic() - started)
+    elapsed = time.monotonic() - started
+    return Step(rate, producer, latencies, max(want - done, 0), cpu, elapsed, busy)
+
+
+async def wait_idle(bench: Bench, dep: Deployment, timeout: float) -> bool:
+    """Wait until the pipeline is idle; False if it is still busy after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    reported = False
+    while time.monotonic() < deadline:
+        if await pipeline_idle(bench, dep):
+            return True
+        if not reported:
+            say("    waiting for the pipeline to finish the previous step's backlog")
+            reported = True
+        await asyncio.sleep(1.0)
+    return False
 
 
 async def pipeline_idle(bench: Bench, dep: Deployment) -> bool:
@@ -535,6 +557,8 @@ def _record_latency(
         row.notes.append(f"tracing {mode}: the producer achieved only {achieved:,.0f} msg/s")
     if step.unprocessed:
         row.notes.append(f"tracing {mode}: {step.unprocessed:,} events not processed in time")
+    if step.started_busy:
+        row.notes.append(f"tracing {mode}: began before the previous step's backlog was done")
     bench.results.samples.setdefault(mode, {})[series] = values
     doc = {"offered": offered, "achieved": achieved, "latency_ms": stats,
            "other_latencies_ms": {k: summarize(v) for k, v in step.latencies.items()},
@@ -625,6 +649,8 @@ async def _sustain_step(bench: Bench, dep: Deployment, mode: str, rate: int, mea
     lane = step.producer["lanes"][0]
     p99 = step.p99("processed")
     reasons = []
+    if step.started_busy:
+        reasons.append("the previous step's backlog was not done after --drain-budget")
     if lane["errors"]:
         reasons.append(f"{lane['errors']} producer errors")
     if lane["achieved"] < SUSTAIN_ACHIEVED * rate:
@@ -632,7 +658,7 @@ async def _sustain_step(bench: Bench, dep: Deployment, mode: str, rate: int, mea
     if step.unprocessed:
         reasons.append(f"{step.unprocessed:,} events unprocessed 10 s after the producer stopped")
     if not p99 <= SUSTAIN_P99_MS:
-        reasons.append(f"p99 {p99:,.0f} ms")
+        reasons.append(f"p99 {p99:,.0f} ms" if p99 == p99 else "no event processed")
     verdict = "; ".join(reasons)
     tried.append({"rate": rate, "achieved": lane["achieved"], "p99_ms": p99,
                   "unprocessed": step.unprocessed, "held": not verdict, "why_not": verdict,
