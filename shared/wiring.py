@@ -7,6 +7,7 @@ signal, then lets the work in hand finish inside the drain deadline.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
@@ -17,9 +18,20 @@ from nats.aio.client import Client as NATS
 
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import create_pool_when_up
+from shared.domain.errors import AccessDenied, ConfigurationError
 from shared.metrics import RoleMetrics
-from shared.runtime import EXIT_DRAIN_TIMEOUT, EXIT_OK, HealthServer, ReadinessCheck
+from shared.runtime import (
+    EXIT_CONFIG,
+    EXIT_CONNECT,
+    EXIT_DRAIN_TIMEOUT,
+    EXIT_OK,
+    HealthServer,
+    ReadinessCheck,
+    configure_logging,
+    stop_on_signals,
+)
 from shared.settings import CommonSettings
+from shared.telemetry import setup_tracing
 from shared.topology import Topology
 
 log = logging.getLogger("ferry.wiring")
@@ -94,3 +106,41 @@ async def close_all(nc: NATS | None, pools: dict[str, asyncpg.Pool]) -> None:
         await nc.close()
     for pool in pools.values():
         await pool.close()
+
+
+def topology_role_main(
+    *,
+    role: str,
+    prog: str,
+    settings_class: type[CommonSettings],
+    run: Callable[[Any, asyncio.Event], Awaitable[int]],
+    argv: list[str] | None,
+) -> int:
+    """Entry point of a role that serves a whole topology (dlq-router, dlq-replayer).
+
+    ``--topology`` overrides FERRY_TOPOLOGY; logging, signals and tracing are set up here;
+    exit codes: 3 when NATS refuses our credentials, 2 on a configuration error.
+    """
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--topology", help="topology file (default: FERRY_TOPOLOGY)")
+    args = parser.parse_args(argv)
+    settings = settings_class(**({"topology": args.topology} if args.topology else {}))
+    configure_logging(role, settings.log_level)
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        tracing = setup_tracing(role, settings)
+        try:
+            return await run(settings, stop)
+        finally:
+            tracing.shutdown()
+
+    try:
+        return asyncio.run(main())
+    except AccessDenied as exc:
+        log.error("%s", exc)
+        return EXIT_CONNECT
+    except ConfigurationError as exc:
+        log.error("configuration error: %s", exc)
+        return EXIT_CONFIG

@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import sys
 
-from shared.domain.errors import AccessDenied, ConfigurationError
 from shared.lint import require_clean_topology
 from shared.metrics import RoleMetrics, RouterMetrics
 from shared.runtime import (
-    EXIT_CONFIG,
-    EXIT_CONNECT,
-    configure_logging,
     postgres_probes,
-    stop_on_signals,
 )
 from shared.settings import RouterSettings
-from shared.telemetry import setup_tracing
-from shared.wiring import Connected, close_all, serve, target_pools
+from shared.wiring import Connected, close_all, serve, target_pools, topology_role_main
 
 from .router import DlqRouter
 
@@ -57,31 +50,15 @@ async def run(settings: RouterSettings, stop: asyncio.Event) -> int:
         log.info("stopped", extra={"recorded": router.stats.recorded})
 
 
-async def _main(settings: RouterSettings) -> int:
-    stop = asyncio.Event()
-    stop_on_signals(stop)
-    tracing = setup_tracing(ROLE, settings)
-    try:
-        return await run(settings, stop)
-    finally:
-        tracing.shutdown()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point; ``--topology`` overrides FERRY_TOPOLOGY."""
-    parser = argparse.ArgumentParser(prog="python -m services.dlq_router")
-    parser.add_argument("--topology", help="topology file (default: FERRY_TOPOLOGY)")
-    args = parser.parse_args(argv)
-    settings = RouterSettings(**({"topology": args.topology} if args.topology else {}))
-    configure_logging(ROLE, settings.log_level)
-    try:
-        return asyncio.run(_main(settings))
-    except AccessDenied as exc:
-        log.error("%s", exc)
-        return EXIT_CONNECT
-    except ConfigurationError as exc:
-        log.error("configuration error: %s", exc)
-        return EXIT_CONFIG
+    return topology_role_main(
+        role=ROLE,
+        prog="python -m services.dlq_router",
+        settings_class=RouterSettings,
+        run=run,
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":
