@@ -4,9 +4,17 @@ Everything that repeats per context or per durable is generated here, never writ
 hand: one outbox-publisher Deployment per context that owns a stream, one inbox-consumer
 Deployment per durable, a dlq-router and a dlq-replayer per topology, the provisioning Job,
 the KEDA ScaledObjects, the demo handler services of the dev overlay, CloudNativePG
-``Database`` objects for every context database, and the PrometheusRule built from
-``k8s/base/alerts/ferry-alerts.rules.yaml``. The kustomize base and overlays include the
-result from ``k8s/generated/``.
+``Database`` objects for every context database, the PrometheusRule built from
+``k8s/base/alerts/ferry-alerts.rules.yaml``, and the NATS users (``ferry nats-auth``) as a
+nats-server config file and as values for the NATS Helm chart. The kustomize base and
+overlays include the result from ``k8s/generated/``.
+
+Credentials (README "Security"): every pod mounts only its own role's Secret
+``ferry-role-<role>`` (read-only, mode 0400) and reads it through ``*_FILE`` settings and
+a ``?passfile=`` in its DSN, which names its own PostgreSQL login; the provisioning Job
+alone mounts ``ferry-admin`` (the NATS admin, the PostgreSQL owner and administrator).
+``python -m k8s.secrets`` renders all of these Secrets from random passwords; no secret
+is ever written here.
 
 Output is stable: the same inputs give the same bytes (keys in a fixed order, lists in
 topology order, no timestamps), so ``--check`` (what CI runs, through
@@ -29,7 +37,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from shared.access import DB_OWNER, NATS_ADMIN, Identity, identities
 from shared.domain.errors import ConfigurationError
+from shared.nats_auth import authorization_block, env_references, nats_users, password_variable
 from shared.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,9 +75,41 @@ MIN_INFLIGHT_PER_REPLICA = 10
 #: The NATS monitoring endpoint KEDA reads. It must be the chart's *headless* Service: in a
 #: cluster the scaler asks the consumer's leader at ``<server-name>.<endpoint>``.
 NATS_MONITORING_ENDPOINT = "nats-headless.nats.svc.cluster.local:8222"
-#: CloudNativePG example: the cluster and the role that own every context database.
+#: CloudNativePG example: the cluster and the role that own every context database (the
+#: owner ``ferry migrate`` runs as, so it can create the tables in schema public).
 CNPG_CLUSTER = "ferry-pg"
-CNPG_OWNER = "ferry"
+CNPG_OWNER = DB_OWNER
+
+# Credentials. Each pod mounts its own role's Secret and nothing else; the role reads the
+# files through *_FILE settings and its DSN's ?passfile= (README "Security").
+#: Where a role's own Secret is mounted (read-only, mode 0400): one file per key.
+CREDENTIALS_DIR = "/etc/ferry/credentials"
+#: Where the provisioning Job mounts the administrative Secret.
+ADMIN_DIR = "/etc/ferry/admin"
+#: Memory-backed emptyDir holding the 0600 copy of the pgpass (``shared.secret_copy``):
+#: libpq and asyncpg ignore a group-readable password file, which a Secret volume is
+#: under the pod's fsGroup.
+PRIVATE_DIR = "/run/ferry"
+#: CA certificates from ConfigMap ``ferry-tls`` (optional; production needs it:
+#: ``nats-ca.crt`` for FERRY_NATS_TLS_CA, ``postgres-ca.crt`` for sslrootcert).
+TLS_DIR = "/etc/ferry/tls"
+TLS_CONFIGMAP = "ferry-tls"
+#: File mode of every mounted Secret key (the kubelet adds group read under fsGroup).
+SECRET_MODE = 0o400
+#: The Secret only the provisioning Job mounts: NATS admin, PostgreSQL owner and admin.
+ADMIN_SECRET = "ferry-admin"
+#: The Secret nats-server reads its users' passwords from ($FERRY_NATS_PASSWORD_<USER>).
+NATS_USERS_SECRET = "ferry-nats-users"
+#: Keys of a role's Secret: its libpq password file, NATS password and handler secret(s).
+PGPASS = "pgpass"
+NATS_PASSWORD = "nats-password"
+HANDLER_SECRET = "handler-secret"
+HANDLER_SECRETS = "handler-secrets.json"
+#: Keys of ConfigMap ferry-settings every DSN is built from (Kubernetes expands $(NAME)):
+#: the server's host:port, the libpq parameters (TLS) and the administrative login.
+PG_HOSTPORT = "PG_HOSTPORT"
+PG_PARAMS = "PG_PARAMS"
+PG_ADMIN_USER = "PG_ADMIN_USER"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _HEADER = (
@@ -84,6 +126,7 @@ class Role:
 
     name: str  # app.kubernetes.io/name, also the container name
     instance: str  # Deployment name, app.kubernetes.io/instance
+    identity: Identity  # whose credentials the pod gets (shared.access)
     component: str
     args: list[str]
     env: list[Doc]
@@ -154,26 +197,128 @@ def tname(topology: Topology) -> str:
     return dns_name(topology.name, f"topology {topology.name}")
 
 
+TINY = {
+    "requests": {"cpu": "20m", "memory": "32Mi"},
+    "limits": {"cpu": "500m", "memory": "64Mi"},
+}
+
+
+# ---------------------------------------------------------------- credentials
+
+
+def role_secret(identity: Identity) -> str:
+    """The Secret holding ``identity``'s credentials (and no one else's)."""
+    return f"ferry-role-{dns_name(identity.name, f'role {identity.name}')}"
+
+
+def secret_keys(identity: Identity) -> tuple[str, ...]:
+    """The keys of ``identity``'s Secret: what its process reads."""
+    keys = [PGPASS]
+    if identity.uses_nats:
+        keys.append(NATS_PASSWORD)
+    if identity.kind == "inbox-consumer":
+        keys.append(HANDLER_SECRET)
+    if identity.kind == "handler":
+        keys.append(HANDLER_SECRETS)
+    return tuple(keys)
+
+
+def admin_password_key(name: str) -> str:
+    """Key of the admin Secret holding login ``name``'s password: the file name that
+    ``ferry db-roles --passwords-dir`` reads (``shared.access.SecretsDir``)."""
+    return f"pg-password-{name}"
+
+
+def admin_secret_keys(topologies: Sequence[Topology]) -> tuple[str, ...]:
+    """The keys of the admin Secret: NATS admin password, the owner's and the admin's
+    pgpass, and every login's password (``ferry db-roles`` sets them)."""
+    names = sorted({i.name for t in topologies for i in identities(t)})
+    return (NATS_PASSWORD, PGPASS, *(admin_password_key(n) for n in [DB_OWNER, *names]))
+
+
+def dsn_template(login: str) -> str:
+    """FERRY_DSN_TEMPLATE of ``login``: no password, only the path of its private pgpass;
+    server and TLS parameters from ferry-settings."""
+    return (
+        f"postgresql://{login}@$({PG_HOSTPORT})/{{database}}"
+        f"?passfile={PRIVATE_DIR}/{PGPASS}&$({PG_PARAMS})"
+    )
+
+
+def credential_env(identity: Identity) -> list[Doc]:
+    """The settings naming ``identity``'s login, NATS user and the files of its secrets."""
+    env: list[Doc] = [{"name": "FERRY_DSN_TEMPLATE", "value": dsn_template(identity.pg_role)}]
+    if identity.uses_nats:
+        env += [
+            {"name": "FERRY_NATS_USER", "value": identity.name},
+            {"name": "FERRY_NATS_PASSWORD_FILE", "value": f"{CREDENTIALS_DIR}/{NATS_PASSWORD}"},
+        ]
+    if identity.kind == "inbox-consumer":
+        env.append(
+            {"name": "FERRY_HANDLER_SECRET_FILE", "value": f"{CREDENTIALS_DIR}/{HANDLER_SECRET}"}
+        )
+    if identity.kind == "handler":
+        env.append(
+            {"name": "FERRY_HANDLER_SECRETS_FILE", "value": f"{CREDENTIALS_DIR}/{HANDLER_SECRETS}"}
+        )
+    return env
+
+
+def _secret_volume(secret: str) -> Doc:
+    return {"name": "credentials", "secret": {"secretName": secret, "defaultMode": SECRET_MODE}}
+
+
 def _topology_volume(topology: Topology) -> Doc:
     return {"name": "topology", "configMap": {"name": f"ferry-topology-{tname(topology)}"}}
 
 
-def _volumes(topology: Topology) -> list[Doc]:
-    return [_topology_volume(topology), {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
-
-
-def _mounts() -> list[Doc]:
+def _volumes(topology: Topology, secret: str, tmp_size: str = "64Mi") -> list[Doc]:
     return [
+        _topology_volume(topology),
+        {"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}},
+        _secret_volume(secret),
+        {"name": "private", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": "tls", "configMap": {"name": TLS_CONFIGMAP, "optional": True}},
+    ]
+
+
+def _mounts(credentials: str = CREDENTIALS_DIR, *, secrets: bool = True) -> list[Doc]:
+    mounts: list[Doc] = [
         {"name": "topology", "mountPath": TOPOLOGY_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
+    if secrets:
+        mounts += [
+            {"name": "credentials", "mountPath": credentials, "readOnly": True},
+            {"name": "private", "mountPath": PRIVATE_DIR, "readOnly": True},
+            {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
+        ]
+    return mounts
+
+
+def _copy_pgpass(credentials: str = CREDENTIALS_DIR) -> Doc:
+    """Init container: the pgpass of the mounted Secret, copied private (0600)."""
+    return {
+        "name": "pgpass",
+        "image": IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+        "args": [
+            "-m",
+            "shared.secret_copy",
+            f"{credentials}/{PGPASS}",
+            f"{PRIVATE_DIR}/{PGPASS}",
+        ],
+        "resources": TINY,
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": [
+            {"name": "credentials", "mountPath": credentials, "readOnly": True},
+            {"name": "private", "mountPath": PRIVATE_DIR},
+        ],
+    }
 
 
 def _env_from() -> list[Doc]:
-    return [
-        {"configMapRef": {"name": "ferry-settings"}},
-        {"secretRef": {"name": "ferry-databases"}},
-    ]
+    return [{"configMapRef": {"name": "ferry-settings"}}]
 
 
 def _common_env(role: str, topology: Topology, attributes: dict[str, str]) -> list[Doc]:
@@ -230,7 +375,7 @@ def deployment(role: Role, topology: Topology) -> Doc:
         "imagePullPolicy": "IfNotPresent",
         "args": role.args,
         "envFrom": _env_from(),
-        "env": role.env,
+        "env": role.env + credential_env(role.identity),
         "ports": [{"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
         **_health_probes("health"),
         "resources": role.resources,
@@ -263,8 +408,9 @@ def deployment(role: Role, topology: Topology) -> Doc:
                     "terminationGracePeriodSeconds": math.ceil(role.drain) + GRACE_MARGIN,
                     "securityContext": POD_SECURITY,
                     "topologySpreadConstraints": _spread(selector),
+                    "initContainers": [_copy_pgpass()],
                     "containers": [container],
-                    "volumes": _volumes(topology),
+                    "volumes": _volumes(topology, role_secret(role.identity)),
                 },
             },
         }
@@ -313,6 +459,7 @@ def publishers(topology: Topology) -> list[Role]:
             Role(
                 name="outbox-publisher",
                 instance=instance,
+                identity=Identity("outbox-publisher", context),
                 component="publisher",
                 args=["-m", "services.outbox_publisher", "--context", context],
                 env=env,
@@ -351,6 +498,7 @@ def consumers(topology: Topology) -> list[Role]:
             Role(
                 name="inbox-consumer",
                 instance=instance,
+                identity=Identity("inbox-consumer", durable),
                 component="consumer",
                 args=["-m", "services.inbox_consumer", "--durable", durable],
                 env=env,
@@ -377,6 +525,7 @@ def dlq_roles(topology: Topology) -> list[Role]:
         Role(
             name="dlq-router",
             instance=f"dlq-router-{tname(topology)}",
+            identity=Identity("dlq-router", topology.name),
             component="dlq",
             args=["-m", "services.dlq_router"],
             env=env,
@@ -387,6 +536,7 @@ def dlq_roles(topology: Topology) -> list[Role]:
         Role(
             name="dlq-replayer",
             instance=f"dlq-replayer-{tname(topology)}",
+            identity=Identity("dlq-replayer", topology.name),
             component="dlq",
             args=["-m", "services.dlq_replayer"],
             env=replayer_env,
@@ -398,21 +548,36 @@ def dlq_roles(topology: Topology) -> list[Role]:
 
 
 def provision_job(topology: Topology) -> Doc:
-    """``ferry migrate`` then ``ferry provision`` for the topology, idempotent, retried."""
+    """The administrative steps for the topology, idempotent, retried, each with the one
+    identity it needs (all from Secret ``ferry-admin``, which no other pod mounts):
+
+    1. ``logins``: ``ferry db-roles --logins-only`` as the PostgreSQL administrator
+       (``PG_ADMIN_USER``): every role's login and the owner, passwords from the Secret;
+    2. ``migrate``: ``ferry migrate`` as the owner :data:`~shared.access.DB_OWNER`;
+    3. ``grants``: ``ferry db-roles``: each login gets exactly its access;
+    4. ``provision``: ``ferry provision`` as the NATS admin.
+    """
     name = f"ferry-provision-{tname(topology)}"
     labels = _labels("ferry-provision", name, "provisioning", {"ferry/topology": topology.name})
+    admin_dsn = {"name": "FERRY_DSN_TEMPLATE", "value": dsn_template(f"$({PG_ADMIN_USER})")}
+    owner_dsn = {"name": "FERRY_DSN_TEMPLATE", "value": dsn_template(DB_OWNER)}
+    nats_admin = [
+        {"name": "FERRY_NATS_USER", "value": NATS_ADMIN},
+        {"name": "FERRY_NATS_PASSWORD_FILE", "value": f"{ADMIN_DIR}/{NATS_PASSWORD}"},
+    ]
+    passwords = ["--passwords-dir", ADMIN_DIR]
 
-    def step(command: str) -> Doc:
+    def step(step_name: str, args: list[str], env: list[Doc]) -> Doc:
         return {
-            "name": command,
+            "name": step_name,
             "image": IMAGE,
             "imagePullPolicy": "IfNotPresent",
-            "args": ["-m", "shared.cli", command],
+            "args": ["-m", "shared.cli", *args],
             "envFrom": _env_from(),
-            "env": _common_env("ferry-provision", topology, {}),
+            "env": _common_env("ferry-provision", topology, {}) + env,
             "resources": SMALL,
             "securityContext": CONTAINER_SECURITY,
-            "volumeMounts": _mounts(),
+            "volumeMounts": _mounts(ADMIN_DIR),
         }
 
     return {
@@ -430,9 +595,14 @@ def provision_job(topology: Topology) -> Doc:
                     "serviceAccountName": "ferry",
                     "automountServiceAccountToken": False,
                     "securityContext": POD_SECURITY,
-                    "initContainers": [step("migrate")],
-                    "containers": [step("provision")],
-                    "volumes": _volumes(topology),
+                    "initContainers": [
+                        _copy_pgpass(ADMIN_DIR),
+                        step("logins", ["db-roles", "--logins-only", *passwords], [admin_dsn]),
+                        step("migrate", ["migrate"], [owner_dsn]),
+                        step("grants", ["db-roles", *passwords], [admin_dsn]),
+                    ],
+                    "containers": [step("provision", ["provision"], nats_admin)],
+                    "volumes": _volumes(topology, ADMIN_SECRET),
                 },
             },
         },
@@ -507,8 +677,10 @@ def demo_handler(topology: Topology, context: str) -> list[Doc]:
     named: list[Doc] = [
         {"name": f"http-{port}", "containerPort": port, "protocol": "TCP"} for port in ports
     ]
+    identity = Identity("handler", context)
     env = _common_env("handler", topology, {"ferry.context": context})
     env.append({"name": "FERRY_HOST", "value": "0.0.0.0"})
+    env += credential_env(identity)
     container: Doc = {
         "name": "handler",
         "image": IMAGE,
@@ -539,8 +711,9 @@ def demo_handler(topology: Topology, context: str) -> list[Doc]:
                     "automountServiceAccountToken": False,
                     "terminationGracePeriodSeconds": grace,
                     "securityContext": POD_SECURITY,
+                    "initContainers": [_copy_pgpass()],
                     "containers": [container],
-                    "volumes": _volumes(topology),
+                    "volumes": _volumes(topology, role_secret(identity)),
                 },
             },
         },
@@ -582,6 +755,10 @@ KPI_RESOURCES = {
 }
 
 
+def _kpi_identity(topology: Topology) -> Identity:
+    return Identity("kpi-spark-job", topology.name)
+
+
 def _kpi_env(topology: Topology) -> list[Doc]:
     env = _common_env("kpi-spark-job", topology, {})
     env.append({"name": "FERRY_KPI_REPORT_DIR", "value": KPI_REPORT_DIR})
@@ -589,7 +766,7 @@ def _kpi_env(topology: Topology) -> list[Doc]:
 
 
 def _kpi_volumes(topology: Topology) -> list[Doc]:
-    return [_topology_volume(topology), {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}}]
+    return _volumes(topology, role_secret(_kpi_identity(topology)), tmp_size="4Gi")
 
 
 def kpi_cronjob(topology: Topology) -> Doc:
@@ -615,7 +792,7 @@ def kpi_cronjob(topology: Topology) -> Doc:
             KPI_FILE,
         ],
         "envFrom": _env_from(),
-        "env": _kpi_env(topology),
+        "env": _kpi_env(topology) + credential_env(_kpi_identity(topology)),
         "resources": KPI_RESOURCES,
         "securityContext": CONTAINER_SECURITY,
         "volumeMounts": _mounts(),
@@ -660,6 +837,7 @@ def kpi_cronjob(topology: Topology) -> Doc:
                             "serviceAccountName": "ferry",
                             "automountServiceAccountToken": False,
                             "securityContext": POD_SECURITY,
+                            "initContainers": [_copy_pgpass()],
                             "containers": [container],
                             "volumes": _kpi_volumes(topology),
                         },
@@ -687,7 +865,17 @@ def spark_application_spec(topology: Topology) -> Doc:
         "envFrom": _env_from(),
         "env": _kpi_env(topology),
         "securityContext": security,
+        # Executors get no credentials: the driver reads the databases' passwords and
+        # hands Spark's JDBC reads what they need.
+        "volumeMounts": _mounts(secrets=False),
+    }
+    driver = {
+        **pod,
+        "env": _kpi_env(topology) + credential_env(_kpi_identity(topology)),
         "volumeMounts": _mounts(),
+        "initContainers": [_copy_pgpass()],
+        "coreLimit": "1",
+        "serviceAccount": "ferry-spark",
     }
     return {
         "type": "Python",
@@ -702,7 +890,7 @@ def spark_application_spec(topology: Topology) -> Doc:
         "restartPolicy": {"type": "Never"},
         "timeToLiveSeconds": 86400,
         "volumes": _kpi_volumes(topology),
-        "driver": {**pod, "coreLimit": "1", "serviceAccount": "ferry-spark"},
+        "driver": driver,
         "executor": {**pod, "instances": 2},
     }
 
@@ -847,6 +1035,47 @@ def cnpg_files(topologies: Iterable[Topology], label: str) -> dict[str, str]:
     }
 
 
+def nats_values(topologies: Sequence[Topology]) -> Doc:
+    """Values for the NATS Helm chart (1.x): the users of ``ferry nats-auth``, each password
+    read by nats-server from ``$FERRY_NATS_PASSWORD_<USER>`` (chart syntax ``<< $VAR >>``),
+    the variables from Secret ``ferry-nats-users``."""
+    users: list[Doc] = []
+    for user, permissions in nats_users(list(topologies)).items():
+        entry: Doc = {"user": user, "password": f"<< ${password_variable(user)} >>"}
+        if permissions is not None:
+            entry["permissions"] = {
+                "publish": {"allow": list(permissions.publish)},
+                "subscribe": {"allow": list(permissions.subscribe)},
+            }
+        users.append(entry)
+    return {
+        "config": {"merge": {"authorization": {"users": users}}},
+        "container": {"merge": {"envFrom": [{"secretRef": {"name": NATS_USERS_SECRET}}]}},
+    }
+
+
+def nats_files(topologies: Sequence[Topology], label: str) -> dict[str, str]:
+    """The NATS users of every topology (README "Security"), for both ways to run NATS:
+
+    * ``nats/authorization.conf``: the ``authorization`` block of ``ferry nats-auth``, each
+      password a ``$FERRY_NATS_PASSWORD_<USER>`` the server takes from its environment;
+      the Component ``nats/`` makes it ConfigMap ``nats-authorization`` (dev overlay);
+    * ``nats/values-auth.yaml``: the same users as values for the Helm chart, given after
+      ``k8s/nats/values.yaml`` (``helm ... -f values.yaml -f values-auth.yaml``).
+    """
+    header = _HEADER.format(sources=label)
+    block = authorization_block(nats_users(list(topologies)), env_references)
+    return {
+        "nats/authorization.conf": header + block,
+        "nats/kustomization.yaml": _kustomization(
+            "Component",
+            label,
+            configMapGenerator=[{"name": "nats-authorization", "files": ["authorization.conf"]}],
+        ),
+        "nats/values-auth.yaml": _dump([nats_values(topologies)], label),
+    }
+
+
 def monitoring_files(rules_path: Path) -> dict[str, str]:
     """The PrometheusRule wrapping the plain Prometheus rules file."""
     label = _relative(rules_path)
@@ -887,7 +1116,9 @@ def generate(paths: Sequence[Path], rules_path: Path = ALERT_RULES) -> dict[str,
     files: dict[str, str] = {}
     for topology, path in loaded:
         files.update(topology_files(topology, path, _relative(path)))
-    files.update(cnpg_files([t for t, _ in loaded], ", ".join(_relative(p) for p in paths)))
+    sources = ", ".join(_relative(p) for p in paths)
+    files.update(cnpg_files([t for t, _ in loaded], sources))
+    files.update(nats_files([t for t, _ in loaded], sources))
     files.update(monitoring_files(rules_path))
     return dict(sorted(files.items()))
 

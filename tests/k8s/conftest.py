@@ -60,6 +60,18 @@ def rendered() -> dict[str, list[Doc]]:
     return {name: render(path) for name, path in KUSTOMIZATIONS.items()}
 
 
+@pytest.fixture(scope="session")
+def secret_docs(tmp_path_factory: pytest.TempPathFactory) -> list[Doc]:
+    """The Secrets an operator renders before applying (``python -m k8s.secrets --dev
+    --cnpg``), from fresh random passwords: no secret lives in the repository."""
+    from k8s.secrets import render as render_secrets
+    from shared.topology import load_topology
+
+    topologies = [load_topology(path) for path in TOPOLOGIES.values()]
+    var = tmp_path_factory.mktemp("k8s-secrets")
+    return render_secrets(topologies, var, dev=True, cnpg=True)
+
+
 def by_kind(docs: list[Doc], kind: str) -> list[Doc]:
     """The objects of ``kind``."""
     return [d for d in docs if d["kind"] == kind]
