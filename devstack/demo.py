@@ -271,6 +271,9 @@ def run_demo(env: dict[str, str], argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="how long to produce")
     parser.add_argument("--settle", type=float, default=60.0, help="max wait for the tail")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--no-kpi", action="store_true", help="skip the KPI job's report (half a minute of Spark)"
+    )
     args = parser.parse_args(argv)
     topologies = [load_topology(ROOT / path) for path in TOPOLOGIES]
     demo = Demo(env["FERRY_DSN_TEMPLATE"], topologies, env.get("FERRY_NATS_URL", ""))
@@ -294,6 +297,8 @@ def run_demo(env: dict[str, str], argv: list[str]) -> int:
     )
     started = datetime.now(UTC)
     code = asyncio.run(main())
+    if args.no_kpi:
+        return code
     from spark.demo import show_kpi_report  # the KPI job over what the demo just did
 
     show_kpi_report(env, since=started, topologies=TOPOLOGIES)
