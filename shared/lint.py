@@ -24,6 +24,11 @@ Rules (what each protects against):
     ``max_deliver`` must be finite and at least the back-off ladder's length: unlimited
     redelivery retries a poison message forever, and a shorter one never reaches the
     ladder's last steps (the message is dead-lettered earlier than the ladder promises).
+``ack-pending``
+    ``max_ack_pending`` must hold at least two batches: the consumer pulls the next batch
+    while one is in process (``FERRY_PIPELINE``), and a second replica needs room to pull
+    at all. With one batch's worth, replicas take turns and each waits for the other's
+    acks (measured: two replicas drained 13 times slower than one).
 ``dead-letter-stream``
     Every durable's dead-letter subject must be captured by a dead-letter stream (and by
     no event stream): otherwise a dead letter cannot be stored and its message is retried
@@ -189,6 +194,7 @@ def lint_topology(
         *_inbox_retention(topology, source),
         *_handler_timeout(topology, source),
         *_max_deliver(topology, source),
+        *_ack_pending(topology, source),
         *_dead_letter_streams(topology, source),
         *_naming(topology, source),
         *coverage_problems(topology, source=source),
@@ -291,6 +297,20 @@ def _max_deliver(topology: Topology, source: str) -> Iterator[Problem]:
                 f"({len(durable.backoff)} steps): messages are dead-lettered before the "
                 "ladder's last steps are ever used",
             )
+
+
+def _ack_pending(topology: Topology, source: str) -> Iterator[Problem]:
+    for name, durable in sorted(topology.durables.items()):
+        if durable.max_ack_pending >= 2 * durable.batch_size:
+            continue
+        yield Problem(
+            source,
+            f"durables.{name}.max_ack_pending",
+            "ack-pending",
+            f"{durable.max_ack_pending} holds fewer than two batches of {durable.batch_size}: "
+            "the next batch (or a second replica) cannot be pulled while one is in process; "
+            f"give max_ack_pending >= {2 * durable.batch_size} or a smaller batch_size",
+        )
 
 
 def _dead_letter_streams(topology: Topology, source: str) -> Iterator[Problem]:

@@ -212,8 +212,12 @@ class ConsumerSettings(CommonSettings):
     handler_url: str | None = None
     #: Handler calls in flight at once (also bounded by the durable's max_ack_pending).
     concurrency: int = Field(default=64, ge=1, le=1000)
-    #: How long one fetch waits for messages before looping, in seconds.
+    #: How long the consumer waits for a first message before looping, in seconds (a
+    #: batch is handed over as soon as anything arrived; this only paces idle loops).
     fetch_timeout: float = Field(default=1.0, gt=0)
+    #: Batches processed at once: the next is claimed while the handler works on one.
+    #: All of them count against the durable's max_ack_pending.
+    pipeline: int = Field(default=4, ge=1, le=16)
     #: Extra seconds an inbox lease outlives the handler timeout.
     lease_margin: float = Field(default=30.0, ge=0)
     #: Longest Retry-After honoured, in seconds.

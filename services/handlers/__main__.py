@@ -33,7 +33,7 @@ from .settings import HandlerSettings
 
 ROLE_PREFIX = "handler-"
 #: Pool size: one connection per call in flight; beyond it calls wait (then 503).
-POOL_SIZE = 10
+POOL_SIZE = 20
 #: Seconds SIGTERM allows in-flight calls to finish, below supervisord's stopwaitsecs.
 SHUTDOWN_TIMEOUT = 8.0
 #: Longest pause between attempts to reach PostgreSQL at start.

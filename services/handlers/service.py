@@ -7,11 +7,13 @@ call runs like this:
    route by ``(event_type, event_version)``, validate the payload against the
    topology's schema, read the fault directives (:mod:`services.handlers.faults`);
    anything wrong is a 422;
-2. record the call in ``handler_calls`` (autocommit) — if even that fails, answer 503;
-3. unless a fault directive answers instead, in ONE transaction: claim the id in
+2. unless a fault directive answers instead, in ONE transaction: claim the id in
    ``handler_applied`` (a conflict means 409, already processed), run the route on
-   the same connection, commit — 200;
-4. fill in the ledger row's status.
+   the same connection, record the call in ``handler_calls`` with its answer, commit —
+   200 (three round trips, see :mod:`services.handlers.store`);
+3. a route that fails rolls everything back and the call is recorded with the status
+   it answers; a poison or injected answer is recorded alone (autocommit). If the
+   ledger row cannot be written, no effect commits: 503.
 
 Every error is mapped to a status here and nowhere else: poison and unstorable data
 → 422, database unavailability and :class:`TransientError` → 503, anything else → 500
@@ -116,6 +118,8 @@ class HandlerService:
         schemas: Mapping[RouteKey, Mapping[str, Any]] | None = None,
         tables: tuple[str, ...] = (),
     ) -> None:
+        if not store.IDENTIFIER.fullmatch(name):
+            raise ConfigurationError(f"handler name {name!r} must be snake_case")
         self.name = name
         self._pool = pool
         self._routes = dict(routes)
@@ -155,15 +159,11 @@ class HandlerService:
             ids = call_ids(body, headers)
         try:
             async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
-                call_id = await store.open_call(
-                    conn, handler=self.name, message_id=ids.message_id, attempt=ids.attempt
-                )
-                outcome = await self._decide(conn, call)
-                await self._close_call(conn, call_id, outcome)
+                outcome = await self._decide(conn, call, ids)
         except UNAVAILABLE as exc:
             # No connection, or the ledger row could not be written (and no effect may
-            # happen without one), or the connection broke on release. A retry is safe
-            # in every case: an effect that did commit answers the retry with 409.
+            # happen without one), or the commit's answer was lost. A retry is safe in
+            # every case: an effect that did commit answers the retry with 409.
             log.warning("database unavailable: %s", exc, extra={"message_id": ids.message_id})
             return Outcome.unavailable(f"database unavailable: {exc}")
         self._log(outcome, ids.message_id)
@@ -185,48 +185,70 @@ class HandlerService:
         faults.check_poison()
         return _Call(request, route, faults)
 
-    async def _decide(self, conn: Conn, call: _Call | PoisonError) -> Outcome:
+    async def _decide(self, conn: Conn, call: _Call | PoisonError, ids: CallIds) -> Outcome:
         if isinstance(call, PoisonError):
-            return Outcome.poison(call)
-        forced = call.faults.forced(call.request.delivery.attempt)
-        if forced is not None:
-            return Outcome(forced.status, {"error": forced.error}, forced.headers)
-        return await self._apply(conn, call)
+            outcome = Outcome.poison(call)
+        elif (forced := call.faults.forced(call.request.delivery.attempt)) is not None:
+            outcome = Outcome(forced.status, {"error": forced.error}, forced.headers)
+        else:
+            return await self._apply(conn, call, ids)
+        await store.log_call(
+            conn,
+            handler=self.name,
+            message_id=ids.message_id,
+            attempt=ids.attempt,
+            status=outcome.status,
+        )
+        return outcome
 
-    async def _apply(self, conn: Conn, call: _Call) -> Outcome:
+    async def _apply(self, conn: Conn, call: _Call, ids: CallIds) -> Outcome:
+        """Claim, route and record in one transaction; a failure rolls all three back."""
         message_id = call.request.message_id
+        mid = uuid.UUID(message_id)
         try:
-            async with conn.transaction():
-                if not await store.claim(conn, handler=self.name, message_id=message_id):
-                    return await self._duplicate(conn, message_id)
+            if not await store.begin_and_claim(conn, handler=self.name, message_id=mid):
+                outcome = await self._duplicate(conn, mid)
+            else:
                 await call.route(conn, call.request)
+                outcome = Outcome(200, {"status": "processed", "message_id": message_id})
+            await store.log_and_commit(
+                conn,
+                handler=self.name,
+                message_id=mid,
+                attempt=ids.attempt,
+                status=outcome.status,
+            )
+            return outcome
         except PoisonError as exc:
-            return Outcome.poison(exc)
+            outcome = Outcome.poison(exc)
         except UNSTORABLE as exc:
             unstorable = PoisonError("UNSTORABLE_VALUE", f"payload cannot be stored: {exc}")
-            return Outcome.poison(unstorable)
+            outcome = Outcome.poison(unstorable)
         except UNAVAILABLE as exc:
-            return Outcome.unavailable(f"transient failure: {exc}")
+            outcome = Outcome.unavailable(f"transient failure: {exc}")
         except Exception as exc:
             # The HTTP boundary: an unexpected error is still an answer (5xx, retried).
             log.exception("route failed", extra={"message_id": message_id})
-            return Outcome(500, {"error": f"{type(exc).__name__}: {exc}"})
-        return Outcome(200, {"status": "processed", "message_id": message_id})
+            outcome = Outcome(500, {"error": f"{type(exc).__name__}: {exc}"})
+        try:
+            await store.rollback_and_log(
+                conn,
+                handler=self.name,
+                message_id=mid,
+                attempt=ids.attempt,
+                status=outcome.status,
+            )
+        except UNAVAILABLE as exc:
+            # Nothing committed; the answer stands. The ledger misses a call that had no effect.
+            log.warning("call not recorded after rollback: %s", exc)
+        return outcome
 
-    async def _duplicate(self, conn: Conn, message_id: str) -> Outcome:
+    async def _duplicate(self, conn: Conn, message_id: uuid.UUID) -> Outcome:
         moment = await store.applied_at(conn, handler=self.name, message_id=message_id)
-        body: dict[str, Any] = {"status": "already_processed", "message_id": message_id}
+        body: dict[str, Any] = {"status": "already_processed", "message_id": str(message_id)}
         if moment is not None:
             body["applied_at"] = format_timestamp(moment)
         return Outcome(409, body)
-
-    async def _close_call(self, conn: Conn, call_id: int, outcome: Outcome) -> None:
-        # The outcome stands even if its status cannot be written: the effect (if any)
-        # has committed, and the ledger row already counts the call.
-        try:
-            await store.close_call(conn, call_id, outcome.status)
-        except UNAVAILABLE as exc:
-            log.warning("ledger status not recorded for call %s: %s", call_id, exc)
 
     def _log(self, outcome: Outcome, message_id: object) -> None:
         if outcome.status == 200:

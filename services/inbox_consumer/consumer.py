@@ -34,6 +34,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
 from services.inbox_consumer.dispatch import HttpHandler
+from services.inbox_consumer.puller import ConsumerGone, Puller
 from shared import telemetry
 from shared.adapters import dead_letters, inbox
 from shared.adapters.inbox import ClaimResult, InboxEntry
@@ -58,6 +59,10 @@ INBOX_RETRY_INITIAL = 0.2
 INBOX_RETRY_MAX = 5.0
 #: Delay before a copy that lost the race for an id is offered again.
 CONTENDED_DELAY = 1.0
+#: Pause before pulling again from a durable that was deleted under us.
+GONE_PAUSE = 5.0
+#: Batches processed at once by default (see InboxConsumer.pipeline).
+DEFAULT_PIPELINE = 4
 #: Failures that leave a dead letter unwritten: the message is nak'ed and tried again.
 DEAD_LETTER_ERRORS: tuple[type[BaseException], ...] = (
     *DATABASE_ERRORS,
@@ -193,28 +198,65 @@ class InboxConsumer:
         self.auth_retry = (1.0, 30.0)
         self._stop = asyncio.Event()
         self.max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES
+        #: Batches in process at once; their messages all count against max_ack_pending.
+        self.pipeline = DEFAULT_PIPELINE
+        self._crash: BaseException | None = None
+        self._puller: Puller | None = None
 
     async def run(self, stop: asyncio.Event, *, fetch_timeout: float) -> None:
-        """Fetch and process batches until ``stop``; the batch in hand is finished first."""
+        """Pull and process batches until ``stop``; batches in hand are finished first.
+
+        Up to :attr:`pipeline` batches are processed at once, so the handler is busy while
+        the next batch is claimed in the inbox and the previous one is settled.
+        """
         self._stop = stop
-        psub = await self.js.pull_subscribe_bind(durable=self.durable, stream=self.spec.stream)
+        await self.js.consumer_info(self.spec.stream, self.durable)  # fails clearly if absent
+        puller = Puller(
+            self.js, stream=self.spec.stream, durable=self.durable, window=self.spec.batch_size
+        )
+        await puller.start()
+        self._puller = puller
         self.stats.bound = True
         telemetry.set_log_fields(durable=self.durable)
-        while not stop.is_set():
-            try:
+        busy: set[asyncio.Task[None]] = set()
+        try:
+            while not stop.is_set():
+                if len(busy) >= self.pipeline:
+                    await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
+                    continue
                 fetch_started = telemetry.now_ns()
-                msgs = await psub.fetch(self.spec.batch_size, timeout=fetch_timeout)
-            except NatsTimeout:
-                continue
-            except (ConnectionClosedError, NoRespondersError, OSError) as exc:
-                log.warning("fetch failed: %s", exc)
-                await asyncio.sleep(0.5)
-                continue
-            self.stats.fetched += len(msgs)
-            telemetry.receive_span(
-                msgs, stream=self.spec.stream, durable=self.durable, started_ns=fetch_started
-            )
-            await self.process_batch(msgs)
+                try:
+                    msgs = await puller.next_batch(self.spec.batch_size, fetch_timeout)
+                except ConsumerGone as exc:
+                    self.stats.bound = False
+                    log.error("%s; pulling again in %.0fs", exc, GONE_PAUSE)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=GONE_PAUSE)
+                    puller.gone = None
+                    self.stats.bound = True
+                    continue
+                if not msgs:
+                    continue
+                self.stats.fetched += len(msgs)
+                telemetry.receive_span(
+                    msgs, stream=self.spec.stream, durable=self.durable, started_ns=fetch_started
+                )
+                task = asyncio.create_task(self.process_batch(msgs))
+                busy.add(task)
+                task.add_done_callback(lambda t: self._batch_done(t, busy))
+                if self._crash is not None:
+                    raise self._crash
+        finally:
+            if busy:
+                await asyncio.wait(busy)
+            for msg in await puller.stop():  # arrived, never handed out: let others have it
+                await self._nak(msg, 0.0)
+
+    def _batch_done(self, task: asyncio.Task[None], busy: set[asyncio.Task[None]]) -> None:
+        """Forget a finished batch; keep an unexpected failure to end :meth:`run` with."""
+        busy.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._crash is None:
+            self._crash = task.exception()
 
     async def process_batch(self, msgs: list[Msg]) -> None:
         """Record, dispatch and settle one fetched batch."""
@@ -259,6 +301,8 @@ class InboxConsumer:
                 log.warning("inbox unavailable (%s): holding the batch, again in %.1fs", exc, pause)
             for delivery in deliveries:
                 await _quiet(delivery.msg.in_progress())
+            if self._puller is not None:
+                await self._puller.keep_alive()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=pause)
             pause = min(pause * 2, min(INBOX_RETRY_MAX, self.heartbeat_every))

@@ -68,8 +68,13 @@ async def test_stopped_mid_batch_loses_nothing_applies_nothing_twice(
         await asyncio.to_thread(proc.wait, 20)
     assert all(handler.applied[e.message_id] == 1 for e in events)
     second_calls = len(handler.calls) - len(events)
-    # Only a message whose handler call was in flight at the kill may be called again.
-    assert second_calls <= world.topology.durables[DURABLE].batch_size
+    if sig == signal.SIGTERM:
+        # A graceful stop finishes the batches in hand and hands back the rest uncalled.
+        assert second_calls == 0
+    else:
+        # Only a message delivered and called but not yet acked at the kill may be called
+        # again; JetStream lets at most max_ack_pending be in that state.
+        assert second_calls <= world.topology.durables[DURABLE].max_ack_pending
 
 
 async def _at_least(env: Env, n: int) -> bool:

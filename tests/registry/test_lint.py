@@ -149,6 +149,22 @@ def test_max_deliver_shorter_than_the_ladder(tmp_path: Path) -> None:
     assert lint_doc(tmp_path, doc) == []
 
 
+# --- ack-pending --------------------------------------------------------------------------
+
+
+def test_max_ack_pending_must_hold_two_batches(tmp_path: Path) -> None:
+    doc = shipped(SEA_VIBESPRO)
+    _durable(doc)["max_ack_pending"] = 50
+    _durable(doc)["batch_size"] = 50
+    assert lint_doc(tmp_path, doc) == [
+        f"{F}: durables.sea__from_vibespro.max_ack_pending: 50 holds fewer than two batches "
+        "of 50: the next batch (or a second replica) cannot be pulled while one is in "
+        "process; give max_ack_pending >= 100 or a smaller batch_size [ack-pending]"
+    ]
+    _durable(doc)["batch_size"] = 25
+    assert lint_doc(tmp_path, doc) == []
+
+
 def test_max_deliver_unlimited_is_refused(tmp_path: Path) -> None:
     doc = shipped(SEA_VIBESPRO)
     _durable(doc)["max_deliver"] = -1
@@ -161,9 +177,7 @@ def test_max_deliver_unlimited_is_refused(tmp_path: Path) -> None:
     # A topology built in code skips the file's validation; the lint still catches it.
     topology = load_topology(ROOT / SEA_VIBESPRO)
     unlimited = topology.durables[SEA_DURABLE].model_copy(update={"max_deliver": -1})
-    built = topology.model_copy(
-        update={"durables": {**topology.durables, SEA_DURABLE: unlimited}}
-    )
+    built = topology.model_copy(update={"durables": {**topology.durables, SEA_DURABLE: unlimited}})
     assert [str(p) for p in lint_loaded(built)] == [
         f"{F}: durables.sea__from_vibespro.max_deliver: -1 means unlimited redelivery: a "
         "poison message would be retried forever; give a finite count [max-deliver]"

@@ -1,0 +1,169 @@
+"""The continuous pull (services.inbox_consumer.puller) against a real nats-server.
+
+What a consumer relies on: a batch is whatever has arrived (it never waits to fill up),
+requests that expire are renewed, a deleted durable is reported rather than waited on
+forever, two replicas of one durable share its messages, and messages that arrived but
+were never handed out are returned on stop rather than silently held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from services.inbox_consumer import puller as puller_module
+from services.inbox_consumer.puller import ConsumerGone, Puller
+from shared.provision import provision
+from tests.conftest import CAPS, Env
+from tests.consumer.conftest import (
+    DURABLE,
+    STREAM,
+    RunningConsumer,
+    ScriptedHandler,
+    envelope,
+    fast_durable,
+    publish,
+)
+from tests.helpers import eventually
+
+pytestmark = pytest.mark.integration
+
+
+async def _provisioned(env: Env, nc: NATS, **durable: object) -> None:
+    env.doc["durables"][DURABLE].update(durable)
+    env.write()
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
+
+
+async def _publish(nc: NATS, count: int) -> list[str]:
+    ids = []
+    for _ in range(count):
+        event = envelope()
+        await publish(nc, event)
+        ids.append(event.message_id)
+    return ids
+
+
+async def test_a_batch_is_what_arrived_not_a_full_one(env: Env, nc: NATS) -> None:
+    await _provisioned(env, nc)
+    puller = Puller(nc.jetstream(), stream=STREAM, durable=DURABLE, window=50)
+    await puller.start()
+    try:
+        assert await puller.next_batch(50, timeout=0.3) == []  # nothing yet
+        sent = await _publish(nc, 3)
+        # Asked for 50 with a minute to wait: the 3 there are handed over without waiting
+        # for the rest (the guard is ten times shorter than the wait it must not do).
+        batch = await asyncio.wait_for(puller.next_batch(50, timeout=60), timeout=6)
+        while len(batch) < 3:
+            batch += await asyncio.wait_for(puller.next_batch(50, timeout=60), timeout=6)
+        assert sorted(m.headers["Nats-Msg-Id"] for m in batch) == sorted(sent)  # type: ignore[index]
+        for msg in batch:
+            await msg.ack()
+    finally:
+        await puller.stop()
+
+
+async def test_limit_splits_what_arrived(env: Env, nc: NATS) -> None:
+    await _provisioned(env, nc)
+    await _publish(nc, 7)
+    puller = Puller(nc.jetstream(), stream=STREAM, durable=DURABLE, window=10)
+    await puller.start()
+    try:
+        seen: list[int] = []
+        while sum(seen) < 7:
+            batch = await puller.next_batch(3, timeout=5)
+            assert 1 <= len(batch) <= 3
+            seen.append(len(batch))
+            for msg in batch:
+                await msg.ack()
+        assert sum(seen) == 7
+    finally:
+        await puller.stop()
+
+
+async def test_expired_requests_are_renewed(
+    env: Env, nc: NATS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(puller_module, "REQUEST_EXPIRES", 1.0)
+    monkeypatch.setattr(puller_module, "IDLE_HEARTBEAT", 0.4)
+    await _provisioned(env, nc)
+    puller = Puller(nc.jetstream(), stream=STREAM, durable=DURABLE, window=5)
+    await puller.start()
+    try:
+        # Several request lifetimes pass with nothing to deliver; each 408 gives its
+        # credit back, so the puller keeps asking and nothing accumulates.
+        for _ in range(8):
+            assert await puller.next_batch(5, timeout=0.4) == []
+            assert 0 <= puller.outstanding <= 5
+        [sent] = await _publish(nc, 1)
+        batch: list = []
+        while not batch:
+            batch = await puller.next_batch(5, timeout=2)
+        assert [m.headers["Nats-Msg-Id"] for m in batch] == [sent]  # type: ignore[index]
+        await batch[0].ack()
+    finally:
+        await puller.stop()
+
+
+async def test_a_deleted_durable_is_reported(env: Env, nc: NATS) -> None:
+    await _provisioned(env, nc)
+    puller = Puller(nc.jetstream(), stream=STREAM, durable=DURABLE, window=5)
+    await puller.start()
+    try:
+        assert await puller.next_batch(5, timeout=0.3) == []  # a request is waiting
+        await nc.jetstream().delete_consumer(STREAM, DURABLE)
+        with pytest.raises(ConsumerGone):
+            for _ in range(20):
+                await puller.next_batch(5, timeout=0.5)
+    finally:
+        await puller.stop()
+
+
+async def test_stop_returns_what_was_never_handed_out(env: Env, nc: NATS) -> None:
+    await _provisioned(env, nc)
+    sent = await _publish(nc, 6)
+    puller = Puller(nc.jetstream(), stream=STREAM, durable=DURABLE, window=10)
+    await puller.start()
+    first = await puller.next_batch(2, timeout=5)
+    await eventually(
+        lambda: _arrived(puller, 6 - len(first)), timeout=10, what="the rest delivered"
+    )
+    left = await puller.stop()
+    got = [m.headers["Nats-Msg-Id"] for m in first + left]  # type: ignore[index]
+    assert sorted(got) == sorted(sent)
+
+
+async def _arrived(puller: Puller, count: int) -> bool:
+    return puller._queue.qsize() >= count
+
+
+async def test_two_replicas_share_one_durable(
+    env: Env, nc: NATS, handler: ScriptedHandler
+) -> None:
+    # Two batches of room in max_ack_pending (the ack-pending lint rule), two replicas.
+    fast_durable(env, handler.url, batch_size=10, max_ack_pending=20)
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
+    handler.delay = 0.01
+    sent = await _publish(nc, 150)
+    async with (
+        RunningConsumer(env, nc, handler.url) as one,
+        RunningConsumer(env, nc, handler.url) as two,
+    ):
+        await eventually(
+            lambda: _done(one.stats.processed + two.stats.processed, len(sent)),
+            timeout=60,
+            what="all 150 processed",
+        )
+        shares = (one.stats.processed, two.stats.processed)
+    assert sum(shares) == len(sent)
+    assert min(shares) > 0, f"one replica did all the work: {shares}"
+    assert sorted(handler.applied) == sorted(sent)
+    assert set(handler.applied.values()) == {1}
+    assert len({uuid.UUID(m) for m in handler.applied}) == len(sent)
+
+
+async def _done(count: int, target: int) -> bool:
+    return count >= target
