@@ -11,7 +11,7 @@ Each runs in its own process and prints one result line (see :mod:`bench.common`
   each with a unique ``Nats-Msg-Id`` (so JetStream's duplicate check runs), 1,000
   PubAcks in flight — the best a Python client gets from this server.
 * ``js-consume``: a pull consumer on ``RAW`` with the durables' settings (batches of 50,
-  50 acks pending, explicit acks), fetching and acking all N.
+  200 acks pending, explicit acks), fetching and acking all N.
 * ``pg-txn``: the state + outbox transaction of a producer in plain SQL (upsert of the
   aggregate row, INSERT of the outbox row, commit), closed loop over N connections.
 * ``http-handler``: POST /handle to the example handler with the consumer's own HTTP
@@ -44,6 +44,7 @@ STREAM = "RAW"
 SUBJECT = "raw.event.model_published.v1"
 #: The durables' fetch batch and max_ack_pending (topologies/sea-vibespro.yaml).
 FETCH_BATCH = 50
+MAX_ACK_PENDING = 200
 
 
 def envelope(index: int) -> Envelope:
@@ -84,7 +85,7 @@ async def js_consume(url: str, rows: int) -> dict[str, Any]:
     nc = await nats.connect(url)
     js = nc.jetstream()
     config = ConsumerConfig(
-        durable_name="raw", ack_policy=AckPolicy.EXPLICIT, max_ack_pending=FETCH_BATCH,
+        durable_name="raw", ack_policy=AckPolicy.EXPLICIT, max_ack_pending=MAX_ACK_PENDING,
         ack_wait=120,
     )  # fmt: skip
     await js.add_consumer(STREAM, config)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -155,11 +156,23 @@ class SecretsDir:
         return value
 
     def ensure(self, path: Path) -> str:
-        """The secret in ``path``, generated (random, URL-safe) when the file is missing."""
+        """The secret in ``path``, generated (see :func:`new_password`) when missing."""
         if not path.exists():
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            write_private(path, secrets.token_urlsafe(24))
+            write_private(path, new_password())
         return self.read(path)
+
+
+#: Letters and digits only: a password may be substituted unquoted into a nats-server
+#: config (``$VAR``), where a leading digit, ``-`` or ``_`` makes the parser read a number
+#: or fail ("Expected a top-level value to end ...").
+_PASSWORD_ALPHABET = string.ascii_letters + string.digits
+
+
+def new_password(length: int = 32) -> str:
+    """A random password (about 190 bits at 32 characters) that starts with a letter."""
+    first = secrets.choice(string.ascii_letters)
+    return first + "".join(secrets.choice(_PASSWORD_ALPHABET) for _ in range(length - 1))
 
 
 def write_private(path: Path, text: str) -> None:

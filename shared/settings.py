@@ -194,6 +194,9 @@ class PublisherSettings(CommonSettings):
     concurrency: int = Field(default=3, ge=1, le=64)
     #: Polling fallback when no NOTIFY arrives, in seconds.
     poll_interval: float = Field(default=1.0, gt=0)
+    #: Seconds a woken worker waits before it claims, so that the commits right behind
+    #: the one that woke it join its batch (0: claim at once).
+    linger: float = Field(default=0.005, ge=0, le=1.0)
     #: Seconds to wait for a PubAck before the row is retried.
     publish_timeout: float = Field(default=5.0, gt=0)
     #: Seconds SIGTERM allows for in-flight batches (< supervisord stopwaitsecs).
@@ -218,6 +221,9 @@ class ConsumerSettings(CommonSettings):
     #: Batches processed at once: the next is claimed while the handler works on one.
     #: All of them count against the durable's max_ack_pending.
     pipeline: int = Field(default=4, ge=1, le=16)
+    #: Seconds to wait, after a first message, for the ones right behind it before a
+    #: batch is handed over (0: at once).
+    linger: float = Field(default=0.005, ge=0, le=1.0)
     #: Extra seconds an inbox lease outlives the handler timeout.
     lease_margin: float = Field(default=30.0, ge=0)
     #: Longest Retry-After honoured, in seconds.

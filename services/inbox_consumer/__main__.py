@@ -86,6 +86,7 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
     consumer.auth_retry = (settings.auth_retry_initial, settings.auth_retry_max)
     consumer.max_message_bytes = settings.max_message_bytes
     consumer.pipeline = settings.pipeline
+    consumer.linger = settings.linger
     health = HealthServer(
         host=settings.health_host,
         port=settings.health_port or 0,

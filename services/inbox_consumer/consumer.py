@@ -202,6 +202,8 @@ class InboxConsumer:
         self.pipeline = DEFAULT_PIPELINE
         self._crash: BaseException | None = None
         self._puller: Puller | None = None
+        #: See :attr:`Puller.linger`.
+        self.linger = 0.0
 
     async def run(self, stop: asyncio.Event, *, fetch_timeout: float) -> None:
         """Pull and process batches until ``stop``; batches in hand are finished first.
@@ -214,6 +216,7 @@ class InboxConsumer:
         puller = Puller(
             self.js, stream=self.spec.stream, durable=self.durable, window=self.spec.batch_size
         )
+        puller.linger = self.linger
         await puller.start()
         self._puller = puller
         self.stats.bound = True

@@ -63,6 +63,8 @@ class Puller:
         self._sub: Subscription | None = None
         self._inbox = ""
         self.gone: str | None = None
+        #: Seconds to wait after the first message for more (0: hand over at once).
+        self.linger = 0.0
 
     @property
     def outstanding(self) -> int:
@@ -107,6 +109,10 @@ class Puller:
                 return []
         else:
             first = self._queue.get_nowait()
+        if self.linger and self._queue.qsize() < limit - 1:
+            # A little longer for the messages right behind the first: at a steady rate
+            # that turns one-message batches (a claim and a mark each) into batches.
+            await asyncio.sleep(self.linger)
         batch = [first]
         while len(batch) < limit and not self._queue.empty():
             batch.append(self._queue.get_nowait())

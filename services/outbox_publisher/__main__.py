@@ -69,6 +69,7 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
         retry_max=settings.retry_max,
         metrics=publisher_metrics,
     )
+    publisher.linger = settings.linger
     health = HealthServer(
         host=settings.health_host,
         port=settings.health_port or 0,

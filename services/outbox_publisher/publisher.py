@@ -97,11 +97,23 @@ class OutboxPublisher:
             RoleMetrics("outbox-publisher"), context=context, stream=stream
         )
         self._wakeups: list[asyncio.Event] = []
+        #: Wake-ups of the workers waiting for work, longest-waiting first.
+        self._idle: list[asyncio.Event] = []
+        #: Seconds a woken worker waits before claiming, gathering commits into one batch.
+        self.linger = 0.0
 
     def notify(self) -> None:
-        """A commit with outbox rows happened (NOTIFY): wake every idle worker."""
-        for event in self._wakeups:
-            event.set()
+        """A commit with outbox rows happened (NOTIFY): wake one worker.
+
+        One, not all: at a steady rate every commit notifies, and waking every worker
+        made each claim for each commit — mostly empty claims, each a round trip and a run
+        of the claim query. The longest-idle worker is woken; with none idle, a busy one
+        is told to claim again when its batch ends, so no notification is lost.
+        """
+        if self._idle:
+            self._idle.pop(0).set()
+        elif self._wakeups:
+            self._wakeups[0].set()
 
     async def run_worker(self, stop: asyncio.Event, *, poll_interval: float) -> None:
         """Loop until ``stop``: publish batches while there are any, else wait for a wake-up."""
@@ -126,7 +138,16 @@ class OutboxPublisher:
             else:
                 delay = self.retry_initial
             if count < self.batch_size and not failed:
-                await _wait_any(wakeup, stop, timeout=poll_interval)
+                self._idle.append(wakeup)
+                try:
+                    await _wait_any(wakeup, stop, timeout=poll_interval)
+                finally:
+                    if wakeup in self._idle:
+                        self._idle.remove(wakeup)
+                if self.linger and wakeup.is_set():
+                    # Let the commits of the next few milliseconds join this claim: at a
+                    # steady rate that turns one-row batches into batches.
+                    await asyncio.sleep(self.linger)
         self._wakeups.remove(wakeup)
 
     async def publish_batch(self) -> tuple[int, int]:

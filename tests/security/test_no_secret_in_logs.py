@@ -45,7 +45,7 @@ pytestmark = pytest.mark.integration
 
 #: Any run of this many characters of a secret counts as a leak (a truncated one too).
 WINDOW = 12
-#: Characters a generated secret is made of (secrets.token_urlsafe).
+#: Characters a generated secret is made of (shared.access.new_password, token_urlsafe).
 _TOKEN = re.compile(rb"[A-Za-z0-9_-]{%d,}" % WINDOW)
 #: How long the whole run may take before it is stopped (a bound, not an expectation).
 RUN_LIMIT = 300.0
