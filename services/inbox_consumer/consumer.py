@@ -32,6 +32,7 @@ from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from services.inbox_consumer.dispatch import HttpHandler
 from services.inbox_consumer.puller import ConsumerGone, Puller
@@ -61,6 +62,14 @@ INBOX_RETRY_MAX = 5.0
 CONTENDED_DELAY = 1.0
 #: Pause before pulling again from a durable that was deleted under us.
 GONE_PAUSE = 5.0
+#: Answers to "is the durable back?" that mean: not yet (or cannot tell yet).
+STILL_GONE: tuple[type[BaseException], ...] = (
+    NotFoundError,
+    ConnectionClosedError,
+    NoRespondersError,
+    NatsTimeout,
+    OSError,
+)
 #: Batches processed at once by default (see InboxConsumer.pipeline).
 DEFAULT_PIPELINE = 4
 #: Failures that leave a dead letter unwritten: the message is nak'ed and tried again.
@@ -224,6 +233,8 @@ class InboxConsumer:
         busy: set[asyncio.Task[None]] = set()
         try:
             while not stop.is_set():
+                if self._crash is not None:
+                    raise self._crash
                 if len(busy) >= self.pipeline:
                     await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
                     continue
@@ -231,10 +242,14 @@ class InboxConsumer:
                 try:
                     msgs = await puller.next_batch(self.spec.batch_size, fetch_timeout)
                 except ConsumerGone as exc:
-                    self.stats.bound = False
-                    log.error("%s; pulling again in %.0fs", exc, GONE_PAUSE)
+                    self.stats.bound = False  # /readyz fails until it is back
+                    log.error("%s; looking again in %.0fs", exc, GONE_PAUSE)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), timeout=GONE_PAUSE)
+                    try:
+                        await self.js.consumer_info(self.spec.stream, self.durable)
+                    except STILL_GONE:
+                        continue  # still gone (or unreachable): next turn raises again
                     puller.gone = None
                     self.stats.bound = True
                     continue
@@ -247,8 +262,6 @@ class InboxConsumer:
                 task = asyncio.create_task(self.process_batch(msgs))
                 busy.add(task)
                 task.add_done_callback(lambda t: self._batch_done(t, busy))
-                if self._crash is not None:
-                    raise self._crash
         finally:
             if busy:
                 await asyncio.wait(busy)

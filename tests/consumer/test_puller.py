@@ -14,6 +14,7 @@ import uuid
 import pytest
 from nats.aio.client import Client as NATS
 
+from services.inbox_consumer import consumer as consumer_module
 from services.inbox_consumer import puller as puller_module
 from services.inbox_consumer.puller import ConsumerGone, Puller
 from shared.provision import provision
@@ -167,3 +168,25 @@ async def test_two_replicas_share_one_durable(
 
 async def _done(count: int, target: int) -> bool:
     return count >= target
+
+
+async def test_consumer_reports_a_deleted_durable_and_resumes_when_it_is_back(
+    world: Env, nc: NATS, handler: ScriptedHandler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consumer_module, "GONE_PAUSE", 0.2)
+    async with RunningConsumer(world, nc, handler.url) as consumer:
+        await eventually(lambda: _is(consumer.stats.bound, True), timeout=10, what="bound")
+        await nc.jetstream().delete_consumer(STREAM, DURABLE)
+        await eventually(lambda: _is(consumer.stats.bound, False), timeout=20, what="unbound")
+        await asyncio.sleep(0.5)
+        assert consumer.stats.bound is False  # stays unready while the durable is gone
+        await provision(nc.jetstream(), world.topology, caps=CAPS)
+        await eventually(lambda: _is(consumer.stats.bound, True), timeout=20, what="bound again")
+        [sent] = await _publish(nc, 1)
+        await eventually(
+            lambda: _is(handler.applied.get(sent), 1), timeout=20, what="processed after"
+        )
+
+
+async def _is(value: object, expected: object) -> bool:
+    return value == expected
