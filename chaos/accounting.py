@@ -373,7 +373,7 @@ def _redundant(
         count.double_effects.append(f"{message_id} ({len(ok_calls)} calls answered 200)")
     if ok_calls:
         applying = ok_calls[0]
-    else:  # the status of the applying call was never written (its connection died)
+    else:  # no 200 row: only a ledger written before the effect commits can leave this
         before = [c for c in calls if c.at <= applied_at]
         if not before:
             return
