@@ -11,6 +11,8 @@ The load is open-loop: event ``i`` of a lane is due at ``start + i / rate`` what
 happened to earlier ones, and its ``occurred_at`` is that due instant. A producer that
 falls behind therefore shows in the end-to-end latency instead of silently lowering the
 load (no coordinated omission); the lag from due instant to commit is reported too.
+The pool is Ferry's (:func:`shared.adapters.postgres.create_pool`), which skips asyncpg's
+session reset on every release, as an application on Ferry's helpers would.
 Tracing follows the FERRY_* variables like a role (the producer's ``create`` span is
 the root of each event's trace, so it is where 10 % sampling decides).
 
@@ -32,6 +34,7 @@ from typing import Any
 import asyncpg
 
 from bench.common import AGGREGATES, emit, progress, summarize
+from shared.adapters.postgres import create_pool
 from shared.producer import record_event
 from shared.settings import CommonSettings
 from shared.telemetry import setup_tracing
@@ -139,9 +142,8 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     pools: dict[str, asyncpg.Pool] = {}
     for lane in lanes:
         if lane.dsn not in pools:
-            pools[lane.dsn] = await asyncpg.create_pool(
-                lane.dsn, min_size=connections, max_size=connections
-            )
+            pools[lane.dsn] = await create_pool(lane.dsn, min_size=connections,
+                                                max_size=connections)  # fmt: skip
             async with pools[lane.dsn].acquire() as conn:
                 await conn.execute(STATE_DDL)
     inflight: set[asyncio.Task[None]] = set()

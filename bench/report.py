@@ -86,6 +86,8 @@ class Results:
     rows: list[Row] = field(default_factory=list)
     sections: dict[str, Any] = field(default_factory=dict)
     cpu: list[dict[str, Any]] = field(default_factory=list)
+    #: Per measurement (``--statements``): the statements PostgreSQL ran, per message.
+    statements: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     # Not written to JSON in full: latency samples (ms) per plot series, per mode.
     samples: dict[str, dict[str, list[float]]] = field(default_factory=dict)
@@ -105,6 +107,21 @@ class Results:
         self.cpu.append({"label": label, "mode": mode, "messages": messages,
                          "seconds": round(seconds, 3), "cpu_s": cpu_s})  # fmt: skip
 
+    def book_statements(self, label: str, mode: str, messages: int,
+                        delta: dict[str, tuple[float, float]]) -> None:  # fmt: skip
+        """The statements run for ``messages`` messages: calls and ms, per message."""
+        if not delta:
+            return
+        per = max(messages, 1)
+        top = sorted(delta.items(), key=lambda item: -item[1][0])
+        self.statements.append({
+            "label": label, "mode": mode, "messages": messages,
+            "calls_per_msg": round(sum(c for c, _ in delta.values()) / per, 2),
+            "statements": [{"query": " ".join(q.split()), "calls_per_msg": round(c / per, 3),
+                            "exec_us_per_msg": round(ms * 1000 / per, 1)}
+                           for q, (c, ms) in top if c],
+        })  # fmt: skip
+
     def to_json(self) -> dict[str, Any]:
         rows = []
         for row in self.rows:
@@ -113,7 +130,8 @@ class Results:
             doc["verdict"] = row.verdict()
             rows.append(doc)
         return {"meta": self.meta, "table": rows, "sections": self.sections,
-                "cpu_per_message": self.cpu_table(), "errors": self.errors}  # fmt: skip
+                "cpu_per_message": self.cpu_table(), "statements": self.statements,
+                "errors": self.errors}  # fmt: skip
 
     def cpu_table(self) -> list[dict[str, Any]]:
         out = []
@@ -194,6 +212,19 @@ def cpu_text(results: Results) -> str:
         lines.append(line)
     lines.append("(consumer and handler columns add up every replica; cores = CPU s / wall s)")
     return "\n".join(lines)
+
+
+def statements_text(results: Results, top: int = 15) -> str:
+    """The busiest statements of each measurement, per message (``--statements``)."""
+    lines: list[str] = []
+    for entry in results.statements:
+        lines += ["", f"{entry['label']} (tracing {entry['mode']}): "
+                      f"{entry['calls_per_msg']:.2f} statements per message",
+                  f"  {'calls/msg':>9} {'exec µs/msg':>11}  statement"]  # fmt: skip
+        for st in entry["statements"][:top]:
+            lines.append(f"  {st['calls_per_msg']:>9.3f} {st['exec_us_per_msg']:>11.1f}  "
+                         f"{st['query'][:110]}")  # fmt: skip
+    return "\n".join(lines).lstrip("\n")
 
 
 def _short(name: str) -> str:

@@ -42,7 +42,7 @@ from typing import Any
 from bench import sections as s
 from bench.common import ROOT, say
 from bench.plots import draw_all
-from bench.report import Results, cpu_text, table, write_json
+from bench.report import Results, cpu_text, statements_text, table, write_json
 from bench.world import Servers, kill_leftovers
 
 SECTIONS = ("baselines", "peer", "publisher", "drain", "latency", "sustained", "mediation", "soak")
@@ -115,6 +115,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--drain-budget", type=float, default=600.0,
         help="longest wait for one drain; a slower one is reported as partial (600 s)",
     )  # fmt: skip
+    parser.add_argument(
+        "--statements", action="store_true",
+        help="load pg_stat_statements and write each measurement's statements per message "
+             "to statements.txt (a profiling aid: it costs PostgreSQL some CPU)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="output directory (bench/results/<time>)")
     parser.add_argument(
         "--keep",
@@ -153,7 +158,7 @@ def options_from(args: argparse.Namespace) -> s.Options:
         soak_rate=int(pick("soak_rate")), warmup_seconds=float(pick("warmup")),
         modes=modes, sections=chosen, peer_workers=args.peer_workers,
         drain_budget=args.drain_budget, producer_connections=args.producer_connections,
-        baseline_seconds=float(pick("baseline_seconds")),
+        baseline_seconds=float(pick("baseline_seconds")), statements=args.statements,
     )  # fmt: skip
 
 
@@ -196,7 +201,7 @@ async def run(options: s.Options, out: Path, keep: bool) -> Results:
     logs = out / "logs"
     say(f"servers in {base}; results in {out}")
     try:
-        with Servers(base) as servers:
+        with Servers(base, statements=options.statements) as servers:
             if "on" in options.modes:
                 await servers.start_sink(logs)
             bench = s.Bench(servers, options, results, logs)
@@ -315,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text)
     (out / "table.txt").write_text(text + "\n")
     write_json(results, out / "results.json")
+    if results.statements:
+        (out / "statements.txt").write_text(statements_text(results) + "\n")
     plots = draw_all(results, out)
     if args.out is None:
         latest = RESULTS / "latest"
@@ -322,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             latest.unlink()
         latest.symlink_to(out.name)
     print(f"\nwrote {out / 'results.json'}, {out / 'table.txt'}"
+          + (", statements.txt" if results.statements else "")
           + "".join(f", {p.name}" for p in plots))  # fmt: skip
     return 1 if results.errors else 0
 

@@ -54,6 +54,7 @@ class Options:
     drain_budget: float = 600.0
     producer_connections: int = 16
     baseline_seconds: float = 10.0
+    statements: bool = False
 
 
 @dataclass
@@ -227,10 +228,12 @@ async def publisher_drain(bench: Bench, mode: str) -> None:
         js = nc.jetstream()
         conn = await asyncpg.connect(dep.dsn("sea"))
         try:
+            statements0 = await bench.servers.statement_counts()
             before, started = await _commit_backlog(bench, conn, rows)
             budget = bench.options.drain_budget
             await wait_for("published", lambda: _stream_count(js, SEA_STREAM), rows, budget)
             cpu = cpu_delta(before, bench.servers.book.snapshot())
+            statements = statement_delta(statements0, await bench.servers.statement_counts())
             first, last, count = await stream_span(js, SEA_STREAM)
             pending = await conn.fetchval(
                 "SELECT count(*) FROM outbox_events WHERE published_at IS NULL"
@@ -242,6 +245,7 @@ async def publisher_drain(bench: Bench, mode: str) -> None:
     rate = count / max(last - first, 1e-3)
     elapsed = time.monotonic() - started
     bench.results.book_cpu(f"publisher drain {rows:,}", mode, count, elapsed, cpu)
+    bench.results.book_statements(f"publisher drain {rows:,}", mode, count, statements)
     bench.results.sections.setdefault("publisher_drain", {})[mode] = {
         "rows": rows, "in_stream": count, "unpublished_left": int(pending), "msg_s": rate,
         "seconds": last - first, "spans_exported": spans, "cpu_s": cpu,
@@ -293,6 +297,7 @@ async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
         sea = await asyncpg.connect(dep.dsn("sea"))
         target_db = await asyncpg.connect(dep.dsn("vibespro"))
         try:
+            statements0 = await bench.servers.statement_counts()
             before, started = await _commit_backlog(bench, sea, rows)
             # The durable's ack floor is cheap to poll (a consumer acks after marking
             # the inbox); the inbox itself is counted once it says everything is done.
@@ -302,6 +307,7 @@ async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
             if acked >= rows:
                 await wait_for("processed", lambda: processed(target_db, SEA_DURABLE), rows)
             cpu = cpu_delta(before, bench.servers.book.snapshot())
+            statements = statement_delta(statements0, await bench.servers.statement_counts())
             done = await processed(target_db, SEA_DURABLE)
             first, _, _ = await stream_span(nc.jetstream(), SEA_STREAM)
             last = await target_db.fetchval(
@@ -316,6 +322,7 @@ async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
         spans = await sink_spans(bench) - spans0
     rate = done / max(float(last) - first, 1e-3)
     bench.results.book_cpu(label, mode, done, time.monotonic() - started, cpu)
+    bench.results.book_statements(label, mode, done, statements)
     bench.results.sections.setdefault(f"e2e_drain_{replicas}", {})[mode] = {
         "rows": rows, "processed": done, "msg_s": rate, "seconds": float(last) - first,
         **books, "spans_exported": spans, "cpu_s": cpu,
@@ -370,6 +377,8 @@ class Step:
     unprocessed: int
     cpu: dict[str, float]
     seconds: float
+    #: Statement calls and ms during the step (``--statements``), else empty.
+    statements: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: The pipeline had not finished an earlier step's backlog when this one began.
     started_busy: bool = False
 
@@ -390,6 +399,7 @@ async def run_step(
     spec = {"seconds": seconds, "connections": bench.options.producer_connections, "lanes": lanes}
     busy = not await wait_idle(bench, dep, bench.options.drain_budget)
     book = bench.servers.book
+    statements0 = await bench.servers.statement_counts()
     before = book.snapshot()
     started = time.monotonic()
     producer = await run_worker(
@@ -410,9 +420,23 @@ async def run_step(
         latencies, done = await measure(since)
     cpu = cpu_delta(before, book.snapshot())
     cpu["producer"] = float(producer["cpu_s"])
+    statements = statement_delta(statements0, await bench.servers.statement_counts())
     rate = int(sum(lane["rate"] for lane in lanes))
     elapsed = time.monotonic() - started
-    return Step(rate, producer, latencies, max(want - done, 0), cpu, elapsed, busy)
+    return Step(rate, producer, latencies, max(want - done, 0), cpu, elapsed,
+                statements=statements, started_busy=busy)
+
+
+def statement_delta(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, tuple[float, float]]:
+    """Calls and ms of each statement between two :meth:`Servers.statement_counts`."""
+    out = {}
+    for query, (calls, ms) in after.items():
+        calls0, ms0 = before.get(query, (0.0, 0.0))
+        if calls > calls0:
+            out[query] = (calls - calls0, ms - ms0)
+    return out
 
 
 async def wait_idle(bench: Bench, dep: Deployment, timeout: float) -> bool:
@@ -573,6 +597,7 @@ def _record_latency(
         events = max(_committed(step.producer), 1)
         what = f"latency {series}" if lane != "module_e" else "mediation, per E event (2 lanes)"
         bench.results.book_cpu(what, mode, events, step.seconds, step.cpu)
+        bench.results.book_statements(what, mode, events, step.statements)
     _note_spans(bench, mode, spans)
     say(f"  {series}, tracing {mode}: p50 {stats.get('p50', 0):.1f}  p95 "
         f"{stats.get('p95', 0):.1f}  p99 {stats.get('p99', 0):.1f} ms "
@@ -669,6 +694,8 @@ async def _sustain_step(bench: Bench, dep: Deployment, mode: str, rate: int, mea
                   "cpu_s": step.cpu})  # fmt: skip
     bench.results.book_cpu(f"sustained step {rate:,} msg/s", mode,
                            max(lane["committed"], 1), step.seconds, step.cpu)  # fmt: skip
+    bench.results.book_statements(f"sustained step {rate:,} msg/s", mode,
+                                  max(lane["committed"], 1), step.statements)  # fmt: skip
     say(f"  {rate:,} msg/s: {'held' if not verdict else 'failed: ' + verdict} (p99 {p99:,.1f} ms)")
     return verdict
 

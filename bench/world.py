@@ -244,10 +244,13 @@ def _server_pid(server: NatsServer | PostgresServer) -> int:
 class Servers:
     """nats-server and PostgreSQL in ``base`` for the whole run, and the OTLP sink."""
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, *, statements: bool = False) -> None:
         self.base = base
         self.nats = NatsServer(base / "nats")
-        self.pg = PostgresServer(base / "pg" / "data")
+        #: pg_stat_statements loaded (``--statements``): round trips per message per step.
+        self.statements = statements
+        settings = {"shared_preload_libraries": "pg_stat_statements"} if statements else {}
+        self.pg = PostgresServer(base / "pg" / "data", extra_settings=settings)
         self.book = CpuBook()
         self.sink: Proc | None = None
         self.sink_port: int | None = None
@@ -268,6 +271,24 @@ class Servers:
             self.pg.stop()
         finally:
             self.nats.stop()
+
+    async def statement_counts(self) -> dict[str, tuple[float, float]]:
+        """Per statement text: calls and total execution ms so far, every database summed.
+
+        Empty unless the run loads pg_stat_statements (``--statements``).
+        """
+        if not self.statements:
+            return {}
+        conn = await asyncpg.connect(self.pg.dsn())
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            rows = await conn.fetch(
+                "SELECT query, sum(calls) AS calls, sum(total_exec_time) AS ms"
+                " FROM pg_stat_statements GROUP BY query"
+            )
+        finally:
+            await conn.close()
+        return {r["query"]: (float(r["calls"]), float(r["ms"])) for r in rows}
 
     async def start_sink(self, logs: Path) -> None:
         """Start the OTLP sink that stands in for a collector (tracing-on runs)."""

@@ -11,6 +11,7 @@ they are published again with the same ``Nats-Msg-Id`` and JetStream drops the c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import Counter, OrderedDict, deque
@@ -151,15 +152,31 @@ class OutboxPublisher:
         self._wakeups.remove(wakeup)
 
     async def publish_batch(self) -> tuple[int, int]:
-        """Claim, publish and mark one batch; return (rows claimed, rows failed)."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            rows = await outbox.claim(conn, self.batch_size)
-            self.stats.last_db_ok = True
-            if not rows:
-                return 0, 0
-            published, failures = await self.publish_rows(rows)
-            await outbox.mark_published(conn, published)
-            await outbox.mark_failed(conn, failures)
+        """Claim, publish and mark one batch; return (rows claimed, rows failed).
+
+        Four round trips: ``BEGIN``, the claim, ``UPDATE … ; COMMIT`` as one simple query
+        (see :func:`outbox.mark_published_and_commit`), plus one per distinct error when
+        rows failed. Anything raised before the commit rolls the claim back.
+        """
+        async with self.pool.acquire() as conn:
+            await conn.execute("BEGIN")
+            committed = False
+            try:
+                rows = await outbox.claim(conn, self.batch_size)
+                self.stats.last_db_ok = True
+                published: list[int] = []
+                failures: dict[int, str] = {}
+                if rows:
+                    published, failures = await self.publish_rows(rows)
+                    await outbox.mark_failed(conn, failures)
+                await outbox.mark_published_and_commit(conn, published)
+                committed = True
+            finally:
+                if not committed and not conn.is_closed():
+                    with contextlib.suppress(*DATABASE_ERRORS):
+                        await conn.execute("ROLLBACK")
+        if not rows:
+            return 0, 0
         done = set(published)
         self.metrics.events_published(Counter(r.event_type for r in rows if r.seq in done))
         self.stats.batches += 1

@@ -67,13 +67,15 @@ UPDATE inbox_messages SET duplicates = duplicates + 1, updated_at = clock_timest
 WHERE durable = $1 AND message_id = ANY($2::uuid[])
 """
 
+# One statement per distinct handler status (nearly always one: 200). ``= ANY`` of an
+# array keeps the primary-key index scan; a join with unnest() was planned as a scan of
+# the whole table (measured: 630 µs per message on a table of 20,000 rows).
 _PROCESSED = """
-UPDATE inbox_messages AS i
-SET status = 'processed', processed_at = greatest(clock_timestamp(), i.received_at),
-    handler_status = m.status, lease_owner = NULL, lease_until = NULL,
+UPDATE inbox_messages
+SET status = 'processed', processed_at = greatest(clock_timestamp(), received_at),
+    handler_status = $3, lease_owner = NULL, lease_until = NULL,
     last_error = NULL, updated_at = clock_timestamp()
-FROM unnest($2::uuid[], $3::int[]) AS m(message_id, status)
-WHERE i.durable = $1 AND i.message_id = m.message_id
+WHERE durable = $1 AND message_id = ANY($2::uuid[])
 """
 
 _RETRYING = """
@@ -177,8 +179,11 @@ async def claim_batch(
 
 async def mark_processed(conn: Conn, durable: str, outcomes: dict[UUID, int]) -> None:
     """Final outcome 'processed' for each id, with the handler's status."""
-    if outcomes:
-        await conn.execute(_PROCESSED, durable, list(outcomes), list(outcomes.values()))
+    by_status: dict[int, list[UUID]] = {}
+    for message_id, status in outcomes.items():
+        by_status.setdefault(status, []).append(message_id)
+    for status, ids in by_status.items():
+        await conn.execute(_PROCESSED, durable, ids, status)
 
 
 async def mark_retrying(

@@ -108,6 +108,22 @@ async def mark_published(conn: Conn, seqs: list[int]) -> None:
         await conn.execute(_MARK_PUBLISHED, seqs)
 
 
+async def mark_published_and_commit(conn: Conn, seqs: list[int]) -> None:
+    """CMD-050 and the claim's ``COMMIT`` in one round trip (one simple query).
+
+    The sequence numbers are integers written as literals (no quoting involved), so the
+    statement and the commit travel together; without rows it is a bare ``COMMIT``.
+    """
+    if not seqs:
+        await conn.execute("COMMIT")
+        return
+    if not all(type(seq) is int for seq in seqs):
+        raise TypeError("outbox sequence numbers must be integers")
+    listed = ",".join(str(seq) for seq in seqs)
+    marked = _MARK_PUBLISHED.replace("$1::bigint[]", f"'{{{listed}}}'::bigint[]").strip()
+    await conn.execute(f"{marked}; COMMIT")
+
+
 async def mark_failed(conn: Conn, failures: dict[int, str]) -> None:
     """Record failed attempts; one UPDATE per distinct error text."""
     by_error: dict[str, list[int]] = defaultdict(list)

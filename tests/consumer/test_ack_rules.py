@@ -80,6 +80,24 @@ async def test_200_and_409_mark_processed_and_ack(
     assert consumer.stats.processed == 1
 
 
+async def test_one_batch_with_200_and_409_keeps_each_status(
+    world: Env, nc: NATS, handler: ScriptedHandler
+) -> None:
+    """Rows of one batch are marked by status group; each keeps its own answer."""
+    events = [envelope() for _ in range(5)]
+    statuses = [200, 409, 200, 409, 200]
+    for event, status in zip(events, statuses, strict=True):
+        handler.scripts[event.message_id] = [status]
+        await publish(nc, event)  # all in the stream before the first fetch: one batch
+    async with RunningConsumer(world, nc, handler.url) as consumer:
+        for event in events:
+            await _until(world, nc, event.message_id, "processed")
+    for event, status in zip(events, statuses, strict=True):
+        row = await inbox_row(world, event.message_id)
+        assert row is not None and row["handler_status"] == status and row["processed_at"]
+    assert consumer.stats.processed == 5 and consumer.stats.fetched == 5
+
+
 async def test_422_dead_letters_marks_failed_and_acks(
     world: Env, nc: NATS, handler: ScriptedHandler
 ) -> None:

@@ -15,6 +15,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from devstack.nats import NatsServer
+from services.outbox_publisher.publisher import OutboxPublisher
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import migrate_database
 from shared.producer import record_event
@@ -321,3 +322,35 @@ def test_entry_point_refuses_unknown_context(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert b"no context 'nope'" in result.stderr
+
+
+async def test_a_batch_that_raises_rolls_its_claim_back(
+    env: Env, nc: NATS, sea_conn: asyncpg.Connection
+) -> None:
+    """The claim's transaction is ended on any error: rows stay pending, the connection clean."""
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
+    await insert_events(sea_conn, 5)
+    pool = await asyncpg.create_pool(env.dsn("sea"), min_size=1, max_size=1)
+    try:
+        ctx = env.topology.contexts["sea"]
+        assert ctx.stream is not None
+        publisher = OutboxPublisher(
+            pool=pool, js=nc.jetstream(), context="sea", namespace=ctx.namespace,
+            stream=ctx.stream.name, batch_size=10, publish_timeout=2.0,
+        )  # fmt: skip
+
+        async def broken(rows: object) -> tuple[list[int], dict[int, str]]:
+            raise RuntimeError("publishing blew up")
+
+        publisher.publish_rows = broken  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="blew up"):
+            await publisher.publish_batch()
+        assert await _unpublished(sea_conn) == 5
+        async with pool.acquire() as conn:  # the only connection: not left in a transaction
+            assert not conn.is_in_transaction()
+        del publisher.publish_rows  # the real method again
+        assert await publisher.publish_batch() == (5, 0)
+    finally:
+        await pool.close()
+    assert await _unpublished(sea_conn) == 0
+    await _assert_exactly_once_in_order(nc, sea_conn)
