@@ -4,6 +4,7 @@
     python -m bench.baselines js-consume   --nats-url URL --rows N
     python -m bench.baselines pg-txn       --dsn DSN --seconds S [--connections 8]
     python -m bench.baselines http-handler --url URL --seconds S [--concurrency 64]
+    python -m bench.baselines http-echo    --seconds S [--concurrency 64]
 
 Each runs in its own process and prints one result line (see :mod:`bench.common`):
 
@@ -17,6 +18,10 @@ Each runs in its own process and prints one result line (see :mod:`bench.common`
 * ``http-handler``: POST /handle to the example handler with the consumer's own HTTP
   client, each a new event (so the handler does its whole idempotent write), closed
   loop with the consumer's default concurrency.
+* ``http-echo``: the same client and requests against a bare aiohttp server (its own
+  process, started here) that reads the body and answers 200 — the HTTP round trip
+  alone, to set the machine beside the issue's reference figure for it. The server's
+  CPU time is included in the result.
 """
 
 from __future__ import annotations
@@ -174,9 +179,65 @@ async def http_handler(url: str, seconds: float, concurrency: int) -> dict[str, 
             "statuses": statuses, "latency_ms": summarize(latencies), "cpu_s": cpu}  # fmt: skip
 
 
+async def http_echo(seconds: float, concurrency: int) -> dict[str, Any]:
+    """:func:`http_handler` against a bare aiohttp server in a child process."""
+    import psutil
+
+    from devstack.ports import free_port
+
+    port = free_port()
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bench.baselines", "echo-server", "--port", str(port)
+    )
+    try:
+        await _until_listening(port, server)
+        child = psutil.Process(server.pid)
+        cpu0 = child.cpu_times()
+        result = await http_handler(f"http://127.0.0.1:{port}/handle", seconds, concurrency)
+        cpu1 = child.cpu_times()
+    finally:
+        server.terminate()
+        await server.wait()
+    server_cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    result["server_cpu_s"] = server_cpu
+    result["cpu_s"] += server_cpu
+    return result
+
+
+async def _until_listening(port: int, server: asyncio.subprocess.Process) -> None:
+    for _ in range(200):
+        if server.returncode is not None:
+            raise RuntimeError(f"the echo server exited with {server.returncode}")
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        return
+    raise RuntimeError(f"the echo server did not listen on port {port} within 10 s")
+
+
+def echo_server(port: int) -> None:
+    """Serve ``POST /handle``: read the body, answer 200 with a small JSON body."""
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"status": "processed"})
+
+    app = web.Application()
+    app.router.add_post("/handle", handle)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.baselines")
-    parser.add_argument("kind", choices=["js-publish", "js-consume", "pg-txn", "http-handler"])
+    parser.add_argument(
+        "kind",
+        choices=["js-publish", "js-consume", "pg-txn", "http-handler", "http-echo", "echo-server"],
+    )
+    parser.add_argument("--port", type=int)
     parser.add_argument("--nats-url")
     parser.add_argument("--dsn")
     parser.add_argument("--url")
@@ -191,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(js_consume(args.nats_url, args.rows))
     elif args.kind == "pg-txn":
         result = asyncio.run(pg_txn(args.dsn, args.seconds, args.connections))
+    elif args.kind == "echo-server":
+        echo_server(args.port)
+        return 0
+    elif args.kind == "http-echo":
+        result = asyncio.run(http_echo(args.seconds, args.concurrency))
     else:
         result = asyncio.run(http_handler(args.url, args.seconds, args.concurrency))
     emit(result)

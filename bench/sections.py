@@ -174,6 +174,8 @@ async def baselines(bench: Bench) -> None:
         handler_url = await dep.start_handler("vibespro")
         args = ["--url", handler_url, "--seconds", str(opts.baseline_seconds)]
         details["http-handler"] = await _baseline(bench, "http-handler", args)
+        echo_args = ["--seconds", str(opts.baseline_seconds)]
+        details["http-echo"] = await _baseline(bench, "http-echo", echo_args)
     res.sections["baselines"] = details
     rows = [
         ("raw.js_publish", "raw JetStream publish, pipelined, unique Nats-Msg-Id", "msg/s",
@@ -184,6 +186,8 @@ async def baselines(bench: Bench) -> None:
          details["pg-txn"]["txn_s"]),
         ("raw.http", "raw HTTP POST /handle to the example handler, 64 in flight", "req/s",
          details["http-handler"]["req_s"]),
+        ("raw.http_echo", "raw HTTP POST round trip to a bare aiohttp server, 64 in flight",
+         "req/s", details["http-echo"]["req_s"]),
     ]  # fmt: skip
     for key, label, unit, value in rows:
         res.row(key, label, unit).set("raw", value)

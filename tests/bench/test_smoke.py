@@ -32,7 +32,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any],
         sys.executable, "-m", "bench", "--quick", "--tracing", "on",
         "--rows", str(ROWS), "--peer-rows", "100", "--rates", str(RATE),
         "--mediation-rate", "100", "--sustain-start", "100", "--sustain-max", "100",
-        "--soak-seconds", "3", "--soak-rate", "100", "--out", str(out),
+        "--soak-seconds", "3", "--soak-rate", "100", "--statements", "--out", str(out),
     ]  # fmt: skip
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -48,7 +48,7 @@ def test_every_section_produces_its_figures(run: tuple[Path, dict[str, Any], str
     _, doc, stdout = run
     assert doc["errors"] == []
     rows = _rows(doc)
-    for key in ("raw.js_publish", "raw.js_consume", "raw.pg_txn", "raw.http",
+    for key in ("raw.js_publish", "raw.js_consume", "raw.pg_txn", "raw.http", "raw.http_echo",
                 "peer.faststream_outbox"):  # fmt: skip
         assert rows[key]["values"]["raw"] > 0, key
     for key in ("ferry.publisher_drain", "ferry.e2e_drain_1", "ferry.e2e_drain_2",
@@ -59,6 +59,20 @@ def test_every_section_produces_its_figures(run: tuple[Path, dict[str, Any], str
         assert key in rows, key
     assert rows["ferry.publisher_drain"]["baseline"] == rows["raw.js_publish"]["values"]["raw"]
     assert "verdict" in stdout and "CPU µs per message" in stdout
+
+
+def test_statement_profile_counts_the_pipeline_statements(
+    run: tuple[Path, dict[str, Any], str],
+) -> None:
+    out, doc, _ = run
+    drain = next(e for e in doc["statements"] if e["label"].startswith("end-to-end"))
+    queries = " ".join(st["query"] for st in drain["statements"])
+    # The consumer's inbox claim and mark, the publisher's claim, the handler's ledger.
+    for fragment in ("INSERT INTO inbox_messages", "UPDATE inbox_messages", "WITH cand AS",
+                     "INSERT INTO handler_calls"):  # fmt: skip
+        assert fragment in queries, fragment
+    assert drain["calls_per_msg"] > 1
+    assert "statements per message" in (out / "statements.txt").read_text()
 
 
 def test_drains_count_every_event_once(run: tuple[Path, dict[str, Any], str]) -> None:
