@@ -154,7 +154,7 @@ class OutboxPublisher:
     async def publish_batch(self) -> tuple[int, int]:
         """Claim, publish and mark one batch; return (rows claimed, rows failed).
 
-        Four round trips: ``BEGIN``, the claim, ``UPDATE … ; COMMIT`` as one simple query
+        Three round trips: ``BEGIN``, the claim, ``UPDATE … ; COMMIT`` as one simple query
         (see :func:`outbox.mark_published_and_commit`), plus one per distinct error when
         rows failed. Anything raised before the commit rolls the claim back.
         """

@@ -69,7 +69,8 @@ WHERE durable = $1 AND message_id = ANY($2::uuid[])
 
 # One statement per distinct handler status (nearly always one: 200). ``= ANY`` of an
 # array keeps the primary-key index scan; a join with unnest() was planned as a scan of
-# the whole table (measured: 630 µs per message on a table of 20,000 rows).
+# the whole table, a cost that grew with the inbox (measured at 100 msg/s on a young
+# inbox of about 2,000 rows: 633 µs per message, against 117 µs now).
 _PROCESSED = """
 UPDATE inbox_messages
 SET status = 'processed', processed_at = greatest(clock_timestamp(), received_at),
