@@ -127,6 +127,19 @@ def topology_role_main(
     settings = settings_class(**({"topology": args.topology} if args.topology else {}))
     configure_logging(role, settings.log_level)
 
+    return run_role(role, settings, run)
+
+
+def run_role(
+    role: str, settings: CommonSettings, run: Callable[[Any, asyncio.Event], Awaitable[int]]
+) -> int:
+    """Run one role's ``run(settings, stop)`` to its exit code.
+
+    SIGTERM/SIGINT set ``stop``; tracing is set up around the run and flushed after it;
+    refused credentials exit with EXIT_CONNECT, a configuration error with EXIT_CONFIG,
+    each logged with what is wrong.
+    """
+
     async def main() -> int:
         stop = asyncio.Event()
         stop_on_signals(stop)

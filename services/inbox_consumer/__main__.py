@@ -12,24 +12,20 @@ import sys
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import create_pool_when_up
 from shared.domain.ack import RetryPolicy
-from shared.domain.errors import AccessDenied, ConfigurationError
 from shared.lint import require_clean_topology
 from shared.metrics import ConsumerMetrics, RoleMetrics
 from shared.registry import AcceptedEvents
 from shared.registry import accepted_events as registry_accepted
 from shared.runtime import (
-    EXIT_CONFIG,
-    EXIT_CONNECT,
     EXIT_DRAIN_TIMEOUT,
     EXIT_OK,
     HealthServer,
     configure_logging,
     postgres_probe,
-    stop_on_signals,
 )
 from shared.settings import ConsumerSettings
-from shared.telemetry import setup_tracing
 from shared.topology import Topology
+from shared.wiring import run_role
 
 from .consumer import InboxConsumer
 from .dispatch import HttpHandler
@@ -119,16 +115,6 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
     return code
 
 
-async def _main(settings: ConsumerSettings) -> int:
-    stop = asyncio.Event()
-    stop_on_signals(stop)
-    tracing = setup_tracing(ROLE, settings)
-    try:
-        return await run(settings, stop)
-    finally:
-        tracing.shutdown()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point; ``--durable`` overrides FERRY_DURABLE."""
     parser = argparse.ArgumentParser(prog="python -m services.inbox_consumer")
@@ -136,14 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = ConsumerSettings(**({"durable": args.durable} if args.durable else {}))
     configure_logging(ROLE, settings.log_level)
-    try:
-        return asyncio.run(_main(settings))
-    except AccessDenied as exc:
-        log.error("%s", exc)
-        return EXIT_CONNECT
-    except ConfigurationError as exc:
-        log.error("configuration error: %s", exc)
-        return EXIT_CONFIG
+    return run_role(ROLE, settings, run)
 
 
 if __name__ == "__main__":

@@ -10,20 +10,18 @@ import sys
 from shared.adapters.nats import connect_nats
 from shared.adapters.notify import listen
 from shared.adapters.postgres import create_pool_when_up
-from shared.domain.errors import AccessDenied, ConfigurationError
+from shared.domain.errors import ConfigurationError
 from shared.lint import PublisherTiming, require_clean_topology
 from shared.metrics import PublisherMetrics, RoleMetrics
 from shared.runtime import (
-    EXIT_CONFIG,
-    EXIT_CONNECT,
     EXIT_DRAIN_TIMEOUT,
     EXIT_OK,
     HealthServer,
     configure_logging,
-    stop_on_signals,
 )
 from shared.settings import PublisherSettings
-from shared.telemetry import set_log_fields, setup_tracing
+from shared.telemetry import set_log_fields
+from shared.wiring import run_role
 
 from .publisher import OutboxPublisher
 
@@ -34,6 +32,7 @@ log = logging.getLogger("ferry.outbox_publisher")
 async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT (or ``stop``), then drain inside the deadline."""
     stop = stop or asyncio.Event()
+    set_log_fields(context=settings.context)
     topology = settings.load_topology()
     # With this publisher's own timing: the duplicate window must cover its re-publishes.
     require_clean_topology(
@@ -108,17 +107,6 @@ async def _drain(workers: list[asyncio.Task[None]], deadline: float) -> int:
     return EXIT_DRAIN_TIMEOUT if pending else EXIT_OK
 
 
-async def _main(settings: PublisherSettings) -> int:
-    stop = asyncio.Event()
-    stop_on_signals(stop)
-    set_log_fields(context=settings.context)
-    tracing = setup_tracing(ROLE, settings)
-    try:
-        return await run(settings, stop)
-    finally:
-        tracing.shutdown()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point; ``--context`` overrides FERRY_CONTEXT."""
     parser = argparse.ArgumentParser(prog="python -m services.outbox_publisher")
@@ -127,14 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"context": args.context} if args.context else {}
     settings = PublisherSettings(**overrides)
     configure_logging(ROLE, settings.log_level)
-    try:
-        return asyncio.run(_main(settings))
-    except AccessDenied as exc:
-        log.error("%s", exc)
-        return EXIT_CONNECT
-    except ConfigurationError as exc:
-        log.error("configuration error: %s", exc)
-        return EXIT_CONFIG
+    return run_role(ROLE, settings, run)
 
 
 if __name__ == "__main__":
