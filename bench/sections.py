@@ -489,14 +489,17 @@ async def sea_latencies(
     ``processed``: occurred_at → inbox processed_at (after the handler's 200), the
     headline; ``applied``: occurred_at → the handler's claim in its transaction;
     ``from_insert``: the outbox row's INSERT (recorded_at, inside the producer's
-    transaction) → processed_at, i.e. without the producer's own queueing.
+    transaction) → processed_at, i.e. without the producer's own queueing. The stages
+    on the way: ``published`` (occurred_at → the publisher's claiming transaction) and
+    ``received`` (occurred_at → the consumer's inbox claim).
     """
     target = await asyncpg.connect(target_dsn)
     try:
         records = await target.fetch(
             "SELECT i.message_id, i.processed_at,"
             " extract(epoch FROM i.processed_at - i.occurred_at) * 1000 AS processed,"
-            " extract(epoch FROM a.applied_at - i.occurred_at) * 1000 AS applied"
+            " extract(epoch FROM a.applied_at - i.occurred_at) * 1000 AS applied,"
+            " extract(epoch FROM i.received_at - i.occurred_at) * 1000 AS received"
             " FROM inbox_messages i LEFT JOIN handler_applied a"
             " ON a.message_id = i.message_id AND a.handler = 'vibespro'"
             " WHERE i.durable = $1 AND i.status = 'processed' AND i.occurred_at >= $2",
@@ -507,7 +510,10 @@ async def sea_latencies(
     source = await asyncpg.connect(source_dsn)
     try:
         rows = await source.fetch(
-            "SELECT id, recorded_at FROM outbox_events WHERE occurred_at >= $1", since
+            "SELECT id, recorded_at,"
+            " extract(epoch FROM published_at - occurred_at) * 1000 AS published"
+            " FROM outbox_events WHERE occurred_at >= $1",
+            since,
         )
     finally:
         await source.close()
@@ -521,6 +527,8 @@ async def sea_latencies(
         "processed": [float(r["processed"]) for r in records],
         "applied": [float(r["applied"]) for r in records if r["applied"] is not None],
         "from_insert": from_insert,
+        "published": [float(r["published"]) for r in rows if r["published"] is not None],
+        "received": [float(r["received"]) for r in records],
     }
     return out, len(records)
 

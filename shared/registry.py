@@ -28,6 +28,10 @@ from shared.domain.errors import ConfigurationError, OutboxValidationError
 from shared.manifests import DeclaredEvent, event_specs, missing_contexts
 from shared.topology import Topology
 
+#: The attribute ``services.handlers.service.one_statement`` sets on a route that
+#: returns its effect as one statement (``ferry registry check`` accepts both forms).
+ONE_STATEMENT_MARK = "__ferry_one_statement__"
+
 #: At most this many schema violations are named in one error (the rest are counted).
 MAX_REPORTED = 5
 #: A violation's text is cut to this many characters (a huge instance would swamp it).

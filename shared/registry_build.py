@@ -42,6 +42,7 @@ from shared.manifests import (
     event_specs,
     load_manifest_set,
 )
+from shared.registry import ONE_STATEMENT_MARK
 from shared.topology import Topology, load_topology
 
 #: The project root: manifests/, topologies/ and shared/ live under it.
@@ -400,6 +401,12 @@ def _handler_problems(sources: Sources) -> list[Problem]:
     return problems
 
 
+ROUTE_FORMS = (
+    "not a route (a route is `async def f(conn, request)`, or `def f(request)` "
+    "returning a Statement and marked @one_statement)"
+)
+
+
 def handler_defect(reference: str) -> str | None:
     """Why ``module:function`` is not a usable route, or None if it is one."""
     module_name, _, function = reference.partition(":")
@@ -410,8 +417,8 @@ def handler_defect(reference: str) -> str | None:
     target = getattr(module, function, None)
     if target is None:
         return f"{reference}: module {module_name} has no {function}"
-    if not inspect.iscoroutinefunction(target):
-        return f"{reference}: not an async function (a route is `async def f(conn, request)`)"
+    if not (inspect.iscoroutinefunction(target) or getattr(target, ONE_STATEMENT_MARK, False)):
+        return f"{reference}: {ROUTE_FORMS}"
     return None
 
 

@@ -10,7 +10,9 @@ call runs like this:
 2. unless a fault directive answers instead, in ONE transaction: claim the id in
    ``handler_applied`` (a conflict means 409, already processed), run the route on
    the same connection, record the call in ``handler_calls`` with its answer, commit —
-   200 (three round trips, see :mod:`services.handlers.store`);
+   200 (three round trips, see :mod:`services.handlers.store`). A route marked
+   :func:`one_statement` returns its effect as a :class:`Statement` instead, and the
+   claim, the effect and the ledger row go as one statement (one round trip);
 3. a route that fails rolls everything back and the call is recorded with the status
    it answers; a poison or injected answer is recorded alone (autocommit). If the
    ledger row cannot be written, no effect commits: 503.
@@ -27,7 +29,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 from asyncpg.exceptions._base import DataError as ArgumentDataError
@@ -35,6 +37,7 @@ from asyncpg.exceptions._base import DataError as ArgumentDataError
 from shared.adapters.postgres import CONNECTION_ERRORS, Conn
 from shared.domain.envelope import format_timestamp
 from shared.domain.errors import ConfigurationError, PoisonError, TransientError
+from shared.registry import ONE_STATEMENT_MARK
 from shared.topology import EventSpec, Topology
 
 from . import store
@@ -48,6 +51,42 @@ log = logging.getLogger("ferry.handlers")
 #: It raises :class:`PoisonError` for an event that can never be applied.
 Route = Callable[[Conn, HandleRequest], Awaitable[None]]
 RouteKey = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """A route's whole effect as one SQL statement and its arguments (``$1``…``$n``).
+
+    Any INSERT, UPDATE, DELETE or SELECT, with or without its own WITH clause; it runs
+    in the claim's statement, so it sees the database as of that statement's start.
+    """
+
+    sql: str
+    args: tuple[Any, ...] = ()
+
+
+#: A route that builds its effect without a connection; it raises :class:`PoisonError`
+#: for an event that can never be applied. Marked with :func:`one_statement`.
+StatementRoute = Callable[[HandleRequest], Statement]
+_ONE_STATEMENT = ONE_STATEMENT_MARK
+
+
+def one_statement(route: StatementRoute) -> StatementRoute:
+    """Mark ``route`` as giving its effect as one :class:`Statement`.
+
+    The service then sends claim, effect and ledger row as ONE statement — one round trip
+    and its own transaction — instead of a transaction of three round trips: the choice
+    for a route whose effect is one statement (most are). A route that needs several
+    statements, or reads before it writes, stays a :data:`Route`.
+    """
+    setattr(route, _ONE_STATEMENT, True)
+    return route
+
+
+def is_one_statement(route: Route | StatementRoute) -> bool:
+    """Whether ``route`` was marked with :func:`one_statement`."""
+    return bool(getattr(route, _ONE_STATEMENT, False))
+
 
 #: Seconds to wait for a pooled connection; below the topology's handler timeouts (10s+)
 #: so a saturated pool answers 503 instead of letting the consumer time out blind.
@@ -94,7 +133,7 @@ class ServiceSpec:
 
     name: str
     tables: tuple[str, ...]
-    routes: Mapping[RouteKey, Route]
+    routes: Mapping[RouteKey, Route | StatementRoute]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +141,7 @@ class _Call:
     """A call that passed every check and may change state."""
 
     request: HandleRequest
-    route: Route
+    route: Route | StatementRoute
     faults: Faults
 
 
@@ -114,7 +153,7 @@ class HandlerService:
         *,
         name: str,
         pool: asyncpg.Pool,
-        routes: Mapping[RouteKey, Route],
+        routes: Mapping[RouteKey, Route | StatementRoute],
         schemas: Mapping[RouteKey, Mapping[str, Any]] | None = None,
         tables: tuple[str, ...] = (),
     ) -> None:
@@ -203,13 +242,16 @@ class HandlerService:
 
     async def _apply(self, conn: Conn, call: _Call, ids: CallIds) -> Outcome:
         """Claim, route and record in one transaction; a failure rolls all three back."""
+        if is_one_statement(call.route):
+            return await self._apply_one_statement(conn, call, ids)
+        route = cast(Route, call.route)
         message_id = call.request.message_id
         mid = uuid.UUID(message_id)
         try:
             if not await store.begin_and_claim(conn, handler=self.name, message_id=mid):
                 outcome = await self._duplicate(conn, mid)
             else:
-                await call.route(conn, call.request)
+                await route(conn, call.request)
                 outcome = Outcome(200, {"status": "processed", "message_id": message_id})
             await store.log_and_commit(
                 conn,
@@ -219,17 +261,8 @@ class HandlerService:
                 status=outcome.status,
             )
             return outcome
-        except PoisonError as exc:
-            outcome = Outcome.poison(exc)
-        except UNSTORABLE as exc:
-            unstorable = PoisonError("UNSTORABLE_VALUE", f"payload cannot be stored: {exc}")
-            outcome = Outcome.poison(unstorable)
-        except UNAVAILABLE as exc:
-            outcome = Outcome.unavailable(f"transient failure: {exc}")
         except Exception as exc:
-            # The HTTP boundary: an unexpected error is still an answer (5xx, retried).
-            log.exception("route failed", extra={"message_id": message_id})
-            outcome = Outcome(500, {"error": f"{type(exc).__name__}: {exc}"})
+            outcome = self._failed(exc, message_id)
         try:
             await store.rollback_and_log(
                 conn,
@@ -242,6 +275,49 @@ class HandlerService:
             # Nothing committed; the answer stands. The ledger misses a call that had no effect.
             log.warning("call not recorded after rollback: %s", exc)
         return outcome
+
+    async def _apply_one_statement(self, conn: Conn, call: _Call, ids: CallIds) -> Outcome:
+        """Claim, effect and 200 ledger row as one statement; any other answer is
+        recorded on its own afterwards (nothing else committed)."""
+        route = cast(StatementRoute, call.route)
+        message_id = call.request.message_id
+        mid = uuid.UUID(message_id)
+        try:
+            statement = route(call.request)
+            if await store.claim_apply_log(
+                conn,
+                statement.sql,
+                statement.args,
+                handler=self.name,
+                message_id=mid,
+                attempt=ids.attempt,
+            ):
+                return Outcome(200, {"status": "processed", "message_id": message_id})
+            outcome = await self._duplicate(conn, mid)
+        except Exception as exc:
+            outcome = self._failed(exc, message_id)
+        try:
+            await store.log_call(
+                conn, handler=self.name, message_id=mid, attempt=ids.attempt, status=outcome.status
+            )
+        except UNAVAILABLE as exc:
+            if outcome.status == 409:
+                raise  # a 409 always has its ledger row, as in the transaction's form
+            log.warning("call not recorded: %s", exc)
+        return outcome
+
+    def _failed(self, exc: Exception, message_id: str) -> Outcome:
+        """The answer to a route (or claim) that raised; nothing of it committed."""
+        if isinstance(exc, PoisonError):
+            return Outcome.poison(exc)
+        if isinstance(exc, UNSTORABLE):
+            unstorable = PoisonError("UNSTORABLE_VALUE", f"payload cannot be stored: {exc}")
+            return Outcome.poison(unstorable)
+        if isinstance(exc, UNAVAILABLE):
+            return Outcome.unavailable(f"transient failure: {exc}")
+        # The HTTP boundary: an unexpected error is still an answer (5xx, retried).
+        log.error("route failed", exc_info=exc, extra={"message_id": message_id})
+        return Outcome(500, {"error": f"{type(exc).__name__}: {exc}"})
 
     async def _duplicate(self, conn: Conn, message_id: uuid.UUID) -> Outcome:
         moment = await store.applied_at(conn, handler=self.name, message_id=message_id)

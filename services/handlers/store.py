@@ -14,7 +14,8 @@
     that no call applied an already-processed id twice.
 
 Round trips: an applying call costs three (``BEGIN`` + claim, the route's statement,
-ledger row + ``COMMIT``), the last two sent as one simple query each. The handler
+ledger row + ``COMMIT``), the last two sent as one simple query each — or ONE when the
+route gives its effect as a single statement (:func:`claim_apply_log`). The handler
 service is the benchmark's bottleneck, and each round trip is a write and a wake-up on
 both sides (measured: 30 % of the handler's CPU was socket writes at seven round trips).
 
@@ -24,10 +25,14 @@ Only tables prefixed ``handler_`` are created here; ``outbox_events`` and
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
+
+import asyncpg
 
 from shared.adapters.postgres import Conn
 
@@ -101,6 +106,70 @@ async def begin_and_claim(conn: Conn, *, handler: str, message_id: uuid.UUID) ->
         " ON CONFLICT (handler, message_id) DO NOTHING"
     )
     return result == "INSERT 0 1"
+
+
+#: The claim's primary key: a unique violation on it means the id was applied before.
+CLAIM_CONSTRAINT = "handler_applied_pkey"
+
+#: A statement's own ``WITH`` (after any leading comments), merged with the claim's.
+_LEADING_WITH = re.compile(
+    r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*WITH(\s+RECURSIVE)?\b", re.IGNORECASE | re.DOTALL
+)
+
+
+@functools.lru_cache(maxsize=256)
+def one_statement_sql(sql: str, arg_count: int) -> str:
+    """``sql`` (placeholders ``$1``…``$arg_count``) preceded by the claim and the 200
+    ledger row as data-modifying CTEs, whose own arguments follow: message id, handler,
+    attempt.
+
+    The claim has no ``ON CONFLICT``: an id applied before fails the whole statement
+    with a unique violation on :data:`CLAIM_CONSTRAINT`, so the effect and the ledger row
+    roll back with it. A concurrent claimer of the same id waits for the first one's
+    outcome, as in the transaction of :func:`begin_and_claim`.
+    """
+    mid, handler, attempt = arg_count + 1, arg_count + 2, arg_count + 3
+    head = (
+        "ferry_claim AS (INSERT INTO handler_applied (message_id, handler, applied_at)"
+        f" VALUES (${mid}, ${handler}, clock_timestamp())),"
+        " ferry_call AS (INSERT INTO handler_calls (message_id, handler, attempt, status)"
+        f" VALUES (${mid}, ${handler}, ${attempt}, 200))"
+    )
+    own_with = _LEADING_WITH.match(sql)
+    if own_with is None:
+        return f"WITH {head} {sql.strip()}"
+    recursive = " RECURSIVE" if own_with.group(1) else ""
+    return f"WITH{recursive} {head}, {sql[own_with.end() :].strip()}"
+
+
+async def claim_apply_log(
+    conn: Conn,
+    sql: str,
+    args: Sequence[Any],
+    *,
+    handler: str,
+    message_id: uuid.UUID,
+    attempt: int | None,
+) -> bool:
+    """Claim ``message_id``, run the route's statement and record the 200, as one
+    statement in its own transaction (one round trip; ``conn`` autocommits).
+
+    False: the id was applied before and nothing changed (the caller records the 409).
+    Any other failure raises, with nothing committed.
+    """
+    try:
+        await conn.execute(one_statement_sql(sql, len(args)), *args, message_id, handler, attempt)
+    except asyncpg.PostgresError as exc:
+        claim_taken = getattr(exc, "constraint_name", None) == CLAIM_CONSTRAINT
+        if claim_taken and isinstance(exc, asyncpg.UniqueViolationError):
+            return False
+        # PostgreSQL completes the claim after the effect, so a duplicate's effect can
+        # fail first — on a unique index of its own, say. An id applied before is a
+        # duplicate whatever failed, as it is when the claim goes first.
+        if await applied_at(conn, handler=handler, message_id=message_id) is not None:
+            return False
+        raise
+    return True
 
 
 def _call_row(handler: str, message_id: uuid.UUID | None, attempt: int | None, status: int) -> str:

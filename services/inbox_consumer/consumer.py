@@ -211,7 +211,8 @@ class InboxConsumer:
         self.pipeline = DEFAULT_PIPELINE
         self._crash: BaseException | None = None
         self._puller: Puller | None = None
-        #: See :attr:`Puller.linger`.
+        #: Seconds a batch waits, after its first message, for the ones right behind it —
+        #: only while another batch is in process (see :meth:`run`).
         self.linger = 0.0
 
     async def run(self, stop: asyncio.Event, *, fetch_timeout: float) -> None:
@@ -225,7 +226,6 @@ class InboxConsumer:
         puller = Puller(
             self.js, stream=self.spec.stream, durable=self.durable, window=self.spec.batch_size
         )
-        puller.linger = self.linger
         await puller.start()
         self._puller = puller
         self.stats.bound = True
@@ -240,7 +240,13 @@ class InboxConsumer:
                     continue
                 fetch_started = telemetry.now_ns()
                 try:
-                    msgs = await puller.next_batch(self.spec.batch_size, fetch_timeout)
+                    # Linger only while another batch is in hand: then the handler is
+                    # busy anyway and a bigger batch saves claims and marks; an idle
+                    # consumer hands the first message over at once.
+                    linger = self.linger if busy else 0.0
+                    msgs = await puller.next_batch(
+                        self.spec.batch_size, fetch_timeout, linger=linger
+                    )
                 except ConsumerGone as exc:
                     self.stats.bound = False  # /readyz fails until it is back
                     log.error("%s; looking again in %.0fs", exc, GONE_PAUSE)

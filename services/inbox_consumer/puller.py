@@ -63,8 +63,6 @@ class Puller:
         self._sub: Subscription | None = None
         self._inbox = ""
         self.gone: str | None = None
-        #: Seconds to wait after the first message for more (0: hand over at once).
-        self.linger = 0.0
 
     @property
     def outstanding(self) -> int:
@@ -94,8 +92,9 @@ class Puller:
             with contextlib.suppress(Exception):
                 await msg.in_progress()
 
-    async def next_batch(self, limit: int, timeout: float) -> list[Msg]:
-        """Up to ``limit`` messages: waits for the first (at most ``timeout``), not the rest."""
+    async def next_batch(self, limit: int, timeout: float, *, linger: float = 0.0) -> list[Msg]:
+        """Up to ``limit`` messages: waits for the first (at most ``timeout``), then at
+        most ``linger`` seconds for the ones right behind it (0: hands over at once)."""
         if self.gone is not None:
             raise ConsumerGone(self.gone)
         await self._top_up()
@@ -109,10 +108,10 @@ class Puller:
                 return []
         else:
             first = self._queue.get_nowait()
-        if self.linger and self._queue.qsize() < limit - 1:
+        if linger and self._queue.qsize() < limit - 1:
             # A little longer for the messages right behind the first: at a steady rate
             # that turns one-message batches (a claim and a mark each) into batches.
-            await asyncio.sleep(self.linger)
+            await asyncio.sleep(linger)
         batch = [first]
         while len(batch) < limit and not self._queue.empty():
             batch.append(self._queue.get_nowait())

@@ -100,8 +100,11 @@ class OutboxPublisher:
         self._wakeups: list[asyncio.Event] = []
         #: Wake-ups of the workers waiting for work, longest-waiting first.
         self._idle: list[asyncio.Event] = []
-        #: Seconds a woken worker waits before claiming, gathering commits into one batch.
+        #: Seconds a woken worker waits before claiming, gathering commits into one batch
+        #: — only while another worker is publishing (see :meth:`run_worker`).
         self.linger = 0.0
+        #: Workers between their claim and their commit.
+        self._publishing = 0
 
     def notify(self) -> None:
         """A commit with outbox rows happened (NOTIFY): wake one worker.
@@ -125,7 +128,7 @@ class OutboxPublisher:
             # Cleared before the claim, so a commit that lands during it is not missed.
             wakeup.clear()
             try:
-                count, failed = await self.publish_batch()
+                count, failed = await self._publish_counted()
             except DATABASE_ERRORS as exc:
                 self.stats.last_db_ok = False
                 self._count_error(type(exc).__name__)
@@ -145,11 +148,19 @@ class OutboxPublisher:
                 finally:
                     if wakeup in self._idle:
                         self._idle.remove(wakeup)
-                if self.linger and wakeup.is_set():
-                    # Let the commits of the next few milliseconds join this claim: at a
-                    # steady rate that turns one-row batches into batches.
+                if self.linger and wakeup.is_set() and self._publishing:
+                    # Another batch is on its way: let the commits of the next few
+                    # milliseconds join this claim, turning one-row batches into batches
+                    # at a steady rate. An idle publisher claims at once.
                     await asyncio.sleep(self.linger)
         self._wakeups.remove(wakeup)
+
+    async def _publish_counted(self) -> tuple[int, int]:
+        self._publishing += 1
+        try:
+            return await self.publish_batch()
+        finally:
+            self._publishing -= 1
 
     async def publish_batch(self) -> tuple[int, int]:
         """Claim, publish and mark one batch; return (rows claimed, rows failed).

@@ -17,7 +17,15 @@ import pytest
 from shared.cli import main as ferry
 from shared.domain.errors import ConfigurationError
 from shared.manifests import fingerprint
-from shared.registry_build import LOCK, MODULE, check, generate, read_lock, render_module
+from shared.registry_build import (
+    LOCK,
+    MODULE,
+    ROUTE_FORMS,
+    check,
+    generate,
+    read_lock,
+    render_module,
+)
 from shared.topology import load_topology
 from tests.conftest import ROOT
 
@@ -204,7 +212,7 @@ def test_a_removed_version_cannot_come_back_with_another_schema(project: Path) -
         ),
         (
             "services.handlers.contexts.sea:text",
-            "not an async function (a route is `async def f(conn, request)`)",
+            ROUTE_FORMS,
         ),
         (
             "services.handlers.contexts.nope:vibe_created_v2",

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import uuid
 
-from shared.adapters.postgres import Conn
 from shared.registry import handler_routes
 
 from ..fields import business_json, text
 from ..request import HandleRequest
-from ..service import ServiceSpec
+from ..service import ServiceSpec, Statement, one_statement
 
 TABLES = (
     """
@@ -37,23 +36,26 @@ TABLES = (
 )
 
 
-async def opportunity_archived_v1(conn: Conn, request: HandleRequest) -> None:
+@one_statement
+def opportunity_archived_v1(request: HandleRequest) -> Statement:
     """Append the archived opportunity."""
-    await conn.execute(
+    return Statement(
         "INSERT INTO handler_g_archive (message_id, opportunity_key) VALUES ($1, $2)",
-        uuid.UUID(request.message_id),
-        text(request.payload, "opportunity_key"),
+        (uuid.UUID(request.message_id), text(request.payload, "opportunity_key")),
     )
 
 
-async def replay_requested_v1(conn: Conn, request: HandleRequest) -> None:
+@one_statement
+def replay_requested_v1(request: HandleRequest) -> Statement:
     """Record a replay request."""
-    await conn.execute(
+    return Statement(
         "INSERT INTO handler_g_replays (message_id, opportunity_key, payload)"
         " VALUES ($1, $2, $3::jsonb)",
-        uuid.UUID(request.message_id),
-        text(request.payload, "opportunity_key"),
-        business_json(request.payload),
+        (
+            uuid.UUID(request.message_id),
+            text(request.payload, "opportunity_key"),
+            business_json(request.payload),
+        ),
     )
 
 

@@ -7,12 +7,11 @@ published config back.
 
 from __future__ import annotations
 
-from shared.adapters.postgres import Conn
 from shared.registry import handler_routes
 
 from ..fields import business_json, integer, text
 from ..request import HandleRequest
-from ..service import ServiceSpec
+from ..service import ServiceSpec, Statement, one_statement
 
 TABLES = (
     """
@@ -26,18 +25,21 @@ TABLES = (
 )
 
 
-async def config_publish_requested_v1(conn: Conn, request: HandleRequest) -> None:
+@one_statement
+def config_publish_requested_v1(request: HandleRequest) -> Statement:
     """Publish a config revision unless a newer one is already published."""
-    await conn.execute(
+    return Statement(
         "INSERT INTO handler_h_configs (config_id, revision, payload, updated_at)"
         " VALUES ($1, $2, $3::jsonb, clock_timestamp())"
         " ON CONFLICT (config_id) DO UPDATE"
         " SET revision = EXCLUDED.revision, payload = EXCLUDED.payload,"
         " updated_at = EXCLUDED.updated_at"
         " WHERE EXCLUDED.revision > handler_h_configs.revision",
-        text(request.payload, "config_id"),
-        integer(request.payload, "revision"),
-        business_json(request.payload),
+        (
+            text(request.payload, "config_id"),
+            integer(request.payload, "revision"),
+            business_json(request.payload),
+        ),
     )
 
 

@@ -6,12 +6,11 @@ and leaves an owner already known (from a v2) in place rather than erasing it.
 
 from __future__ import annotations
 
-from shared.adapters.postgres import Conn
 from shared.registry import handler_routes
 
 from ..fields import text
 from ..request import HandleRequest
-from ..service import ServiceSpec
+from ..service import ServiceSpec, Statement, one_statement
 
 TABLES = (
     """
@@ -36,17 +35,19 @@ ON CONFLICT (vibe_id) DO UPDATE SET
 """
 
 
-async def vibe_created_v1(conn: Conn, request: HandleRequest) -> None:
+@one_statement
+def vibe_created_v1(request: HandleRequest) -> Statement:
     """Store a vibe without an owner."""
     payload = request.payload
-    await conn.execute(_UPSERT, text(payload, "vibe_id"), text(payload, "title"), None, 1)
+    return Statement(_UPSERT, (text(payload, "vibe_id"), text(payload, "title"), None, 1))
 
 
-async def vibe_created_v2(conn: Conn, request: HandleRequest) -> None:
+@one_statement
+def vibe_created_v2(request: HandleRequest) -> Statement:
     """Store a vibe with its owner."""
     payload = request.payload
-    await conn.execute(
-        _UPSERT, text(payload, "vibe_id"), text(payload, "title"), text(payload, "owner_id"), 2
+    return Statement(
+        _UPSERT, (text(payload, "vibe_id"), text(payload, "title"), text(payload, "owner_id"), 2)
     )
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from shared.adapters.postgres import Conn
 from shared.registry import handler_routes
 
 from ..fields import text
 from ..request import HandleRequest
-from ..service import ServiceSpec
+from ..service import ServiceSpec, Statement, one_statement
 
 TABLES = (
     """
@@ -20,16 +19,16 @@ TABLES = (
 )
 
 
-async def model_published_v1(conn: Conn, request: HandleRequest) -> None:
+@one_statement
+def model_published_v1(request: HandleRequest) -> Statement:
     """Store (or rename) a published model."""
     payload = request.payload
-    await conn.execute(
+    return Statement(
         "INSERT INTO handler_vibespro_models (model_id, name, updated_at)"
         " VALUES ($1, $2, clock_timestamp())"
         " ON CONFLICT (model_id) DO UPDATE"
         " SET name = EXCLUDED.name, updated_at = EXCLUDED.updated_at",
-        text(payload, "model_id"),
-        text(payload, "name"),
+        (text(payload, "model_id"), text(payload, "name")),
     )
 
 
