@@ -32,7 +32,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -375,14 +375,15 @@ def start_span(
     name: str,
     *,
     kind: SpanKind,
-    attributes: dict[str, Any],
+    attributes: dict[str, Any] | Callable[[], dict[str, Any]],
     parent: Context | None = None,
     links: Sequence[Link] = (),
 ) -> Span | None:
     """A started span, or None when tracing is off (callers test for None).
 
     Under a parent-based sampler, the child of an unsampled span is that span's context
-    as a non-recording span: the decision travels on, nothing is built.
+    as a non-recording span: the decision travels on, nothing is built — not even the
+    attributes, when they are given as a function (most messages are not sampled).
     """
     if _state.tracer is None:
         return None
@@ -391,7 +392,11 @@ def start_span(
         if parent_ctx.is_valid and not parent_ctx.trace_flags.sampled:
             return trace.NonRecordingSpan(parent_ctx)
     return _state.tracer.start_span(
-        name, context=parent, kind=kind, attributes=attributes, links=list(links)
+        name,
+        context=parent,
+        kind=kind,
+        attributes=attributes() if callable(attributes) else attributes,
+        links=list(links),
     )
 
 
@@ -414,11 +419,6 @@ def receive_span(msgs: Sequence[Any], *, stream: str, durable: str, started_ns: 
     """The ``receive`` span of one fetched batch, linked to each message's context."""
     if _state.tracer is None or not msgs:
         return
-    links = []
-    for msg in msgs:
-        ctx = trace.get_current_span(extract(msg.headers)).get_span_context()
-        if ctx.is_valid:
-            links.append(Link(ctx))
     span = _state.tracer.start_span(
         f"receive {stream}",
         context=otel_context.Context(),  # a root: a batch serves many traces
@@ -430,9 +430,13 @@ def receive_span(msgs: Sequence[Any], *, stream: str, durable: str, started_ns: 
             consumer_group=durable,
             extra={"messaging.batch.message_count": len(msgs)},
         ),
-        links=links,
         start_time=started_ns or None,
     )
+    if span.is_recording():  # links only for a sampled batch: most are not
+        for msg in msgs:
+            ctx = trace.get_current_span(extract(msg.headers)).get_span_context()
+            if ctx.is_valid:
+                span.add_link(ctx)
     span.end()
 
 
@@ -534,13 +538,22 @@ def annotate(**attributes: Any) -> None:
 def server_span(
     method: str, route: str, headers: Mapping[str, str], message_id: str | None
 ) -> Iterator[Span | None]:
-    """The SERVER span of an HTTP request (the handler side), child of its traceparent."""
+    """The SERVER span of an HTTP request (the handler side), child of its traceparent.
+
+    ``headers`` are looked up case-insensitively when they are (aiohttp's), else by
+    their lower-case names. The child of an unsampled caller costs no SDK span.
+    """
     if _state.tracer is None:
         yield None
         return
-    span = _state.tracer.start_span(
+    traceparent = headers.get("traceparent")
+    parent = (
+        remote_context(traceparent, headers.get("tracestate"))
+        if traceparent
+        else otel_context.Context()
+    )
+    span = start_span(
         f"{method} {route}",
-        context=extract({k.lower(): v for k, v in headers.items()}),
         kind=SpanKind.SERVER,
         attributes={
             "http.request.method": method,
@@ -548,7 +561,9 @@ def server_span(
             "url.path": route,
             **({"messaging.message.id": message_id} if message_id else {}),
         },
+        parent=parent,
     )
+    assert span is not None
     try:
         with current(span):
             yield span

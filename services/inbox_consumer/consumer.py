@@ -358,7 +358,7 @@ class InboxConsumer:
             f"process {delivery.subject}",
             kind=telemetry.SpanKind.CONSUMER,
             parent=telemetry.extract(delivery.msg.headers),
-            attributes=telemetry.messaging_attributes(
+            attributes=lambda: telemetry.messaging_attributes(
                 operation_type="process",
                 operation_name="process",
                 destination=delivery.subject,
@@ -395,7 +395,7 @@ class InboxConsumer:
             else:
                 operation = "term"
             span = None
-            if delivery.span is not None:
+            if delivery.span is not None and delivery.span.is_recording():
                 span = telemetry.start_span(
                     f"{operation} {delivery.subject}",
                     kind=telemetry.SpanKind.CLIENT,

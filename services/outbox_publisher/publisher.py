@@ -267,7 +267,7 @@ class OutboxPublisher:
             f"publish {subject}",
             kind=telemetry.SpanKind.PRODUCER,
             parent=telemetry.remote_context(row.traceparent, row.tracestate),
-            attributes=telemetry.messaging_attributes(
+            attributes=lambda: telemetry.messaging_attributes(
                 operation_type="send",
                 operation_name="publish",
                 destination=subject,
