@@ -15,23 +15,27 @@ constraints enforce the same rules.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.adapters.postgres import Conn
+from shared.adapters.postgres import Conn, Statement, with_ctes
 from shared.domain.errors import OutboxValidationError
 from shared.domain.subjects import validate_event_type, validate_event_version
 from shared.registry import check_outgoing
 from shared.telemetry import create_span
 
-_INSERT = """
-INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version,
-                           payload, occurred_at, correlation_id, causation_id, traceparent,
-                           tracestate)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb, COALESCE($7, now()), $8, $9, $10, $11)
-"""
+_INSERT_HEAD = (
+    "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version,"
+    " payload, occurred_at, correlation_id, causation_id, traceparent, tracestate)"
+)
+_INSERT = (
+    f"{_INSERT_HEAD}"
+    " VALUES ($1, $2, $3, $4, $5, $6::jsonb, COALESCE($7, now()), $8, $9, $10, $11)"
+)
 
 
 def _require_text(name: str, value: object) -> str:
@@ -128,6 +132,128 @@ async def record_event(
         raise OutboxValidationError(
             "INVALID_OUTBOX", "conn", "record_event must run inside the caller's transaction"
         )
+    with _checked_row(
+        aggregate_type=aggregate_type,
+        aggregate_id=aggregate_id,
+        event_type=event_type,
+        payload=payload,
+        event_version=event_version,
+        event_id=event_id,
+        occurred_at=occurred_at,
+        correlation_id=correlation_id,
+        causation_id=causation_id,
+        traceparent=traceparent,
+        context=context,
+        tracestate=tracestate,
+    ) as (row_id, values):
+        await conn.execute(_INSERT, *values)
+    return row_id
+
+
+def event_statement(
+    change: Statement,
+    *,
+    aggregate_type: str,
+    aggregate_id: str,
+    event_type: str,
+    payload: dict[str, Any],
+    event_version: int = 1,
+    event_id: uuid.UUID | str | None = None,
+    occurred_at: datetime | None = None,
+    correlation_id: uuid.UUID | str | None = None,
+    causation_id: uuid.UUID | str | None = None,
+    traceparent: str | None = None,
+    context: str | None = None,
+    tracestate: str | None = None,
+) -> tuple[uuid.UUID, Statement]:
+    """The state ``change`` and the event's outbox row as ONE statement: atomic on its
+    own, one round trip. Returns the event id and that statement, to run (see
+    :func:`record_event_with`) or to hand on (a handler's ``@one_statement`` route).
+
+    The same checks and ``create`` span as :func:`record_event`. The row is inserted by a
+    CTE ahead of ``change``, so it is written whatever ``change`` matches — zero rows
+    included: an event that depends on what the change finds needs the transaction form.
+    """
+    with _checked_row(
+        aggregate_type=aggregate_type,
+        aggregate_id=aggregate_id,
+        event_type=event_type,
+        payload=payload,
+        event_version=event_version,
+        event_id=event_id,
+        occurred_at=occurred_at,
+        correlation_id=correlation_id,
+        causation_id=causation_id,
+        traceparent=traceparent,
+        context=context,
+        tracestate=tracestate,
+    ) as (row_id, values):
+        first = len(change.args) + 1
+        placeholders = [f"${n}" for n in range(first, first + len(values))]
+        placeholders[5] += "::jsonb"
+        placeholders[6] = f"COALESCE({placeholders[6]}::timestamptz, now())"
+        cte = f"ferry_event AS ({_INSERT_HEAD} VALUES ({', '.join(placeholders)}))"
+        statement = Statement(with_ctes(change.sql, cte), (*change.args, *values))
+    return row_id, statement
+
+
+async def record_event_with(
+    conn: Conn,
+    change: Statement,
+    *,
+    aggregate_type: str,
+    aggregate_id: str,
+    event_type: str,
+    payload: dict[str, Any],
+    event_version: int = 1,
+    event_id: uuid.UUID | str | None = None,
+    occurred_at: datetime | None = None,
+    correlation_id: uuid.UUID | str | None = None,
+    causation_id: uuid.UUID | str | None = None,
+    traceparent: str | None = None,
+    context: str | None = None,
+    tracestate: str | None = None,
+) -> uuid.UUID:
+    """Run the state ``change`` and record its event as ONE statement (one round trip
+    instead of a transaction's four); see :func:`event_statement`. ``conn`` may be in a
+    transaction or not: both or neither are written either way."""
+    row_id, statement = event_statement(
+        change,
+        aggregate_type=aggregate_type,
+        aggregate_id=aggregate_id,
+        event_type=event_type,
+        payload=payload,
+        event_version=event_version,
+        event_id=event_id,
+        occurred_at=occurred_at,
+        correlation_id=correlation_id,
+        causation_id=causation_id,
+        traceparent=traceparent,
+        context=context,
+        tracestate=tracestate,
+    )
+    await conn.execute(statement.sql, *statement.args)
+    return row_id
+
+
+@contextlib.contextmanager
+def _checked_row(
+    *,
+    aggregate_type: str,
+    aggregate_id: str,
+    event_type: str,
+    payload: dict[str, Any],
+    event_version: int,
+    event_id: uuid.UUID | str | None,
+    occurred_at: datetime | None,
+    correlation_id: uuid.UUID | str | None,
+    causation_id: uuid.UUID | str | None,
+    traceparent: str | None,
+    context: str | None,
+    tracestate: str | None,
+) -> Iterator[tuple[uuid.UUID, tuple[Any, ...]]]:
+    """The event's id and its outbox values in :data:`_INSERT`'s order, checked, inside
+    its ``create`` span (raises :class:`OutboxValidationError` before anything)."""
     row_id = _optional_uuid("event_id", event_id) or uuid.uuid4()
     aggregate = (
         _require_text("aggregate_type", aggregate_type),
@@ -151,8 +277,7 @@ async def record_event(
         correlation_id=str(links[0]) if links[0] else None,
         context=context,
     ) as trace_context:
-        await conn.execute(
-            _INSERT,
+        yield row_id, (
             row_id,
             *aggregate,
             checked_type,
@@ -162,4 +287,3 @@ async def record_event(
             *links,
             *trace_context,
         )
-    return row_id

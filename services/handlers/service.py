@@ -34,7 +34,7 @@ from typing import Any, cast
 import asyncpg
 from asyncpg.exceptions._base import DataError as ArgumentDataError
 
-from shared.adapters.postgres import CONNECTION_ERRORS, Conn
+from shared.adapters.postgres import CONNECTION_ERRORS, Conn, Statement
 from shared.domain.envelope import format_timestamp
 from shared.domain.errors import ConfigurationError, PoisonError, TransientError
 from shared.registry import ONE_STATEMENT_MARK
@@ -51,18 +51,6 @@ log = logging.getLogger("ferry.handlers")
 #: It raises :class:`PoisonError` for an event that can never be applied.
 Route = Callable[[Conn, HandleRequest], Awaitable[None]]
 RouteKey = tuple[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class Statement:
-    """A route's whole effect as one SQL statement and its arguments (``$1``…``$n``).
-
-    Any INSERT, UPDATE, DELETE or SELECT, with or without its own WITH clause; it runs
-    in the claim's statement, so it sees the database as of that statement's start.
-    """
-
-    sql: str
-    args: tuple[Any, ...] = ()
 
 
 #: A route that builds its effect without a connection; it raises :class:`PoisonError`

@@ -34,7 +34,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.adapters.postgres import Conn
+from shared.adapters.postgres import Conn, with_ctes
 
 #: Serialises concurrent ``CREATE TABLE IF NOT EXISTS`` of replicas starting together
 #: (two such statements racing can fail on the catalog's unique index).
@@ -111,12 +111,6 @@ async def begin_and_claim(conn: Conn, *, handler: str, message_id: uuid.UUID) ->
 #: The claim's primary key: a unique violation on it means the id was applied before.
 CLAIM_CONSTRAINT = "handler_applied_pkey"
 
-#: A statement's own ``WITH`` (after any leading comments), merged with the claim's.
-_LEADING_WITH = re.compile(
-    r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*WITH(\s+RECURSIVE)?\b", re.IGNORECASE | re.DOTALL
-)
-
-
 @functools.lru_cache(maxsize=256)
 def one_statement_sql(sql: str, arg_count: int) -> str:
     """``sql`` (placeholders ``$1``…``$arg_count``) preceded by the claim and the 200
@@ -135,11 +129,7 @@ def one_statement_sql(sql: str, arg_count: int) -> str:
         " ferry_call AS (INSERT INTO handler_calls (message_id, handler, attempt, status)"
         f" VALUES (${mid}, ${handler}, ${attempt}, 200))"
     )
-    own_with = _LEADING_WITH.match(sql)
-    if own_with is None:
-        return f"WITH {head} {sql.strip()}"
-    recursive = " RECURSIVE" if own_with.group(1) else ""
-    return f"WITH{recursive} {head}, {sql[own_with.end() :].strip()}"
+    return with_ctes(sql, head)
 
 
 async def claim_apply_log(

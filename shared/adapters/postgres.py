@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -37,6 +39,40 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 DATABASE_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, asyncpg.PostgresError)
 #: A connection or a pool's proxy of one: what repository functions accept.
 Conn = asyncpg.Connection | PoolConnectionProxy
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One SQL statement and its arguments (``$1``…``$n``): a state change that travels
+    as a single statement, i.e. one round trip and, alone, its own transaction.
+
+    Any INSERT, UPDATE, DELETE or SELECT, with or without its own WITH clause (see
+    :func:`with_ctes`, which prefixes more work to it).
+    """
+
+    sql: str
+    args: tuple[Any, ...] = ()
+
+
+#: A statement's own ``WITH`` (after any leading comments), merged by :func:`with_ctes`.
+_LEADING_WITH = re.compile(
+    r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*WITH(\s+RECURSIVE)?\b", re.IGNORECASE | re.DOTALL
+)
+
+
+def with_ctes(sql: str, ctes: str) -> str:
+    """``sql`` with the common table expressions ``ctes`` (``name AS (…), …``) put
+    before its own, if it has any.
+
+    PostgreSQL runs every data-modifying CTE exactly once and to completion, whether or
+    not the statement reads it — the ones the statement does not read, after the
+    statement itself — all in the statement's one snapshot and transaction.
+    """
+    own_with = _LEADING_WITH.match(sql)
+    if own_with is None:
+        return f"WITH {ctes} {sql.strip()}"
+    recursive = " RECURSIVE" if own_with.group(1) else ""
+    return f"WITH{recursive} {ctes}, {sql[own_with.end() :].strip()}"
 
 
 def redact(dsn: str) -> str:

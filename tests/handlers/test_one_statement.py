@@ -18,8 +18,9 @@ import asyncpg
 import pytest
 
 from services.handlers.request import HandleRequest
-from services.handlers.service import HandlerService, Statement, is_one_statement, one_statement
+from services.handlers.service import HandlerService, is_one_statement, one_statement
 from services.handlers.store import one_statement_sql
+from shared.adapters.postgres import Statement
 from shared.domain.errors import PoisonError
 from tests.conftest import Env
 

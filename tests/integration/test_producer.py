@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
 
+from shared.adapters.postgres import Statement
 from shared.domain.errors import OutboxValidationError
-from shared.producer import record_event
+from shared.producer import record_event, record_event_with
 
 pytestmark = pytest.mark.integration
 
@@ -152,3 +154,77 @@ async def test_raw_sql_path_enforces_the_same_rules(
             "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, payload)"
             " VALUES (gen_random_uuid(), 'model', 'm1', '{}')"
         )
+
+
+# --- the one-statement form: state change and event as one statement ------------------
+
+MODEL = {"aggregate_type": "model", "aggregate_id": "m1", "event_type": "model_published"}
+
+
+def _insert_model(name: str) -> Statement:
+    return Statement("INSERT INTO models VALUES ($1, $2)", ("m1", name))
+
+
+async def test_one_statement_keeps_state_and_event(sea_conn: asyncpg.Connection) -> None:
+    await _make_state_table(sea_conn)
+    event_id = await record_event_with(
+        sea_conn, _insert_model("first"), **MODEL, payload={"model_id": "m1", "name": "first"}
+    )
+    assert await _counts(sea_conn) == (1, 1)
+    row = await sea_conn.fetchrow("SELECT * FROM outbox_events WHERE id = $1", event_id)
+    assert json.loads(row["payload"]) == {"model_id": "m1", "name": "first"}
+    assert row["published_at"] is None and row["occurred_at"] is not None
+
+
+async def test_one_statement_whose_change_fails_writes_no_event(
+    sea_conn: asyncpg.Connection,
+) -> None:
+    await _make_state_table(sea_conn)
+    payload = {"model_id": "m1", "name": "first"}
+    await record_event_with(sea_conn, _insert_model("first"), **MODEL, payload=payload)
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await record_event_with(sea_conn, _insert_model("again"), **MODEL, payload=payload)
+    assert await _counts(sea_conn) == (1, 1)
+
+
+async def test_one_statement_in_a_rolled_back_transaction_leaves_neither(
+    sea_conn: asyncpg.Connection,
+) -> None:
+    await _make_state_table(sea_conn)
+    with pytest.raises(RuntimeError, match="domain failure"):
+        async with sea_conn.transaction():
+            await record_event_with(
+                sea_conn, _insert_model("x"), **MODEL, payload={"model_id": "m1", "name": "x"}
+            )
+            raise RuntimeError("domain failure after the event was recorded")
+    assert await _counts(sea_conn) == (0, 0)
+
+
+async def test_one_statement_keeps_the_changes_own_with_clause(
+    sea_conn: asyncpg.Connection,
+) -> None:
+    await _make_state_table(sea_conn)
+    change = Statement(
+        "WITH n AS (SELECT $1::text AS id, upper($2::text) AS name)"
+        " INSERT INTO models SELECT id, name FROM n",
+        ("m1", "shout"),
+    )
+    occurred = datetime.now(UTC) - timedelta(seconds=5)
+    await record_event_with(
+        sea_conn, change, **MODEL, payload={"model_id": "m1", "name": "shout"},
+        occurred_at=occurred,
+    )  # fmt: skip
+    assert await sea_conn.fetchval("SELECT name FROM models") == "SHOUT"
+    assert await sea_conn.fetchval("SELECT occurred_at FROM outbox_events") == occurred
+
+
+async def test_one_statement_refuses_a_bad_event_before_writing(
+    sea_conn: asyncpg.Connection,
+) -> None:
+    await _make_state_table(sea_conn)
+    with pytest.raises(OutboxValidationError) as refused:
+        await record_event_with(
+            sea_conn, _insert_model("first"), **MODEL, payload={"model_id": "m1"}
+        )
+    assert refused.value.code == "SCHEMA_INVALID" and refused.value.field == "payload"
+    assert await _counts(sea_conn) == (0, 0)

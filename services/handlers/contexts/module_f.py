@@ -1,25 +1,22 @@
 """Module F's ingest worker (lane E→F, ``cg_f_ingest``): ``opportunity_scored`` v1.
 
-It stores the score and, in the SAME transaction, records ``opportunity_archived`` v1
-in F's own outbox (:func:`shared.producer.record_event`): that is what feeds lane F→G.
-Either both commit or neither, and the claim in ``handler_applied`` commits with them,
-so a redelivery can neither lose the forwarded event nor forward it twice.
+It stores the score and, in the SAME statement, records ``opportunity_archived`` v1
+in F's own outbox (:func:`shared.producer.event_statement`): that is what feeds lane
+F→G. Either both commit or neither, and the claim in ``handler_applied`` commits with
+them (one statement, one round trip), so a redelivery can neither lose the forwarded
+event nor forward it twice.
 """
 
 from __future__ import annotations
 
-from typing import cast
-
-import asyncpg
-
-from shared.adapters.postgres import Conn
+from shared.adapters.postgres import Statement
 from shared.domain.errors import OutboxValidationError, PoisonError
-from shared.producer import record_event
+from shared.producer import event_statement
 from shared.registry import handler_routes
 
 from ..fields import number, text
 from ..request import HandleRequest
-from ..service import ServiceSpec
+from ..service import ServiceSpec, one_statement
 
 TABLES = (
     """
@@ -32,22 +29,21 @@ TABLES = (
 )
 
 
-async def opportunity_scored_v1(conn: Conn, request: HandleRequest) -> None:
+@one_statement
+def opportunity_scored_v1(request: HandleRequest) -> Statement:
     """Upsert the opportunity's score and forward ``opportunity_archived`` through F's outbox."""
     key = text(request.payload, "opportunity_key")
-    await conn.execute(
+    upsert = Statement(
         "INSERT INTO handler_f_opportunities (opportunity_key, score, updated_at)"
         " VALUES ($1, $2, clock_timestamp())"
         " ON CONFLICT (opportunity_key) DO UPDATE"
         " SET score = EXCLUDED.score, updated_at = EXCLUDED.updated_at",
-        key,
-        number(request.payload, "score"),
+        (key, number(request.payload, "score")),
     )
     envelope = request.envelope
     try:
-        await record_event(
-            # A pool's connection proxy forwards everything record_event uses.
-            cast(asyncpg.Connection, conn),
+        _, statement = event_statement(
+            upsert,
             aggregate_type="opportunity",
             aggregate_id=key,
             event_type="opportunity_archived",
@@ -60,6 +56,7 @@ async def opportunity_scored_v1(conn: Conn, request: HandleRequest) -> None:
         # The producer API refuses what could never be published; for this event that
         # can only come from the incoming payload, so it is poison, not a retry.
         raise PoisonError("INVALID_OUTPUT", f"cannot forward: {exc}") from exc
+    return statement
 
 
 #: Routes come from the generated registry: the manifests name each version's handler

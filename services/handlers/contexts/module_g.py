@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import uuid
 
+from shared.adapters.postgres import Statement
 from shared.registry import handler_routes
 
 from ..fields import business_json, text
 from ..request import HandleRequest
-from ..service import ServiceSpec, Statement, one_statement
+from ..service import ServiceSpec, one_statement
 
 TABLES = (
     """

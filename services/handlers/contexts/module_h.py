@@ -7,11 +7,12 @@ published config back.
 
 from __future__ import annotations
 
+from shared.adapters.postgres import Statement
 from shared.registry import handler_routes
 
 from ..fields import business_json, integer, text
 from ..request import HandleRequest
-from ..service import ServiceSpec, Statement, one_statement
+from ..service import ServiceSpec, one_statement
 
 TABLES = (
     """
