@@ -112,6 +112,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the producer's pool: one transaction per event on each (16)",
     )  # fmt: skip
     parser.add_argument(
+        "--producer-form", choices=("transaction", "statement"), default="transaction",
+        help="each event as a transaction (BEGIN, upsert, record_event, COMMIT: an "
+        "application's usual form) or as one statement (record_event_with)",
+    )  # fmt: skip
+    parser.add_argument(
         "--drain-budget", type=float, default=600.0,
         help="longest wait for one drain; a slower one is reported as partial (600 s)",
     )  # fmt: skip
@@ -158,6 +163,7 @@ def options_from(args: argparse.Namespace) -> s.Options:
         soak_rate=int(pick("soak_rate")), warmup_seconds=float(pick("warmup")),
         modes=modes, sections=chosen, peer_workers=args.peer_workers,
         drain_budget=args.drain_budget, producer_connections=args.producer_connections,
+        producer_form=args.producer_form,
         baseline_seconds=float(pick("baseline_seconds")), statements=args.statements,
     )  # fmt: skip
 

@@ -53,6 +53,7 @@ class Options:
     peer_workers: int = 32
     drain_budget: float = 600.0
     producer_connections: int = 16
+    producer_form: str = "transaction"
     baseline_seconds: float = 10.0
     statements: bool = False
 
@@ -400,7 +401,12 @@ async def run_step(
     A step starts on an idle pipeline: an earlier step's backlog is waited out first (up
     to ``--drain-budget``), else the step is marked ``started_busy``.
     """
-    spec = {"seconds": seconds, "connections": bench.options.producer_connections, "lanes": lanes}
+    spec = {
+        "seconds": seconds,
+        "connections": bench.options.producer_connections,
+        "form": bench.options.producer_form,
+        "lanes": lanes,
+    }
     busy = not await wait_idle(bench, dep, bench.options.drain_budget)
     book = bench.servers.book
     statements0 = await bench.servers.statement_counts()
