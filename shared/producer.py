@@ -20,7 +20,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
 from shared.adapters.postgres import Conn, Statement, with_ctes
 from shared.domain.errors import OutboxValidationError
@@ -36,6 +36,23 @@ _INSERT = (
     f"{_INSERT_HEAD}"
     " VALUES ($1, $2, $3, $4, $5, $6::jsonb, COALESCE($7, now()), $8, $9, $10, $11)"
 )
+
+
+class EventFields(TypedDict):
+    """The event's arguments, as :func:`record_event` takes them."""
+
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload: dict[str, Any]
+    event_version: NotRequired[int]
+    event_id: NotRequired[uuid.UUID | str | None]
+    occurred_at: NotRequired[datetime | None]
+    correlation_id: NotRequired[uuid.UUID | str | None]
+    causation_id: NotRequired[uuid.UUID | str | None]
+    traceparent: NotRequired[str | None]
+    context: NotRequired[str | None]
+    tracestate: NotRequired[str | None]
 
 
 def _require_text(name: str, value: object) -> str:
@@ -152,19 +169,7 @@ async def record_event(
 
 def event_statement(
     change: Statement,
-    *,
-    aggregate_type: str,
-    aggregate_id: str,
-    event_type: str,
-    payload: dict[str, Any],
-    event_version: int = 1,
-    event_id: uuid.UUID | str | None = None,
-    occurred_at: datetime | None = None,
-    correlation_id: uuid.UUID | str | None = None,
-    causation_id: uuid.UUID | str | None = None,
-    traceparent: str | None = None,
-    context: str | None = None,
-    tracestate: str | None = None,
+    **event: Unpack[EventFields],
 ) -> tuple[uuid.UUID, Statement]:
     """The state ``change`` and the event's outbox row as ONE statement: atomic on its
     own, one round trip. Returns the event id and that statement, to run (see
@@ -174,20 +179,7 @@ def event_statement(
     CTE ahead of ``change``, so it is written whatever ``change`` matches — zero rows
     included: an event that depends on what the change finds needs the transaction form.
     """
-    with _checked_row(
-        aggregate_type=aggregate_type,
-        aggregate_id=aggregate_id,
-        event_type=event_type,
-        payload=payload,
-        event_version=event_version,
-        event_id=event_id,
-        occurred_at=occurred_at,
-        correlation_id=correlation_id,
-        causation_id=causation_id,
-        traceparent=traceparent,
-        context=context,
-        tracestate=tracestate,
-    ) as (row_id, values):
+    with _checked_row(**event) as (row_id, values):
         first = len(change.args) + 1
         placeholders = [f"${n}" for n in range(first, first + len(values))]
         placeholders[5] += "::jsonb"
@@ -200,6 +192,18 @@ def event_statement(
 async def record_event_with(
     conn: Conn,
     change: Statement,
+    **event: Unpack[EventFields],
+) -> uuid.UUID:
+    """Run the state ``change`` and record its event as ONE statement (one round trip
+    instead of a transaction's four); see :func:`event_statement`. ``conn`` may be in a
+    transaction or not: both or neither are written either way."""
+    row_id, statement = event_statement(change, **event)
+    await conn.execute(statement.sql, *statement.args)
+    return row_id
+
+
+@contextlib.contextmanager
+def _checked_row(
     *,
     aggregate_type: str,
     aggregate_id: str,
@@ -213,44 +217,6 @@ async def record_event_with(
     traceparent: str | None = None,
     context: str | None = None,
     tracestate: str | None = None,
-) -> uuid.UUID:
-    """Run the state ``change`` and record its event as ONE statement (one round trip
-    instead of a transaction's four); see :func:`event_statement`. ``conn`` may be in a
-    transaction or not: both or neither are written either way."""
-    row_id, statement = event_statement(
-        change,
-        aggregate_type=aggregate_type,
-        aggregate_id=aggregate_id,
-        event_type=event_type,
-        payload=payload,
-        event_version=event_version,
-        event_id=event_id,
-        occurred_at=occurred_at,
-        correlation_id=correlation_id,
-        causation_id=causation_id,
-        traceparent=traceparent,
-        context=context,
-        tracestate=tracestate,
-    )
-    await conn.execute(statement.sql, *statement.args)
-    return row_id
-
-
-@contextlib.contextmanager
-def _checked_row(
-    *,
-    aggregate_type: str,
-    aggregate_id: str,
-    event_type: str,
-    payload: dict[str, Any],
-    event_version: int,
-    event_id: uuid.UUID | str | None,
-    occurred_at: datetime | None,
-    correlation_id: uuid.UUID | str | None,
-    causation_id: uuid.UUID | str | None,
-    traceparent: str | None,
-    context: str | None,
-    tracestate: str | None,
 ) -> Iterator[tuple[uuid.UUID, tuple[Any, ...]]]:
     """The event's id and its outbox values in :data:`_INSERT`'s order, checked, inside
     its ``create`` span (raises :class:`OutboxValidationError` before anything)."""
