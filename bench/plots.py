@@ -39,7 +39,7 @@ def latency_cdf(results: Results, out: Path) -> Path | None:
         ax.set_xscale("log")
         ax.set_xlabel("occurred_at → processed (ms, log scale)")
         ax.set_ylabel("fraction of events")
-        ax.set_title(f"end-to-end latency, tracing {mode}")
+        ax.set_title(_title("end-to-end latency", mode))
         for q in (0.5, 0.95, 0.99):
             ax.axhline(q, color="grey", linewidth=0.5, linestyle=":")
         ax.grid(True, which="both", linewidth=0.3)
@@ -68,7 +68,7 @@ def latency_percentiles(results: Results, out: Path) -> Path | None:
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
         ax.set_ylabel("ms")
-        ax.set_title(f"latency percentiles, tracing {mode}")
+        ax.set_title(_title("latency percentiles", mode))
         ax.legend()
         ax.grid(True, axis="y", linewidth=0.3)
     fig.tight_layout()
@@ -139,3 +139,7 @@ def cpu_bars(results: Results, out: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _title(what: str, mode: str) -> str:
+    return f"{what}, bare-bones pipeline" if mode == "raw" else f"{what}, tracing {mode}"

@@ -6,6 +6,8 @@ processes and the load generator in a process of its own, and measures, by secti
 
 ``baselines``  raw JetStream publish and pull consume + ack, the PostgreSQL state+outbox
                transaction over 8 connections, the HTTP round trip to the example handler
+``prototype``  the bare-bones pipeline (:mod:`bench.prototype`) at each of ``--rates``:
+               the same-machine yardstick of the latency figures
 ``peer``       faststream-outbox relaying the same backlog into JetStream
 ``publisher``  outbox-publisher drain of a ``--rows`` backlog
 ``drain``      end-to-end drain of a ``--rows`` backlog with one and two consumer replicas
@@ -45,7 +47,8 @@ from bench.plots import draw_all
 from bench.report import Results, cpu_text, statements_text, table, write_json
 from bench.world import Servers, kill_leftovers
 
-SECTIONS = ("baselines", "peer", "publisher", "drain", "latency", "sustained", "mediation", "soak")
+SECTIONS = ("baselines", "prototype", "peer", "publisher", "drain", "latency", "sustained",
+            "mediation", "soak")
 RESULTS = ROOT / "bench" / "results"
 
 #: Sizes of a full run, and of ``--quick`` (a smoke run of a minute or two).
@@ -255,6 +258,8 @@ def _plan(bench: s.Bench) -> Plan:
     plan: Plan = []
     if "baselines" in sections:
         plan.append(("baselines", partial(s.baselines, bench)))
+    if "prototype" in sections:
+        plan.append(("prototype", partial(s.prototype, bench)))
     if "peer" in sections:
         plan.append(("peer", partial(s.peer, bench)))
     for mode in modes:
@@ -302,6 +307,12 @@ def _finish(bench: s.Bench) -> None:
             if len(stages) == 1
             else f"slowest raw stage on its path: {labels[slowest]}"
         )
+    for row in results.rows:
+        if row.key.startswith("ferry.latency_"):
+            proto = raw.get("raw.proto_" + row.key.removeprefix("ferry.latency_"))
+            if proto:
+                row.baseline = proto
+                row.baseline_label = "p99 of the bare-bones pipeline at the same offered load"
     s.finish_peer_ratio(results)
 
 

@@ -20,7 +20,8 @@ import nats
 
 from bench.common import AGGREGATES, say, stream_span, summarize
 from bench.report import Results, Row, Target
-from bench.world import PYTHON, Deployment, Servers, cpu_delta, run_worker
+from bench.world import PYTHON, Deployment, Servers, cpu_delta, run_worker, spawn
+from devstack.ports import free_port
 
 SEA_DURABLE = "vibespro__from_sea"
 SEA_STREAM = "SEA_EVENTS"
@@ -587,6 +588,7 @@ async def _latency_step(bench: Bench, dep: Deployment, mode: str, rate: int,
 def _record_latency(
     bench: Bench, mode: str, series: str, key: str, label: str, step: Step, column: str,
     target_ms: float | None, spans: int, lane: str = "", book: bool = True,
+    what: str = "",
 ) -> None:  # fmt: skip
     values = step.latencies[column]
     stats = summarize(values)
@@ -613,7 +615,9 @@ def _record_latency(
     bench.results.sections.setdefault("latency", {}).setdefault(mode, {})[series] = doc
     if book:
         events = max(_committed(step.producer), 1)
-        what = f"latency {series}" if lane != "module_e" else "mediation, per E event (2 lanes)"
+        if not what:
+            what = ("mediation, per E event (2 lanes)" if lane == "module_e"
+                    else f"latency {series}")  # fmt: skip
         bench.results.book_cpu(what, mode, events, step.seconds, step.cpu)
         bench.results.book_statements(what, mode, events, step.statements)
     _note_spans(bench, mode, spans)
@@ -716,6 +720,93 @@ async def _sustain_step(bench: Bench, dep: Deployment, mode: str, rate: int, mea
                                   max(lane["committed"], 1), step.statements)  # fmt: skip
     say(f"  {rate:,} msg/s: {'held' if not verdict else 'failed: ' + verdict} (p99 {p99:,.1f} ms)")
     return verdict
+
+
+# ------------------------------------------------------------------- bare-bones pipeline
+
+
+async def prototype(bench: Bench) -> None:
+    """The bare-bones pipeline (:mod:`bench.prototype`) at each of ``--rates``.
+
+    Same servers, same producer, same stream, durable and databases as Ferry's latency
+    section; only the three roles differ. Its p99 is the baseline of Ferry's latency rows.
+    """
+    opts = bench.options
+    async with bench.deployment("sea-vibespro", "off", "prototype") as dep:
+        source_dsn, target_dsn = dep.dsn("sea"), dep.dsn("vibespro")
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/handle"
+        roles = [
+            ("handler-proto", ["handler", "--dsn", target_dsn, "--port", str(port)]),
+            ("consumer-proto", ["consumer", "--dsn", target_dsn, "--url", url,
+                                "--nats-url", bench.servers.nats.url]),
+            ("publisher-proto", ["publisher", "--dsn", source_dsn,
+                                 "--nats-url", bench.servers.nats.url]),
+        ]  # fmt: skip
+        for name, args in roles:
+            await _start_proto(bench, dep, name, args)
+
+        async def measure(since: datetime) -> tuple[dict[str, list[float]], int]:
+            return await proto_latencies(source_dsn, target_dsn, since)
+
+        say(f"bare-bones pipeline: warm-up {opts.warmup_seconds:.0f}s at 200 msg/s")
+        await run_step(bench, dep, [_sea_lane(dep, 200)], opts.warmup_seconds, measure,
+                       _committed)  # fmt: skip
+        for rate in opts.rates:
+            say(f"bare-bones pipeline at {rate:,} msg/s offered for {opts.seconds:.0f}s")
+            step = await run_step(bench, dep, [_sea_lane(dep, rate)], opts.seconds, measure,
+                                  _committed)  # fmt: skip
+            _record_latency(bench, "raw", f"bare-bones {rate:,} msg/s", f"raw.proto_{rate}",
+                            f"bare-bones pipeline latency p50/p95/p99 at {rate:,} msg/s",
+                            step, "processed", None, 0,
+                            what=f"bare-bones pipeline {rate:,} msg/s")  # fmt: skip
+
+
+async def _start_proto(bench: Bench, dep: Deployment, name: str, args: list[str]) -> None:
+    ready = dep.logs / f"{dep.label}-{name}.ready"
+    ready.unlink(missing_ok=True)
+    argv = [PYTHON, "-m", "bench.prototype", *args, "--ready", str(ready)]
+    proc = await spawn(f"{dep.label}-{name}", name.split("-")[0], argv, dep.env(), dep.logs)
+    dep.procs.append(proc)
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        if not proc.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"bare-bones {name} did not start:\n{proc.log_tail()}")
+        await asyncio.sleep(0.05)
+    bench.servers.book.add(name, proc.pid)
+    dep.role_names.append(name)
+
+
+async def proto_latencies(
+    source_dsn: str, target_dsn: str, since: datetime
+) -> tuple[dict[str, list[float]], int]:
+    """The bare-bones pipeline's latencies, by the definitions of :func:`sea_latencies`."""
+    target = await asyncpg.connect(target_dsn)
+    try:
+        records = await target.fetch(
+            "SELECT extract(epoch FROM i.processed_at - i.occurred_at) * 1000 AS processed,"
+            " extract(epoch FROM a.applied_at - i.occurred_at) * 1000 AS applied,"
+            " extract(epoch FROM i.received_at - i.occurred_at) * 1000 AS received"
+            " FROM proto_inbox i LEFT JOIN proto_applied a USING (id)"
+            " WHERE i.processed_at IS NOT NULL AND i.occurred_at >= $1", since,
+        )  # fmt: skip
+    finally:
+        await target.close()
+    source = await asyncpg.connect(source_dsn)
+    try:
+        published = await source.fetch(
+            "SELECT extract(epoch FROM published_at - occurred_at) * 1000 AS published"
+            " FROM outbox_events WHERE occurred_at >= $1 AND published_at IS NOT NULL", since,
+        )  # fmt: skip
+    finally:
+        await source.close()
+    out = {
+        "processed": [float(r["processed"]) for r in records],
+        "applied": [float(r["applied"]) for r in records if r["applied"] is not None],
+        "published": [float(r["published"]) for r in published],
+        "received": [float(r["received"]) for r in records],
+    }
+    return out, len(records)
 
 
 # ----------------------------------------------------------------------------- mediation

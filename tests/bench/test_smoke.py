@@ -58,6 +58,10 @@ def test_every_section_produces_its_figures(run: tuple[Path, dict[str, Any], str
                 "ferry.mediation_e_to_g", "ferry.rss_growth", "ferry.sustained"):  # fmt: skip
         assert key in rows, key
     assert rows["ferry.publisher_drain"]["baseline"] == rows["raw.js_publish"]["values"]["raw"]
+    # The bare-bones pipeline's p99 is the yardstick of Ferry's latency at the same load.
+    proto = rows[f"raw.proto_{RATE}"]["values"]["raw"]
+    assert proto > 0
+    assert rows[f"ferry.latency_{RATE}"]["baseline"] == proto
     assert "verdict" in stdout and "CPU µs per message" in stdout
 
 
@@ -100,6 +104,12 @@ def test_latency_covers_every_committed_event(run: tuple[Path, dict[str, Any], s
     mediation = sections["latency"]["on"]["mediation E→F→G"]
     assert mediation["latency_ms"]["count"] == sum(
         lane["committed"] for lane in mediation["producer"]["lanes"]
+    )
+    # The bare-bones pipeline delivered every event the producer committed in its step.
+    proto = sections["latency"]["raw"][f"bare-bones {RATE} msg/s"]
+    assert proto["unprocessed"] == 0
+    assert proto["latency_ms"]["count"] == sum(
+        lane["committed"] for lane in proto["producer"]["lanes"]
     )
     assert sections["sustained"]["on"]["steps"]
     assert sections["soak"]["on"]["samples"]
