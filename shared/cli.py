@@ -4,6 +4,7 @@
     ferry provision [--check]     create/update streams and consumers; --check only reports
     ferry outbox-backlog CONTEXT  QRY-050: unpublished count and oldest occurred_at
     ferry inbox-backlog DURABLE   QRY-051: unprocessed count and oldest received_at
+    ferry purge [SCOPE]           delete rows past their retention (shared/retention.py)
     ferry dlq ...                 dead letters: list, show, replay, park, discard, export
     ferry registry generate|check the handler registry from the manifests (shared/registry_cli.py)
     ferry lint [--topology FILE]  the configuration lint every role runs at start
@@ -32,6 +33,7 @@ from shared.dlq_cli import add_dlq_commands, check_key
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
 from shared.journey import add_where_command
 from shared.provision import is_clean, provision
+from shared.retention import add_purge_command
 from shared.runtime import EXIT_CONFIG, EXIT_CONNECT
 from shared.settings import CommonSettings
 
@@ -129,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     inb.set_defaults(func=cmd_inbox_backlog)
     add_dlq_commands(sub)
     add_where_command(sub)
+    add_purge_command(sub)
     for p in (migrate, prov, out, inb):
         p.add_argument("--json", action="store_true", help="machine-readable output")
     registry_cli.add_commands(sub)

@@ -66,6 +66,9 @@ class ContextSpec(_Model):
     #: every way a copy can still arrive (stream max_age, redeliveries, replays), or a late
     #: copy is processed twice; ``ferry lint`` checks it (rule ``inbox-retention``).
     inbox_retention: Seconds = 35 * 86400.0
+    #: How long the outbox keeps a row once it is published (``ferry purge``); an
+    #: unpublished row is kept whatever its age.
+    outbox_retention: Seconds = 7 * 86400.0
 
     @model_validator(mode="after")
     def _check_namespace(self) -> ContextSpec:

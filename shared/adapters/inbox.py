@@ -264,3 +264,31 @@ async def retry_history(conn: Conn, durable: str, message_id: UUID) -> list[dict
     """The recorded attempts of one message."""
     raw = await conn.fetchval(_HISTORY, durable, message_id)
     return list(json.loads(raw)) if raw else []
+
+
+# Retention (``ferry purge``): processed rows older than the context's inbox_retention,
+# a bounded batch per statement so no statement holds many row locks for long. Rows that
+# are not final — or were dead-lettered (status 'failed', governed by their dead letter's
+# lifecycle) — are never purged. SKIP LOCKED lets two purges run side by side.
+_PURGE = """
+DELETE FROM inbox_messages WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM inbox_messages
+  WHERE durable = $1 AND status = 'processed' AND processed_at < $2
+  LIMIT $3 FOR UPDATE SKIP LOCKED))
+"""
+
+_PURGEABLE = """
+SELECT count(*) FROM inbox_messages
+WHERE durable = $1 AND status = 'processed' AND processed_at < $2
+"""
+
+
+async def purge_batch(conn: Conn, durable: str, before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` of ``durable``'s rows processed before ``before``; the count."""
+    status = await conn.execute(_PURGE, durable, before, limit)
+    return int(status.split()[-1])
+
+
+async def purgeable(conn: Conn, durable: str, before: datetime) -> int:
+    """How many of ``durable``'s rows :func:`purge_batch` would delete, in all."""
+    return int(await conn.fetchval(_PURGEABLE, durable, before))

@@ -144,3 +144,24 @@ async def backlog(conn: Conn) -> dict[str, Any]:
         "failing": row["failing"],
         "max_attempts": row["max_attempts"] or 0,
     }
+
+
+# Retention (``ferry purge``): published rows older than the context's outbox_retention.
+# An unpublished row (pending or failing) is never purged, whatever its age.
+_PURGE = """
+DELETE FROM outbox_events WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM outbox_events WHERE published_at < $1
+  LIMIT $2 FOR UPDATE SKIP LOCKED))
+"""
+
+
+async def purge_batch(conn: Conn, before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` rows published before ``before``; return the count."""
+    status = await conn.execute(_PURGE, before, limit)
+    return int(status.split()[-1])
+
+
+async def purgeable(conn: Conn, before: datetime) -> int:
+    """How many rows :func:`purge_batch` would delete, in all."""
+    return int(await conn.fetchval("SELECT count(*) FROM outbox_events WHERE published_at < $1",
+                                   before))
