@@ -195,8 +195,9 @@ class PublisherSettings(CommonSettings):
     #: Polling fallback when no NOTIFY arrives, in seconds.
     poll_interval: float = Field(default=1.0, gt=0)
     #: Seconds a woken worker waits before it claims, so that the commits right behind
-    #: the one that woke it join its batch — only while another worker is publishing;
-    #: an idle publisher claims at once (0: never wait).
+    #: the one that woke it join its batch — only while another worker is publishing and
+    #: commits have lately come less than ``linger`` apart; otherwise it claims at once
+    #: (0: never wait).
     linger: float = Field(default=0.005, ge=0, le=1.0)
     #: Seconds to wait for a PubAck before the row is retried.
     publish_timeout: float = Field(default=5.0, gt=0)
@@ -223,8 +224,9 @@ class ConsumerSettings(CommonSettings):
     #: All of them count against the durable's max_ack_pending.
     pipeline: int = Field(default=4, ge=1, le=16)
     #: Seconds to wait, after a first message, for the ones right behind it before a
-    #: batch is handed over — only while another batch is in process; an idle consumer
-    #: hands it over at once (0: never wait).
+    #: batch is handed over — only while another batch is in process and messages have
+    #: lately come less than ``linger`` apart; otherwise it is handed over at once (0:
+    #: never wait).
     linger: float = Field(default=0.005, ge=0, le=1.0)
     #: Extra seconds an inbox lease outlives the handler timeout.
     lease_margin: float = Field(default=30.0, ge=0)

@@ -240,10 +240,12 @@ class InboxConsumer:
                     continue
                 fetch_started = telemetry.now_ns()
                 try:
-                    # Linger only while another batch is in hand: then the handler is
-                    # busy anyway and a bigger batch saves claims and marks; an idle
-                    # consumer hands the first message over at once.
-                    linger = self.linger if busy else 0.0
+                    # Linger only while another batch is in hand (the handler is busy
+                    # anyway) and messages come quickly enough that one is due within
+                    # the linger: then a bigger batch saves claims and marks. Otherwise
+                    # the first message is handed over at once.
+                    quick = puller.arrivals.expects_within(self.linger)
+                    linger = self.linger if busy and quick else 0.0
                     msgs = await puller.next_batch(
                         self.spec.batch_size, fetch_timeout, linger=linger
                     )

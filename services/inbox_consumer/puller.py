@@ -32,6 +32,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
+from shared.domain.pacing import ArrivalGap
+
 log = logging.getLogger("ferry.inbox_consumer")
 
 #: Lifetime of one pull request, in seconds.
@@ -63,6 +65,8 @@ class Puller:
         self._sub: Subscription | None = None
         self._inbox = ""
         self.gone: str | None = None
+        #: The recent pace of deliveries (the consumer lingers only when it is quick).
+        self.arrivals = ArrivalGap()
 
     @property
     def outstanding(self) -> int:
@@ -150,6 +154,7 @@ class Puller:
         status = JetStreamContext.is_status_msg(msg)
         if not status:
             self._credit = max(self._credit - 1, 0)
+            self.arrivals.arrived(self._heard)
             self._queue.put_nowait(msg)
             return
         if status == STATUS_HEARTBEAT:

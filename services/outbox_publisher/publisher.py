@@ -26,6 +26,7 @@ from shared.adapters import outbox
 from shared.adapters.outbox import OutboxRow
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.domain.envelope import Envelope, payload_digest
+from shared.domain.pacing import ArrivalGap
 from shared.domain.subjects import event_subject
 from shared.metrics import PublisherMetrics, RoleMetrics
 
@@ -105,6 +106,8 @@ class OutboxPublisher:
         self.linger = 0.0
         #: Workers between their claim and their commit.
         self._publishing = 0
+        #: The recent pace of commits (NOTIFY): lingering pays only when it is quick.
+        self.arrivals = ArrivalGap()
 
     def notify(self) -> None:
         """A commit with outbox rows happened (NOTIFY): wake one worker.
@@ -114,6 +117,7 @@ class OutboxPublisher:
         of the claim query. The longest-idle worker is woken; with none idle, a busy one
         is told to claim again when its batch ends, so no notification is lost.
         """
+        self.arrivals.arrived()
         if self._idle:
             self._idle.pop(0).set()
         elif self._wakeups:
@@ -148,10 +152,15 @@ class OutboxPublisher:
                 finally:
                     if wakeup in self._idle:
                         self._idle.remove(wakeup)
-                if self.linger and wakeup.is_set() and self._publishing:
-                    # Another batch is on its way: let the commits of the next few
-                    # milliseconds join this claim, turning one-row batches into batches
-                    # at a steady rate. An idle publisher claims at once.
+                if (
+                    self.linger
+                    and wakeup.is_set()
+                    and self._publishing
+                    and self.arrivals.expects_within(self.linger)
+                ):
+                    # Another batch is on its way and commits come quickly: let those
+                    # of the next few milliseconds join this claim, turning one-row
+                    # batches into batches. Otherwise the worker claims at once.
                     await asyncio.sleep(self.linger)
         self._wakeups.remove(wakeup)
 
