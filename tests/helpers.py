@@ -107,9 +107,11 @@ class RunningPublisher:
         *,
         batch_size: int = 100,
         concurrency: int = 2,
+        poll_interval: float = 0.5,
     ) -> None:
         self.topology, self.context, self.dsn, self.js = topology, context, dsn, js
         self.batch_size, self.concurrency = batch_size, concurrency
+        self.poll_interval = poll_interval
         self.stop = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -133,7 +135,9 @@ class RunningPublisher:
         )
         for _ in range(self.concurrency):
             self.tasks.append(
-                asyncio.create_task(publisher.run_worker(self.stop, poll_interval=0.5))
+                asyncio.create_task(
+                    publisher.run_worker(self.stop, poll_interval=self.poll_interval)
+                )
             )
         return publisher
 

@@ -16,6 +16,7 @@ import json
 import logging
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import asyncpg
 from nats.js import JetStreamContext
@@ -41,6 +42,10 @@ class PublisherStats:
     duplicates: int = 0
     publish_errors: int = 0
     batches: int = 0
+    #: Claims that found rows held back behind another worker's batch, and waits for such
+    #: rows that another worker's commit ended (rather than the poll).
+    held_back: int = 0
+    released: int = 0
     last_db_ok: bool = False
     errors_by_kind: dict[str, int] = field(default_factory=dict)
 
@@ -73,6 +78,14 @@ def build_message(
     return subject, envelope.to_wire(), headers
 
 
+class Batch(NamedTuple):
+    """One batch's outcome: rows claimed to publish, of them failed, and held back."""
+
+    claimed: int
+    failed: int
+    held_back: int
+
+
 class OutboxPublisher:
     """Publishes one context's outbox into its stream."""
 
@@ -101,6 +114,9 @@ class OutboxPublisher:
         self._wakeups: list[asyncio.Event] = []
         #: Wake-ups of the workers waiting for work, longest-waiting first.
         self._idle: list[asyncio.Event] = []
+        #: Wake-ups of the workers whose last claim found rows held back behind an earlier
+        #: row of their aggregate in another worker's batch: that worker's commit wakes one.
+        self._held_back: list[asyncio.Event] = []
         #: Seconds a woken worker waits before claiming, gathering commits into one batch
         #: — only while another worker is publishing (see :meth:`run_worker`).
         self.linger = 0.0
@@ -132,7 +148,7 @@ class OutboxPublisher:
             # Cleared before the claim, so a commit that lands during it is not missed.
             wakeup.clear()
             try:
-                count, failed = await self._publish_counted()
+                count, failed, held_back = await self._publish_counted()
             except DATABASE_ERRORS as exc:
                 self.stats.last_db_ok = False
                 self._count_error(type(exc).__name__)
@@ -145,6 +161,23 @@ class OutboxPublisher:
                 delay = min(delay * 2, self.retry_max)
             else:
                 delay = self.retry_initial
+            if count > failed and self._held_back:
+                # This commit may have released rows another worker's claim held back.
+                self._held_back.pop(0).set()
+            if held_back and not failed:
+                # Rows wait behind an earlier row of their aggregate that another worker
+                # is publishing (or that is failing): claim again after its commit (or
+                # the poll), not after the next NOTIFY — a backlog has no new commits.
+                self.stats.held_back += 1
+                self._held_back.append(wakeup)
+                try:
+                    await _wait_any(wakeup, stop, timeout=poll_interval)
+                finally:
+                    if wakeup in self._held_back:
+                        self._held_back.remove(wakeup)
+                    else:
+                        self.stats.released += 1
+                continue
             if count < self.batch_size and not failed:
                 self._idle.append(wakeup)
                 try:
@@ -164,15 +197,15 @@ class OutboxPublisher:
                     await asyncio.sleep(self.linger)
         self._wakeups.remove(wakeup)
 
-    async def _publish_counted(self) -> tuple[int, int]:
+    async def _publish_counted(self) -> Batch:
         self._publishing += 1
         try:
             return await self.publish_batch()
         finally:
             self._publishing -= 1
 
-    async def publish_batch(self) -> tuple[int, int]:
-        """Claim, publish and mark one batch; return (rows claimed, rows failed).
+    async def publish_batch(self) -> Batch:
+        """Claim, publish and mark one batch; return what it claimed, failed and held back.
 
         Three round trips: ``BEGIN``, the claim, ``UPDATE … ; COMMIT`` as one simple query
         (see :func:`outbox.mark_published_and_commit`), plus one per distinct error when
@@ -182,7 +215,8 @@ class OutboxPublisher:
             await conn.execute("BEGIN")
             committed = False
             try:
-                rows = await outbox.claim(conn, self.batch_size)
+                claimed = await outbox.claim(conn, self.batch_size)
+                rows = claimed.rows
                 self.stats.last_db_ok = True
                 published: list[int] = []
                 failures: dict[int, str] = {}
@@ -196,13 +230,13 @@ class OutboxPublisher:
                     with contextlib.suppress(*DATABASE_ERRORS):
                         await conn.execute("ROLLBACK")
         if not rows:
-            return 0, 0
+            return Batch(0, 0, claimed.held_back)
         done = set(published)
         self.metrics.events_published(Counter(r.event_type for r in rows if r.seq in done))
         self.stats.batches += 1
         self.stats.published += len(published)
         self.stats.publish_errors += len(failures)
-        return len(rows), len(failures)
+        return Batch(len(rows), len(failures), claimed.held_back)
 
     async def publish_rows(self, rows: list[OutboxRow]) -> tuple[list[int], dict[int, str]]:
         """Publish ``rows`` in per-aggregate waves; return (published seqs, failed seq → error).

@@ -40,16 +40,16 @@ WITH cand AS (
 )
 SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
        o.payload::text AS payload, o.occurred_at, o.correlation_id, o.causation_id,
-       o.traceparent, o.tracestate
+       o.traceparent, o.tracestate,
+       EXISTS (
+         SELECT 1 FROM outbox_events p
+         WHERE p.published_at IS NULL
+           AND p.aggregate_type = o.aggregate_type
+           AND p.aggregate_id = o.aggregate_id
+           AND p.seq < o.seq
+           AND p.seq NOT IN (SELECT seq FROM cand)
+       ) AS held_back
 FROM outbox_events o JOIN cand c ON c.seq = o.seq
-WHERE NOT EXISTS (
-  SELECT 1 FROM outbox_events p
-  WHERE p.published_at IS NULL
-    AND p.aggregate_type = o.aggregate_type
-    AND p.aggregate_id = o.aggregate_id
-    AND p.seq < o.seq
-    AND p.seq NOT IN (SELECT seq FROM cand)
-)
 ORDER BY o.seq
 """
 
@@ -97,9 +97,30 @@ class OutboxRow:
         return (self.aggregate_type, self.aggregate_id)
 
 
-async def claim(conn: Conn, limit: int) -> list[OutboxRow]:
-    """Lock and return up to ``limit`` publishable rows; run inside a transaction."""
-    return [OutboxRow(**dict(r)) for r in await conn.fetch(_CLAIM, limit)]
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What one claim locked: the rows to publish, and how many wait behind others.
+
+    ``held_back`` counts candidates whose aggregate has an earlier row still pending
+    outside this claim — in another worker's batch being published, or failing. They are
+    locked with the claim but not published; the caller should claim again once that
+    earlier row is settled (another worker's commit), not wait for new commits.
+    """
+
+    rows: list[OutboxRow]
+    held_back: int
+
+
+async def claim(conn: Conn, limit: int) -> Claim:
+    """Lock up to ``limit`` candidates; return the publishable ones (inside a transaction)."""
+    rows, held_back = [], 0
+    for record in await conn.fetch(_CLAIM, limit):
+        fields = dict(record)
+        if fields.pop("held_back"):
+            held_back += 1
+        else:
+            rows.append(OutboxRow(**fields))
+    return Claim(rows, held_back)
 
 
 async def mark_published(conn: Conn, seqs: list[int]) -> None:

@@ -69,7 +69,7 @@ async def test_publisher_reads_and_marks_the_outbox_and_nothing_else(
     await insert_events(sea_conn, 3)
     async with login(env, "outbox-publisher", "sea", "sea") as pub:
         async with pub.transaction():
-            rows = await outbox.claim(pub, 10)  # FOR UPDATE SKIP LOCKED, as the role does
+            rows = (await outbox.claim(pub, 10)).rows  # FOR UPDATE SKIP LOCKED, as the role
             await outbox.mark_published(pub, [r.seq for r in rows])
         assert len(rows) == 3
         with pytest.raises(DENIED):

@@ -145,6 +145,25 @@ async def test_two_replicas_publish_everything_once_in_aggregate_order(
     await _assert_exactly_once_in_order(nc, sea_conn)
 
 
+async def test_a_worker_held_back_by_another_resumes_at_its_commit(
+    env: Env, nc: NATS, sea_conn: asyncpg.Connection
+) -> None:
+    """A backlog over few aggregates: a worker's claim finds its rows behind an earlier row
+    of their aggregate in another worker's batch. It waits for that batch's commit — not
+    for a NOTIFY (a backlog brings none) nor the poll (a minute here) — and drains on."""
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
+    await insert_events(sea_conn, 400, aggregates=3)
+    js = nc.jetstream()
+    async with RunningPublisher(
+        env.topology, "sea", env.dsn("sea"), js, batch_size=20, concurrency=3, poll_interval=60
+    ) as publisher:
+        await eventually(lambda: _is_zero(sea_conn), timeout=40, what="400 rows published")
+    assert publisher.stats.held_back >= 1
+    assert publisher.stats.released >= 1
+    assert publisher.stats.published == 400
+    await _assert_exactly_once_in_order(nc, sea_conn)
+
+
 async def test_stream_refusal_is_recorded_and_retried(
     env: Env, nc: NATS, sea_conn: asyncpg.Connection
 ) -> None:
@@ -349,7 +368,7 @@ async def test_a_batch_that_raises_rolls_its_claim_back(
         async with pool.acquire() as conn:  # the only connection: not left in a transaction
             assert not conn.is_in_transaction()
         del publisher.publish_rows  # the real method again
-        assert await publisher.publish_batch() == (5, 0)
+        assert await publisher.publish_batch() == (5, 0, 0)
     finally:
         await pool.close()
     assert await _unpublished(sea_conn) == 0
