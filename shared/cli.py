@@ -115,7 +115,9 @@ def _backlog_line(label: str, doc: dict[str, Any]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used to document the commands)."""
     parser = argparse.ArgumentParser(prog="ferry", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--json", dest="json_first", action="store_true", help="machine-readable output"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     migrate = sub.add_parser("migrate", help="create and migrate every context database")
     migrate.add_argument("--no-create", action="store_true", help="do not CREATE DATABASE")
@@ -139,10 +141,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(
+    parser: argparse.ArgumentParser, argv: list[str] | None = None
+) -> argparse.Namespace:
+    """Parse ``argv``; ``--json`` counts before the command (``ferry --json where``) or after.
+
+    A subcommand's own ``--json`` default would overwrite the top-level flag in the
+    namespace, so the top-level one has a name of its own and the two are joined here.
+    """
+    args = parser.parse_args(argv)
+    args.json = bool(getattr(args, "json", False) or args.json_first)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ferry`` command."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     check_key(parser, args)
     settings = CommonSettings()
     func: Command = args.func
