@@ -50,6 +50,32 @@ def parse_result(stdout: str) -> dict[str, Any]:
     raise RuntimeError(f"worker printed no result; its last lines:\n{tail}")
 
 
+#: Fields of the ``cpu`` line of /proc/stat, in order (jiffies since boot).
+_PROC_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def machine_times() -> dict[str, int] | None:
+    """The machine's CPU time by kind (/proc/stat), or None where there is no /proc."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            first = stat.readline().split()
+    except OSError:
+        return None
+    return dict(zip(_PROC_STAT_FIELDS, map(int, first[1:9]), strict=False))
+
+
+def machine_share(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, float]:
+    """Percent of the machine's CPU time per kind between two :func:`machine_times`;
+    ``steal`` is time the hypervisor gave to other guests (a noisy neighbour)."""
+    if not before or not after:
+        return {}
+    delta = {k: after[k] - before.get(k, 0) for k in after}
+    total = sum(delta.values())
+    if total <= 0:
+        return {}
+    return {k: round(100 * v / total, 1) for k, v in delta.items()}
+
+
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:
     """The nearest-rank percentile of already sorted values (0 < fraction <= 1)."""
     if not sorted_values:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import sections as s
-from bench.common import ROOT, say
+from bench.common import ROOT, machine_share, machine_times, say
 from bench.plots import draw_all
 from bench.report import Results, cpu_text, statements_text, table, write_json
 from bench.world import Servers, kill_leftovers
@@ -243,13 +243,20 @@ Plan = list[tuple[str, Callable[[], Awaitable[None]]]]
 
 async def _sections(bench: s.Bench) -> None:
     plan = _plan(bench)
+    machine = bench.results.meta.setdefault("machine_cpu_percent", {})
+    first = machine_times()
     for number, (name, step) in enumerate(plan, 1):
         say(f"=== {number}/{len(plan)}: {name}")
+        before = machine_times()
         try:
             await step()
         except Exception as exc:  # one failed section is reported; the others still run
             bench.results.errors.append(f"{name}: {type(exc).__name__}: {exc}")
             say(f"  FAILED: {type(exc).__name__}: {exc}")
+        machine[name] = share = machine_share(before, machine_times())
+        if share:
+            say(f"  machine: busy {100 - share['idle']:.0f} %, steal {share['steal']} %")
+    machine["whole run"] = machine_share(first, machine_times())
 
 
 def _plan(bench: s.Bench) -> Plan:
@@ -332,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
         kill_leftovers()
     results.meta["wall_seconds"] = round(time.monotonic() - began, 1)
     text = table(results) + "\n\n" + cpu_text(results)
+    whole = results.meta.get("machine_cpu_percent", {}).get("whole run")
+    if whole:
+        text += (f"\nmachine over the run: busy {100 - whole['idle']:.0f} %, hypervisor steal "
+                 f"{whole['steal']} % of CPU time (per section: results.json meta)")  # fmt: skip
     if results.errors:
         text += "\n\nerrors:\n" + "\n".join(f"  {e}" for e in results.errors)
     print("\n" + text)
