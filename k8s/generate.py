@@ -3,11 +3,11 @@
 Everything that repeats per context or per durable is generated here, never written by
 hand: one outbox-publisher Deployment per context that owns a stream, one inbox-consumer
 Deployment per durable, a dlq-router and a dlq-replayer per topology, the provisioning Job,
-the KEDA ScaledObjects, the demo handler services of the dev overlay, CloudNativePG
-``Database`` objects for every context database, the PrometheusRule built from
-``k8s/base/alerts/ferry-alerts.rules.yaml``, and the NATS users (``ferry nats-auth``) as a
-nats-server config file and as values for the NATS Helm chart. The kustomize base and
-overlays include the result from ``k8s/generated/``.
+the retention CronJob (``ferry purge``), the KEDA ScaledObjects, the demo handler services
+of the dev overlay, CloudNativePG ``Database`` objects for every context database, the
+PrometheusRule built from ``k8s/base/alerts/ferry-alerts.rules.yaml``, and the NATS users
+(``ferry nats-auth``) as a nats-server config file and as values for the NATS Helm chart.
+The kustomize base and overlays include the result from ``k8s/generated/``.
 
 Credentials (README "Security"): every pod mounts only its own role's Secret
 ``ferry-role-<role>`` (read-only, mode 0400) and reads it through ``*_FILE`` settings and
@@ -609,6 +609,81 @@ def provision_job(topology: Topology) -> Doc:
     }
 
 
+#: ``ferry purge`` once a day, off the hour the KPI job starts at.
+PURGE_SCHEDULE = "43 3 * * *"
+#: Exit codes of ``ferry purge`` a retry cannot cure: configuration (2).
+PURGE_FINAL_EXIT_CODES = [2]
+
+
+def purge_cronjob(topology: Topology) -> Doc:
+    """Retention: ``ferry purge`` daily as the topology's ``retention`` login (published
+    outbox rows and processed inbox rows past the topology's retention; nothing else),
+    never two at once, retried once on a connection failure."""
+    identity = Identity("retention", topology.name)
+    name = f"ferry-purge-{tname(topology)}"
+    labels = _labels("ferry-purge", name, "retention", {"ferry/topology": topology.name})
+    container: Doc = {
+        "name": "purge",
+        "image": IMAGE,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["-m", "shared.cli", "purge"],
+        "envFrom": _env_from(),
+        "env": _common_env("ferry-purge", topology, {}) + credential_env(identity),
+        "resources": SMALL,
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": _mounts(),
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "schedule": PURGE_SCHEDULE,
+            "timeZone": "Etc/UTC",
+            "concurrencyPolicy": "Forbid",
+            "startingDeadlineSeconds": 3600,
+            "successfulJobsHistoryLimit": 3,
+            "failedJobsHistoryLimit": 3,
+            "jobTemplate": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "backoffLimit": 2,
+                    "podFailurePolicy": {
+                        "rules": [
+                            {
+                                "action": "FailJob",
+                                "onExitCodes": {
+                                    "containerName": "purge",
+                                    "operator": "In",
+                                    "values": PURGE_FINAL_EXIT_CODES,
+                                },
+                            },
+                            {
+                                "action": "Ignore",
+                                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                            },
+                        ]
+                    },
+                    "activeDeadlineSeconds": 3 * 3600,
+                    "ttlSecondsAfterFinished": 86400,
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "serviceAccountName": "ferry",
+                            "automountServiceAccountToken": False,
+                            "securityContext": POD_SECURITY,
+                            "initContainers": [_copy_pgpass()],
+                            "containers": [container],
+                            "volumes": _volumes(topology, role_secret(identity)),
+                        },
+                    },
+                },
+            },
+        },
+    }
+
+
 def handler_url(topology: Topology, durable: str) -> str:
     """In-cluster URL of a durable's handler: Service ``handler-<target>``, topology's port."""
     spec = topology.durables[durable]
@@ -962,6 +1037,8 @@ def topology_files(topology: Topology, source: Path, label: str) -> dict[str, st
         resources.append(filename)
     files[f"{base}/provision.yaml"] = _dump([provision_job(topology)], label)
     resources.append("provision.yaml")
+    files[f"{base}/purge.yaml"] = _dump([purge_cronjob(topology)], label)
+    resources.append("purge.yaml")
     files[f"{base}/topology.yaml"] = source.read_text()
     files[f"{base}/kustomization.yaml"] = _kustomization(
         "Kustomization",

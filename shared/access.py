@@ -31,13 +31,15 @@ Kind = Literal[
     "handler",
     "producer",
     "kpi-spark-job",
+    "retention",
 ]
 
 #: The NATS user of ``ferry provision`` and operator commands (all permissions).
 NATS_ADMIN = "ferry-admin"
 #: The PostgreSQL role that owns every Ferry table and runs ``ferry migrate``.
 DB_OWNER = "ferry_owner"
-#: Kinds that talk to NATS (handlers, producers and the KPI job only use PostgreSQL).
+#: Kinds that talk to NATS (handlers, producers, the KPI job and ``ferry purge``'s
+#: ``retention`` login only use PostgreSQL).
 NATS_KINDS: tuple[Kind, ...] = ("outbox-publisher", "inbox-consumer", "dlq-router", "dlq-replayer")
 #: PostgreSQL limits identifiers to 63 bytes.
 _PG_NAME_MAX = 63
@@ -96,6 +98,7 @@ def identities(topology: Topology) -> list[Identity]:
         Identity("dlq-router", topology.name),
         Identity("dlq-replayer", topology.name),
         Identity("kpi-spark-job", topology.name),
+        Identity("retention", topology.name),
     ]
     return found
 

@@ -21,6 +21,9 @@ dlq-replayer-{topology}     the same rows: read and update (it never inserts an 
 kpi-spark-job-{topology}    every database of the topology: read ``outbox_events``, its
                             durables' ``inbox_messages``/``dead_letters``; write its own
                             ``kpi_*`` result tables
+retention-{topology}        ``ferry purge``: read and DELETE ``outbox_events`` in its
+                            contexts' databases and its durables' ``inbox_messages``
+                            (nothing else: no INSERT, no UPDATE, no dead letters)
 ==========================  ================================================================
 
 No login may connect to a database it has no grant in (``CONNECT`` is revoked from
@@ -155,8 +158,10 @@ def role_access(identity: Identity, topology: Topology) -> list[RoleAccess]:
             RoleAccess(identity, db, _per_durable(names, inbox=inbox, dead=inbox))
             for db, names in _by_target_db(topology).items()
         ]
-    # kpi-spark-job: read the sources, write its results, in every database.
     by_db = _by_target_db(topology)
+    if kind == "retention":
+        return _retention_access(identity, topology, by_db)
+    # kpi-spark-job: read the sources, write its results, in every database.
     out = []
     for database in topology.databases():
         rows = tuple(by_db.get(database, []))
@@ -167,6 +172,26 @@ def role_access(identity: Identity, topology: Topology) -> list[RoleAccess]:
             *(TableAccess(t, ("SELECT", "INSERT", "UPDATE", "DELETE")) for t in KPI_TABLES),
         )
         out.append(RoleAccess(identity, database, tables))
+    return out
+
+
+def _retention_access(
+    identity: Identity, topology: Topology, by_db: dict[str, list[str]]
+) -> list[RoleAccess]:
+    """``ferry purge`` deletes published outbox rows and processed inbox rows; it reads
+    them to find them (DELETE ... WHERE needs SELECT) and touches nothing else."""
+    publishing = {c.database for c in topology.contexts.values() if c.stream is not None}
+    out = []
+    for database in topology.databases():
+        tables: list[TableAccess] = []
+        if database in publishing:
+            tables.append(TableAccess("outbox_events", ("SELECT", "DELETE")))
+        if by_db.get(database):
+            tables.append(
+                TableAccess("inbox_messages", ("SELECT", "DELETE"), tuple(by_db[database]))
+            )
+        if tables:
+            out.append(RoleAccess(identity, database, tuple(tables)))
     return out
 
 

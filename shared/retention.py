@@ -6,26 +6,38 @@ unfinished is ever deleted: an unpublished outbox row (pending or failing), an i
 still in process or retrying, a dead-lettered inbox row (its dead letter's lifecycle
 governs it). Deletion goes in batches of ``batch`` rows, one statement each in its own
 transaction, so a large purge never holds many row locks for long nor blocks the roles;
-two purges can run at once (rows locked by one are skipped by the other).
+two purges can run at once (the second waits for the rows the first is deleting, then
+skips them).
 
 The cut-off is taken once, from the database's clock, at the start of each table's
-purge. Run it with a login that may DELETE from those tables (the schema owner, as for
-``ferry migrate``): the roles' own logins may not, by design (``ferry db-roles``).
+purge. It runs as the topology's ``retention-{topology}`` login, which may read and
+DELETE exactly those tables' rows and nothing else (``ferry db-roles``); the roles' own
+logins may not delete. In Kubernetes a daily CronJob runs it (``k8s/generate.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable
+import asyncio
+import logging
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
+import asyncpg
+
 from shared.adapters import inbox, outbox
-from shared.adapters.postgres import connect
-from shared.domain.errors import ConfigurationError
+from shared.adapters.postgres import DATABASE_ERRORS, connect, redact
+from shared.domain.durations import parse_duration
+from shared.domain.errors import ConfigurationError, TransientError
+from shared.runtime import configure_logging
 from shared.settings import CommonSettings
+
+log = logging.getLogger("ferry.retention")
 
 #: Rows per DELETE statement.
 DEFAULT_BATCH = 5000
@@ -69,33 +81,50 @@ async def purge(
     for name, ctx in topology.contexts.items():
         if only not in (None, name) or ctx.stream is None:
             continue  # a context without a stream publishes nothing: it has no outbox rows
-        conn = await connect(settings.dsn(ctx.database))
-        try:
+        async with _database(settings, ctx.database) as conn:
             before = await _cutoff(conn, ctx.outbox_retention)
             if dry_run:
                 count = await outbox.purgeable(conn, before)
             else:
                 count = await _drain(partial(outbox.purge_batch, conn, before, batch))
-        finally:
-            await conn.close()
         report.append(Purged("outbox", name, ctx.database, ctx.outbox_retention, before, count))
     for name, durable in topology.durables.items():
         if only not in (None, name, durable.target):
             continue
         target = topology.context(durable.target)
-        conn = await connect(settings.dsn(target.database))
-        try:
+        async with _database(settings, target.database) as conn:
             before = await _cutoff(conn, target.inbox_retention)
             if dry_run:
                 count = await inbox.purgeable(conn, name, before)
             else:
                 count = await _drain(partial(inbox.purge_batch, conn, name, before, batch))
-        finally:
-            await conn.close()
         report.append(
             Purged("inbox", name, target.database, target.inbox_retention, before, count)
         )
     return report
+
+
+@asynccontextmanager
+async def _database(settings: CommonSettings, database: str) -> AsyncIterator[Any]:
+    """A connection to ``database``; a refused statement or a lost server named with it.
+
+    A permission error is a configuration error (the login lacks the grants ``ferry
+    db-roles`` gives ``retention-{topology}``); anything else from the server is transient:
+    what was deleted stays deleted, the rest waits for the next run.
+    """
+    dsn = settings.dsn(database)
+    conn = await connect(dsn)
+    try:
+        yield conn
+    except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+        raise ConfigurationError(
+            f"{redact(dsn)}: {exc}; the purge needs the grants `ferry db-roles` gives the "
+            "topology's retention login"
+        ) from exc
+    except DATABASE_ERRORS as exc:
+        raise TransientError(f"{redact(dsn)}: purge interrupted: {exc}") from exc
+    finally:
+        await conn.close()
 
 
 async def _cutoff(conn: Any, retention: float) -> datetime:
@@ -112,10 +141,55 @@ async def _drain(step: Callable[[], Awaitable[int]]) -> int:
             return total
 
 
+async def purge_forever(
+    settings: CommonSettings,
+    every: float,
+    *,
+    batch: int = DEFAULT_BATCH,
+    only: str | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """Purge now and then every ``every`` seconds until ``stop`` (or SIGTERM/SIGINT).
+
+    A run that fails on the way (a server down, a connection lost) is logged and the next
+    one comes at the next interval: rows past their retention only wait. A configuration
+    error (an unknown scope, a login without its grants) ends the loop: no later run
+    could succeed.
+    """
+    stop = stop or _stop_on_signals()
+    while not stop.is_set():
+        try:
+            report = await purge(settings, batch=batch, only=only)
+        except TransientError as exc:
+            log.warning("purge failed; retrying at the next interval", extra={"error": str(exc)})
+        else:
+            for table in report:
+                log.info(table.line(False), extra={"table": table.table, "scope": table.scope,
+                                                   "purged": table.purged})  # fmt: skip
+        with suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+    log.info("retention scheduler stopped")
+    return 0
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
+
+
 async def cmd_purge(settings: CommonSettings, args: argparse.Namespace) -> int:
     """``ferry purge``: print what was (or would be) purged, per table and scope."""
     if args.batch < 1:
         raise SystemExit("ferry purge: --batch must be at least 1")
+    if args.every is not None:
+        if args.dry_run:
+            raise SystemExit("ferry purge: --every cannot be combined with --dry-run")
+        every = _interval(args.every)
+        configure_logging("retention", settings.log_level)
+        return await purge_forever(settings, every, batch=args.batch, only=args.scope)
     report = await purge(settings, batch=args.batch, dry_run=args.dry_run, only=args.scope)
     if args.json:
         import json
@@ -136,5 +210,20 @@ def add_purge_command(sub: Any) -> None:
     cmd.add_argument("scope", nargs="?", help="one context or durable (default: all)")
     cmd.add_argument("--dry-run", action="store_true", help="count, delete nothing")
     cmd.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="rows per statement")
+    cmd.add_argument(
+        "--every",
+        metavar="DURATION",
+        help="run forever: purge now, then at this interval (e.g. 1h), logging JSON lines",
+    )
     cmd.add_argument("--json", action="store_true", help="machine-readable output")
     cmd.set_defaults(func=cmd_purge)
+
+
+def _interval(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"ferry purge: --every {text!r}: {exc}") from None
+    if seconds < 1:
+        raise SystemExit(f"ferry purge: --every {text!r}: at least one second")
+    return seconds

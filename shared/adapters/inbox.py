@@ -269,12 +269,14 @@ async def retry_history(conn: Conn, durable: str, message_id: UUID) -> list[dict
 # Retention (``ferry purge``): processed rows older than the context's inbox_retention,
 # a bounded batch per statement so no statement holds many row locks for long. Rows that
 # are not final — or were dead-lettered (status 'failed', governed by their dead letter's
-# lifecycle) — are never purged. SKIP LOCKED lets two purges run side by side.
+# lifecycle) — are never purged. No FOR UPDATE (it would need UPDATE privilege, which the
+# purge's login does not have): the DELETE re-checks its conditions on the row it locks,
+# so a second purge running beside the first waits for its rows and then skips them.
 _PURGE = """
 DELETE FROM inbox_messages WHERE ctid = ANY(ARRAY(
   SELECT ctid FROM inbox_messages
-  WHERE durable = $1 AND status = 'processed' AND processed_at < $2
-  LIMIT $3 FOR UPDATE SKIP LOCKED))
+  WHERE durable = $1 AND status = 'processed' AND processed_at < $2 LIMIT $3))
+AND durable = $1 AND status = 'processed' AND processed_at < $2
 """
 
 _PURGEABLE = """

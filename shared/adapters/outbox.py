@@ -168,11 +168,12 @@ async def backlog(conn: Conn) -> dict[str, Any]:
 
 
 # Retention (``ferry purge``): published rows older than the context's outbox_retention.
-# An unpublished row (pending or failing) is never purged, whatever its age.
+# An unpublished row (pending or failing) is never purged, whatever its age. As for the
+# inbox's purge: no FOR UPDATE (the purge's login may not UPDATE), conditions re-checked.
 _PURGE = """
 DELETE FROM outbox_events WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM outbox_events WHERE published_at < $1
-  LIMIT $2 FOR UPDATE SKIP LOCKED))
+  SELECT ctid FROM outbox_events WHERE published_at < $1 LIMIT $2))
+AND published_at < $1
 """
 
 

@@ -168,6 +168,28 @@ async def test_replayer_updates_but_never_inserts_and_kpi_only_reads(env: Env) -
             await kpi.execute("UPDATE outbox_events SET publish_error = 'x'")
 
 
+async def test_retention_only_reads_and_deletes_outbox_and_inbox_rows(
+    env: Env, sea_conn: asyncpg.Connection
+) -> None:
+    await insert_events(sea_conn, 2)
+    await _inbox_row(sea_conn, "sea__from_vibespro")
+    async with login(env, "retention", "sea-vibespro", "sea") as purger:
+        assert await purger.execute("DELETE FROM outbox_events") == "DELETE 2"
+        assert await purger.execute("DELETE FROM inbox_messages") == "DELETE 1"
+        with pytest.raises(DENIED):
+            await purger.execute("UPDATE outbox_events SET publish_error = 'x'")
+        with pytest.raises(DENIED):
+            await purger.execute("UPDATE inbox_messages SET attempts = 1")
+        with pytest.raises(DENIED):
+            await _inbox_row(purger, "sea__from_vibespro")
+        with pytest.raises(DENIED):
+            await _produce(purger)
+        with pytest.raises(DENIED):
+            await purger.fetch("SELECT * FROM dead_letters")
+        with pytest.raises(DENIED):
+            await purger.execute("DELETE FROM kpi_runs")
+
+
 async def test_handler_owns_its_tables_and_only_a_forwarder_writes_the_outbox(env: Env) -> None:
     async with login(env, "handler", "sea", "sea") as handler:
         await handler.execute("CREATE TABLE IF NOT EXISTS handler_probe (x int)")

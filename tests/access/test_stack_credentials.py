@@ -14,7 +14,9 @@ from tests.conftest import ROOT
 
 TOPOLOGIES = [load_topology(ROOT / "topologies/sea-vibespro.yaml"),
               load_topology(ROOT / "topologies/mediation.yaml")]  # fmt: skip
-ROLE_PROGRAM = re.compile(r"^(outbox-publisher|inbox-consumer|dlq-router|dlq-replayer|handler)-")
+ROLE_PROGRAM = re.compile(
+    r"^(outbox-publisher|inbox-consumer|dlq-router|dlq-replayer|handler|retention)-"
+)
 
 
 def _programs() -> dict[str, dict[str, str]]:
@@ -32,7 +34,7 @@ def _programs() -> dict[str, dict[str, str]]:
 def test_every_role_program_runs_as_its_own_identity() -> None:
     programs = _programs()
     roles = {name: p for name, p in programs.items() if ROLE_PROGRAM.match(name)}
-    assert len(roles) == 21
+    assert len(roles) == 23
     for name, program in roles.items():
         identity = identity_named(TOPOLOGIES, name)  # the program is a role of a topology
         dsn = program["env:FERRY_DSN_TEMPLATE"]

@@ -98,6 +98,8 @@ def _role_of(workload: Doc, container: Doc) -> str | None:
         return f"dlq-replayer-{labels['ferry/topology']}"
     if args[:2] == ["-m", "services.handlers"]:
         return f"handler-{args[args.index('--service') + 1]}"
+    if args[:3] == ["-m", "shared.cli", "purge"]:
+        return f"retention-{labels['ferry/topology']}"
     if args[:1] == ["spark-submit"] or workload["kind"] == "ScheduledSparkApplication":
         return f"kpi-spark-job-{labels['ferry/topology']}"
     return None
@@ -152,7 +154,10 @@ def test_each_role_mounts_its_own_secret_and_no_other(
         assert refs == {_expected_secret(role)}, f"{where} ({role}) mounts {refs}"
         roles[role] = where
     # Every long-running role and the KPI job are there; the admin is the Jobs' alone.
-    kinds = {"outbox-publisher", "inbox-consumer", "dlq-router", "dlq-replayer", "kpi-spark-job"}
+    kinds = {
+        "outbox-publisher", "inbox-consumer", "dlq-router", "dlq-replayer", "kpi-spark-job",
+        "retention",
+    }  # fmt: skip
     if name == "dev":
         kinds.add("handler")
     expected = {n for n, i in ROLE_IDENTITIES.items() if i.kind in kinds}

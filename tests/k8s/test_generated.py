@@ -76,7 +76,8 @@ def test_every_context_and_durable_gets_its_deployment() -> None:
             if spec.get("stream")
         }
         expected |= {f"inbox-consumer-{d.replace('_', '-')}.yaml" for d in raw["durables"]}
-        expected |= {f"dlq-router-{name}.yaml", f"dlq-replayer-{name}.yaml", "provision.yaml"}
+        expected |= {f"dlq-router-{name}.yaml", f"dlq-replayer-{name}.yaml", "provision.yaml",
+                     "purge.yaml"}  # fmt: skip
         assert set(kust["resources"]) == expected
         scaled = list(yaml.safe_load_all(files[f"{name}/keda/scaledobjects.yaml"]))
         assert sorted(s["spec"]["triggers"][0]["metadata"]["consumer"] for s in scaled) == sorted(
