@@ -84,6 +84,8 @@ PROTOCOLS = frozenset({"grpc", "http/protobuf"})
 # W3C trace context only: it is what the outbox row, NATS and HTTP headers carry.
 _PROPAGATOR: TextMapPropagator = TraceContextTextMapPropagator()
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
+#: A well-formed version-00 traceparent with non-zero ids whose sampled flag is clear.
+_UNSAMPLED = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f][02468ace]$")
 
 
 @dataclass
@@ -325,6 +327,23 @@ def remote_context(traceparent: str | None, tracestate: str | None = None) -> Co
     if traceparent and tracestate:
         carrier["tracestate"] = tracestate
     return _PROPAGATOR.extract(carrier)
+
+
+def passes_unchanged(traceparent: str | None) -> bool:
+    """Whether a hop's span under ``traceparent`` would carry that same traceparent on.
+
+    True when tracing is on with a parent-based sampler and ``traceparent`` is a
+    well-formed, unsampled W3C one. The hop's span would then be a non-recording copy
+    of its parent (see :func:`start_span`), and injecting it would write ``traceparent``
+    again, byte for byte: a hop that only forwards the context can keep the header it
+    has and build nothing. Anything else (sampled, malformed, another version, tracing
+    off or not parent-based) answers False, and the hop takes the ordinary path.
+    """
+    return (
+        _state.parent_based
+        and traceparent is not None
+        and _UNSAMPLED.match(traceparent) is not None
+    )
 
 
 def link_to(traceparent: str | None) -> list[Link]:

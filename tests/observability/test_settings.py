@@ -84,3 +84,52 @@ def test_children_of_unsampled_traces_record_nothing_and_keep_the_decision() -> 
     finally:
         telemetry.use_tracer_provider(None)
         provider.shutdown()
+
+
+def _ordinary_hop(traceparent: str) -> tuple[bool, str | None]:
+    """What the ordinary path does with ``traceparent``: recording?, injected header."""
+    span = telemetry.start_span("publish s", kind=SpanKind.PRODUCER, attributes={},
+                                parent=telemetry.remote_context(traceparent))  # fmt: skip
+    assert span is not None
+    headers: dict[str, str] = {}
+    telemetry.inject(headers, span)
+    recording = span.is_recording()
+    telemetry.end_span(span)
+    return recording, headers.get("traceparent")
+
+
+_TID, _SID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+_RATIO = "parentbased_traceidratio"
+
+
+@pytest.mark.parametrize(
+    ("sampler", "traceparent", "passes"),
+    [
+        (_RATIO, f"00-{_TID}-{_SID}-00", True),
+        ("parentbased_always_on", f"00-{_TID}-{_SID}-02", True),  # a flag beside 'sampled'
+        (_RATIO, f"00-{_TID}-{_SID}-01", False),
+        (_RATIO, f"00-{_TID}-{_SID}-03", False),
+        (_RATIO, f"00-{'0' * 32}-{_SID}-00", False),
+        (_RATIO, f"00-{_TID}-{'0' * 16}-00", False),
+        (_RATIO, f"00-{_TID.upper()}-{_SID.upper()}-00", False),
+        (_RATIO, f"01-{_TID}-{_SID}-00", False),
+        (_RATIO, f" 00-{_TID}-{_SID}-00", False),
+        (_RATIO, "garbage", False),
+        ("always_on", f"00-{_TID}-{_SID}-00", False),  # not parent-based: a span of its own
+    ],
+)
+def test_a_hop_passes_an_unsampled_traceparent_on_exactly_as_its_span_would(
+    sampler: str, traceparent: str, passes: bool
+) -> None:
+    """``passes_unchanged`` is a shortcut of the ordinary path, never a different answer:
+    where it says yes, the ordinary path records nothing and injects the same header."""
+    assert not telemetry.passes_unchanged(traceparent)  # tracing off: no shortcut
+    provider = TracerProvider(sampler=telemetry.build_sampler(sampler, 0.1))
+    telemetry.use_tracer_provider(provider)
+    try:
+        assert telemetry.passes_unchanged(traceparent) is passes
+        if passes:
+            assert _ordinary_hop(traceparent) == (False, traceparent)
+    finally:
+        telemetry.use_tracer_provider(None)
+        provider.shutdown()

@@ -174,6 +174,41 @@ async def test_context_travels_unchanged_with_tracing_off(
     assert handler.calls_for(message_id)[0]["headers"]["traceparent"] == caller
 
 
+async def test_an_unsampled_event_is_published_with_its_own_traceparent_and_no_span(
+    sea_world: Env, nc: NATS, spans: InMemorySpanExporter
+) -> None:
+    """Tracing on, producer unsampled: the stream carries the row's traceparent and
+    tracestate as stored, and the publisher records nothing for it."""
+    caller = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-00"
+    message_id = await record(sea_world, traceparent=caller)
+    stored = await outbox_traceparent(sea_world, message_id)
+    assert stored is not None and stored.split("-")[1] == caller.split("-")[1]
+    assert stored.endswith("-00")
+    conn = await asyncpg.connect(sea_world.dsn("vibespro"))
+    try:
+        await conn.execute(
+            "UPDATE outbox_events SET tracestate = 'ferry=t61rcWkgMzE' WHERE id = $1",
+            uuid.UUID(message_id),
+        )
+    finally:
+        await conn.close()
+    async with RunningPublisher(
+        sea_world.topology, "vibespro", sea_world.dsn("vibespro"), nc.jetstream()
+    ):
+
+        async def published() -> bool:
+            stored = await stream_messages(nc.jetstream(), STREAM)
+            return any(m.msg_id == message_id for m in stored)
+
+        await eventually(published, timeout=20, what="the event in the stream")
+    [msg] = [m for m in await stream_messages(nc.jetstream(), STREAM) if m.msg_id == message_id]
+    assert msg.headers["traceparent"] == stored
+    assert msg.headers["tracestate"] == "ferry=t61rcWkgMzE"
+    trace_hex = caller.split("-")[1]
+    traced = [s for s in spans.get_finished_spans() if f"{s.context.trace_id:032x}" == trace_hex]
+    assert traced == []
+
+
 async def test_log_lines_carry_trace_ids_durable_and_message_id(
     sea_world: Env, nc: NATS, handler: ScriptedHandler, spans: InMemorySpanExporter
 ) -> None:
