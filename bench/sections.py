@@ -20,7 +20,15 @@ import nats
 
 from bench.common import AGGREGATES, say, stream_span, summarize
 from bench.report import Results, Row, Target
-from bench.world import PYTHON, Deployment, Servers, cpu_delta, run_worker, spawn
+from bench.world import (
+    PYTHON,
+    TRACES_RATIO,
+    Deployment,
+    Servers,
+    cpu_delta,
+    run_worker,
+    spawn,
+)
 from devstack.ports import free_port
 
 SEA_DURABLE = "vibespro__from_sea"
@@ -104,18 +112,34 @@ async def wait_for(
 
 
 async def fill_outbox(
-    conn: asyncpg.Connection, rows: int, event_type: str = "model_published"
+    conn: asyncpg.Connection,
+    rows: int,
+    event_type: str = "model_published",
+    *,
+    traced: bool = False,
 ) -> None:
-    """INSERT ``rows`` events into the outbox in one statement (the caller's transaction)."""
+    """INSERT ``rows`` events into the outbox in one statement (the caller's transaction).
+
+    ``traced``: each row carries the traceparent a traced producer's ``create`` span
+    would have stored — a trace of its own, sampled at the bench's ratio — so a
+    tracing-on drain pays what it pays in production. Without it every row is
+    untraced, and the publisher would start (and sample) each trace itself.
+    """
     if event_type != "model_published":
         raise ValueError(f"no backlog payload for {event_type!r}")
     await conn.execute(
-        "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, payload)"
+        "INSERT INTO outbox_events"
+        " (id, aggregate_type, aggregate_id, event_type, payload, traceparent)"
         " SELECT gen_random_uuid(), 'model', 'm' || (g % $2), 'model_published',"
-        " jsonb_build_object('model_id', 'm' || (g % $2), 'name', 'bench model ' || g)"
+        " jsonb_build_object('model_id', 'm' || (g % $2), 'name', 'bench model ' || g),"
+        " CASE WHEN $3 THEN '00-' || md5(g || ':' || random()) || '-'"
+        "   || left(md5(random()::text), 16) || CASE WHEN random() < $4 THEN '-01' ELSE '-00' END"
+        " END"
         " FROM generate_series(1, $1) g",
         rows,
         AGGREGATES,
+        traced,
+        float(TRACES_RATIO),
     )
 
 
@@ -235,7 +259,7 @@ async def publisher_drain(bench: Bench, mode: str) -> None:
         conn = await asyncpg.connect(dep.dsn("sea"))
         try:
             statements0 = await bench.servers.statement_counts()
-            before, started = await _commit_backlog(bench, conn, rows)
+            before, started = await _commit_backlog(bench, conn, rows, mode)
             budget = bench.options.drain_budget
             await wait_for("published", lambda: _stream_count(js, SEA_STREAM), rows, budget)
             cpu = cpu_delta(before, bench.servers.book.snapshot())
@@ -265,11 +289,11 @@ async def publisher_drain(bench: Bench, mode: str) -> None:
 
 
 async def _commit_backlog(
-    bench: Bench, conn: asyncpg.Connection, rows: int
+    bench: Bench, conn: asyncpg.Connection, rows: int, mode: str
 ) -> tuple[dict[str, float], float]:
     """Insert the backlog in one transaction; the CPU book opens just before its commit."""
     async with conn.transaction():
-        await fill_outbox(conn, rows)
+        await fill_outbox(conn, rows, traced=mode == "on")
         before = bench.servers.book.snapshot()
         started = time.monotonic()
     return before, started
@@ -304,7 +328,7 @@ async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
         target_db = await asyncpg.connect(dep.dsn("vibespro"))
         try:
             statements0 = await bench.servers.statement_counts()
-            before, started = await _commit_backlog(bench, sea, rows)
+            before, started = await _commit_backlog(bench, sea, rows, mode)
             # The durable's ack floor is cheap to poll (a consumer acks after marking
             # the inbox); the inbox itself is counted once it says everything is done.
             acked = await wait_for(
