@@ -128,6 +128,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="load pg_stat_statements and write each measurement's statements per message "
              "to statements.txt (a profiling aid: it costs PostgreSQL some CPU)",
     )  # fmt: skip
+    parser.add_argument(
+        "--set", dest="role_settings", action="append", default=[], metavar="FERRY_NAME=VALUE",
+        help="a setting every role gets, e.g. FERRY_LINGER=0 (repeatable; recorded in "
+             "results.json): for comparing settings on the same machine",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="output directory (bench/results/<time>)")
     parser.add_argument(
         "--keep",
@@ -168,7 +173,40 @@ def options_from(args: argparse.Namespace) -> s.Options:
         drain_budget=args.drain_budget, producer_connections=args.producer_connections,
         producer_form=args.producer_form,
         baseline_seconds=float(pick("baseline_seconds")), statements=args.statements,
+        role_settings=role_settings(args.role_settings),
     )  # fmt: skip
+
+
+#: Settings the bench gives the roles itself: a --set of one would break the deployment.
+BENCH_OWNED = frozenset(
+    {"topology", "nats_url", "databases", "health_port", "handler_url", "max_stream_replicas",
+     "max_stream_bytes", "log_level", "traces_exporter"}
+)  # fmt: skip
+
+
+def role_settings(pairs: list[str]) -> dict[str, str]:
+    """``--set FERRY_NAME=VALUE`` pairs, each naming a setting some role reads."""
+    from services.handlers.settings import HandlerSettings
+    from shared import settings as ferry
+
+    known: set[str] = set()
+    for cls in (ferry.PublisherSettings, ferry.ConsumerSettings, ferry.RouterSettings,
+                ferry.ReplayerSettings, HandlerSettings):  # fmt: skip
+        known.update(cls.model_fields)
+    chosen: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        name = name.strip()
+        field_name = name.removeprefix("FERRY_").lower()
+        if not sep or not name.startswith("FERRY_") or not value.strip():
+            raise SystemExit(f"--set {pair!r}: expected FERRY_NAME=VALUE, e.g. FERRY_LINGER=0")
+        if field_name in BENCH_OWNED:
+            raise SystemExit(f"--set {name}: the bench sets this one itself")
+        if field_name not in known:
+            raise SystemExit(f"--set {name}: no role has a setting {field_name!r} "
+                             "(see README.md, Settings)")  # fmt: skip
+        chosen[name] = value.strip()
+    return chosen
 
 
 def meta(options: s.Options) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from bench.world import (
     TRACES_RATIO,
     Deployment,
     Servers,
+    batch_delta,
     cpu_delta,
     run_worker,
     spawn,
@@ -65,6 +66,8 @@ class Options:
     producer_form: str = "transaction"
     baseline_seconds: float = 10.0
     statements: bool = False
+    #: Settings given to every role (``--set FERRY_NAME=VALUE``), for experiments.
+    role_settings: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,7 +81,10 @@ class Bench:
     tracing_available: dict[str, bool] = field(default_factory=dict)
 
     def deployment(self, topology: str, mode: str, label: str) -> Deployment:
-        return Deployment(self.servers, topology, mode == "on", self.logs, label)
+        return Deployment(
+            self.servers, topology, mode == "on", self.logs, label,
+            role_settings=dict(self.options.role_settings),
+        )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -259,11 +265,14 @@ async def publisher_drain(bench: Bench, mode: str) -> None:
         conn = await asyncpg.connect(dep.dsn("sea"))
         try:
             statements0 = await bench.servers.statement_counts()
+            batches0 = await dep.batch_counts()
             before, started = await _commit_backlog(bench, conn, rows, mode)
             budget = bench.options.drain_budget
             await wait_for("published", lambda: _stream_count(js, SEA_STREAM), rows, budget)
             cpu = cpu_delta(before, bench.servers.book.snapshot())
             statements = statement_delta(statements0, await bench.servers.statement_counts())
+            batches = batch_delta(batches0, await dep.batch_counts())
+            say_batches(batches)
             first, last, count = await stream_span(js, SEA_STREAM)
             pending = await conn.fetchval(
                 "SELECT count(*) FROM outbox_events WHERE published_at IS NULL"
@@ -278,7 +287,7 @@ async def publisher_drain(bench: Bench, mode: str) -> None:
     bench.results.book_statements(f"publisher drain {rows:,}", mode, count, statements)
     bench.results.sections.setdefault("publisher_drain", {})[mode] = {
         "rows": rows, "in_stream": count, "unpublished_left": int(pending), "msg_s": rate,
-        "seconds": last - first, "spans_exported": spans, "cpu_s": cpu,
+        "seconds": last - first, "spans_exported": spans, "cpu_s": cpu, "batches": batches,
     }  # fmt: skip
     row.set(mode, rate)
     if count < rows:
@@ -328,6 +337,7 @@ async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
         target_db = await asyncpg.connect(dep.dsn("vibespro"))
         try:
             statements0 = await bench.servers.statement_counts()
+            batches0 = await dep.batch_counts()
             before, started = await _commit_backlog(bench, sea, rows, mode)
             # The durable's ack floor is cheap to poll (a consumer acks after marking
             # the inbox); the inbox itself is counted once it says everything is done.
@@ -338,6 +348,8 @@ async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
                 await wait_for("processed", lambda: processed(target_db, SEA_DURABLE), rows)
             cpu = cpu_delta(before, bench.servers.book.snapshot())
             statements = statement_delta(statements0, await bench.servers.statement_counts())
+            batches = batch_delta(batches0, await dep.batch_counts())
+            say_batches(batches)
             done = await processed(target_db, SEA_DURABLE)
             first, _, _ = await stream_span(nc.jetstream(), SEA_STREAM)
             last = await target_db.fetchval(
@@ -355,7 +367,7 @@ async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
     bench.results.book_statements(label, mode, done, statements)
     bench.results.sections.setdefault(f"e2e_drain_{replicas}", {})[mode] = {
         "rows": rows, "processed": done, "msg_s": rate, "seconds": float(last) - first,
-        **books, "spans_exported": spans, "cpu_s": cpu,
+        **books, "spans_exported": spans, "cpu_s": cpu, "batches": batches,
     }  # fmt: skip
     row.set(mode, rate)
     if done < rows:
@@ -411,6 +423,8 @@ class Step:
     statements: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: The pipeline had not finished an earlier step's backlog when this one began.
     started_busy: bool = False
+    #: Per role: batches, messages in them and the mean batch during the step.
+    batches: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def p99(self, series: str) -> float:
         return summarize(self.latencies[series]).get("p99", float("nan"))
@@ -435,6 +449,7 @@ async def run_step(
     busy = not await wait_idle(bench, dep, bench.options.drain_budget)
     book = bench.servers.book
     statements0 = await bench.servers.statement_counts()
+    batches0 = await dep.batch_counts()
     before = book.snapshot()
     started = time.monotonic()
     producer = await run_worker(
@@ -456,10 +471,19 @@ async def run_step(
     cpu = cpu_delta(before, book.snapshot())
     cpu["producer"] = float(producer["cpu_s"])
     statements = statement_delta(statements0, await bench.servers.statement_counts())
+    batches = batch_delta(batches0, await dep.batch_counts())
+    say_batches(batches)
     rate = int(sum(lane["rate"] for lane in lanes))
     elapsed = time.monotonic() - started
     return Step(rate, producer, latencies, max(want - done, 0), cpu, elapsed,
-                statements=statements, started_busy=busy)
+                statements=statements, started_busy=busy, batches=batches)
+
+
+def say_batches(batches: dict[str, dict[str, float]]) -> None:
+    """One progress line: the mean batch of each role (1.0: no batching at all)."""
+    if batches:
+        shown = ", ".join(f"{name} {b['mean']:.1f}" for name, b in sorted(batches.items()))
+        say(f"    mean batch: {shown}")
 
 
 def statement_delta(
@@ -635,7 +659,7 @@ def _record_latency(
     doc = {"offered": offered, "achieved": achieved, "latency_ms": stats,
            "other_latencies_ms": {k: summarize(v) for k, v in step.latencies.items()},
            "unprocessed": step.unprocessed, "producer": step.producer,
-           "spans_exported": spans, "cpu_s": step.cpu}  # fmt: skip
+           "spans_exported": spans, "cpu_s": step.cpu, "batches": step.batches}  # fmt: skip
     bench.results.sections.setdefault("latency", {}).setdefault(mode, {})[series] = doc
     if book:
         events = max(_committed(step.producer), 1)

@@ -331,6 +331,40 @@ class Servers:
         }
 
 
+BATCH_HISTOGRAMS = ("ferry_outbox_batch_rows", "ferry_consumer_batch_messages")
+
+
+def batch_histogram(text: str) -> tuple[float, float] | None:
+    """(count, sum) of the batch-size histogram in a /metrics text, or None if it has none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    count = total = 0.0
+    found = False
+    for family in text_string_to_metric_families(text):
+        if family.name not in BATCH_HISTOGRAMS:
+            continue
+        for sample in family.samples:
+            if sample.name == family.name + "_count":
+                count += sample.value
+                found = True
+            elif sample.name == family.name + "_sum":
+                total += sample.value
+    return (count, total) if found else None
+
+
+def batch_delta(
+    before: Mapping[str, tuple[float, float]], after: Mapping[str, tuple[float, float]]
+) -> dict[str, dict[str, float]]:
+    """Batches, messages and the mean batch of each role between two :meth:`batch_counts`."""
+    out = {}
+    for name, (count, total) in after.items():
+        count0, total0 = before.get(name, (0.0, 0.0))
+        batches, messages = count - count0, total - total0
+        if batches > 0:
+            out[name] = {"batches": batches, "messages": messages, "mean": messages / batches}
+    return out
+
+
 def clean_environ() -> dict[str, str]:
     """This environment without FERRY_* and OTEL_* (the bench sets those), repo on the path."""
     env = {
@@ -368,6 +402,10 @@ class Deployment:
     procs: list[Proc] = field(default_factory=list)
     #: The roles' names in the CPU book (``publisher-sea``, ``consumer-<durable>-1`` ...).
     role_names: list[str] = field(default_factory=list)
+    #: Settings every role of this deployment gets (``python -m bench --set``).
+    role_settings: dict[str, str] = field(default_factory=dict)
+    #: Each role's /metrics address, by its name in the CPU book.
+    metrics_urls: dict[str, str] = field(default_factory=dict)
 
     async def __aenter__(self) -> Self:
         doc: dict[str, Any] = yaml.safe_load(
@@ -426,24 +464,46 @@ class Deployment:
         env.update(extra)
         return env
 
+    def role_env(self, **extra: str) -> dict[str, str]:
+        """Environment of a role: :meth:`env` with the run's ``--set`` settings."""
+        return self.env(**self.role_settings, **extra)
+
     async def _start(self, name: str, kind: str, argv: list[str], **extra: str) -> Proc:
         port = free_port()
         proc = await spawn(
-            f"{self.label}-{name}", kind, argv, self.env(FERRY_HEALTH_PORT=str(port), **extra),
-            self.logs,
+            f"{self.label}-{name}", kind, argv,
+            self.role_env(FERRY_HEALTH_PORT=str(port), **extra), self.logs,
         )  # fmt: skip
         self.procs.append(proc)
         await wait_http(f"http://127.0.0.1:{port}/readyz", proc)
         self.servers.book.add(name, proc.pid)
         self.role_names.append(name)
+        self.metrics_urls[name] = f"http://127.0.0.1:{port}/metrics"
         return proc
+
+    async def batch_counts(self) -> dict[str, tuple[float, float]]:
+        """Per role: (batches, messages in them) so far, from its batch-size histogram.
+
+        The publisher's ``ferry_outbox_batch_rows`` and the consumer's
+        ``ferry_consumer_batch_messages``; a role that does not answer is left out.
+        """
+        counts: dict[str, tuple[float, float]] = {}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            for name, url in self.metrics_urls.items():
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with session.get(url) as resp:
+                        text = await resp.text()
+                    found = batch_histogram(text)
+                    if found is not None:
+                        counts[name] = found
+        return counts
 
     async def start_handler(self, service: str) -> str:
         """Start an example handler service; return its /handle URL."""
         port = free_port()
         argv = [PYTHON, "-m", "services.handlers", "--service", service, "--port", str(port)]
         name = f"handler-{service}"
-        proc = await spawn(f"{self.label}-{name}", "handler", argv, self.env(), self.logs)
+        proc = await spawn(f"{self.label}-{name}", "handler", argv, self.role_env(), self.logs)
         self.procs.append(proc)
         await wait_http(f"http://127.0.0.1:{port}/readyz", proc)
         self.servers.book.add(name, proc.pid)

@@ -63,6 +63,8 @@ END_TO_END_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
     600.0, 1800.0, 3600.0,
 )  # fmt: skip
+#: Messages in one batch: a claim of outbox rows, or one fetch of the consumer (1 ... 10,000).
+BATCH_BUCKETS = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 #: Longest a refresh (one query or JetStream request) may take before it is skipped.
 REFRESH_TIMEOUT = 5.0
 
@@ -204,6 +206,14 @@ class PublisherMetrics:
             ["context"],
             registry=reg,
         ).labels(context)
+        self._batch = Histogram(
+            "ferry_outbox_batch_rows",
+            "Rows per claimed batch (batches that found none are not counted): small batches "
+            "at a steady rate mean each row pays a claim and a commit of its own.",
+            ["context"],
+            buckets=BATCH_BUCKETS,
+            registry=reg,
+        ).labels(context)
         self._failing = Gauge(
             "ferry_outbox_failing",
             "Unpublished rows whose last publish attempt failed.",
@@ -243,6 +253,10 @@ class PublisherMetrics:
         """EVT-047-001 for rows just committed as published."""
         for event_type, count in by_type.items():
             self._published.labels(self.context, event_type).inc(count)
+
+    def batch_claimed(self, rows: int) -> None:
+        """One batch of ``rows`` claimed (> 0) to publish."""
+        self._batch.observe(rows)
 
     def publish_error(self, kind: str) -> None:
         """One failed publish or batch."""
@@ -292,6 +306,13 @@ class ConsumerMetrics:
             registry=reg,
         ).labels(durable)
         self._dead_letters = dead_letter_counter(reg)
+        self._batch = Histogram(
+            "ferry_consumer_batch_messages",
+            "Messages per fetched batch (one inbox claim and one processed mark each).",
+            ["durable"],
+            buckets=BATCH_BUCKETS,
+            registry=reg,
+        ).labels(durable)
         self._backlog = Gauge(
             "ferry_inbox_backlog",
             "QRY-051: inbox rows without processed_at, by state (pending = received or "
@@ -323,6 +344,10 @@ class ConsumerMetrics:
             ["durable"],
             registry=reg,
         ).labels(durable)
+
+    def batch_fetched(self, messages: int) -> None:
+        """One batch of ``messages`` handed over by the puller."""
+        self._batch.observe(messages)
 
     def handled(self, outcome: Any, seconds: float) -> None:
         """One handler call and what it answered."""

@@ -264,6 +264,7 @@ class InboxConsumer:
                 if not msgs:
                     continue
                 self.stats.fetched += len(msgs)
+                self.metrics.batch_fetched(len(msgs))
                 telemetry.receive_span(
                     msgs, stream=self.spec.stream, durable=self.durable, started_ns=fetch_started
                 )

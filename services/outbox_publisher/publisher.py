@@ -231,6 +231,7 @@ class OutboxPublisher:
                         await conn.execute("ROLLBACK")
         if not rows:
             return Batch(0, 0, claimed.held_back)
+        self.metrics.batch_claimed(len(rows))
         done = set(published)
         self.metrics.events_published(Counter(r.event_type for r in rows if r.seq in done))
         self.stats.batches += 1

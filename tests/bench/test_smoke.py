@@ -33,6 +33,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any],
         "--rows", str(ROWS), "--peer-rows", "100", "--rates", str(RATE),
         "--mediation-rate", "100", "--sustain-start", "100", "--sustain-max", "100",
         "--soak-seconds", "3", "--soak-rate", "100", "--statements", "--out", str(out),
+        "--set", "FERRY_LINGER=0.002",
     ]  # fmt: skip
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -121,3 +122,45 @@ def test_writes_table_and_plots(run: tuple[Path, dict[str, Any], str]) -> None:
     for name in ("latency_cdf.png", "latency_percentiles.png", "throughput.png",
                  "cpu_per_message.png"):  # fmt: skip
         assert (out / name).read_bytes().startswith(b"\x89PNG"), name
+
+
+def test_batches_are_counted_from_the_roles_metrics(
+    run: tuple[Path, dict[str, Any], str],
+) -> None:
+    _, doc, stdout = run
+    drain = doc["sections"]["e2e_drain_1"]["on"]
+    batches = drain["batches"]
+    publisher = batches["publisher-sea"]
+    (consumer,) = (b for name, b in batches.items() if name.startswith("consumer-"))
+    # Every backlog row was claimed once; every event was fetched at least once.
+    assert publisher["messages"] == ROWS
+    assert consumer["messages"] >= ROWS
+    for b in (publisher, consumer):
+        assert 1 <= b["batches"] <= b["messages"]
+        assert b["mean"] == pytest.approx(b["messages"] / b["batches"])
+    step = doc["sections"]["latency"]["on"][f"{RATE} msg/s"]
+    assert step["batches"]["publisher-sea"]["messages"] >= 1
+    assert "mean batch: " in stdout
+
+
+def test_role_settings_are_recorded(run: tuple[Path, dict[str, Any], str]) -> None:
+    _, doc, _ = run
+    assert doc["meta"]["options"]["role_settings"] == {"FERRY_LINGER": "0.002"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("FERRY_LINGR=0", "no role has a setting 'lingr'"),
+        ("LINGER=0", "expected FERRY_NAME=VALUE"),
+        ("FERRY_LINGER=", "expected FERRY_NAME=VALUE"),
+        ("FERRY_NATS_URL=nats://x:1", "the bench sets this one itself"),
+    ],
+)
+def test_a_wrong_setting_is_refused_before_anything_starts(setting: str, complaint: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--set", setting, "--sections", "baselines"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert complaint in done.stderr

@@ -217,6 +217,10 @@ async def check_publisher(text: str, dsn: str) -> None:
     assert (
         metric_value(text, "messaging_client_operation_duration_seconds_count", **sent) == published
     )
+    # Every row was claimed in exactly one batch (none failed, none was claimed twice).
+    batches = metric_value(text, "ferry_outbox_batch_rows_count", context="vibespro")
+    assert metric_value(text, "ferry_outbox_batch_rows_sum", context="vibespro") == published
+    assert 1 <= batches <= published
     assert metric_value(text, "ferry_outbox_backlog", context="vibespro") == 0
     assert metric_value(text, "ferry_outbox_oldest_age_seconds", context="vibespro") == 0
     assert metric_value(text, "ferry_ready", check="nats") == 1
@@ -265,6 +269,9 @@ async def check_consumer(text: str, dsn: str, nc: NATS) -> None:
         text, "messaging_client_consumed_messages_total", messaging_consumer_group_name=DURABLE
     )
     assert consumed == info.delivered.consumer_seq
+    # Each delivery was handed over in exactly one batch.
+    assert metric_value(text, "ferry_consumer_batch_messages_sum", **d) == consumed
+    assert 1 <= metric_value(text, "ferry_consumer_batch_messages_count", **d) <= consumed
     # QRY-051, split by state; the lag is JetStream's pending + ack pending.
     assert metric_value(text, "ferry_inbox_backlog", **d) == backlog["count"] == POISON + EXHAUSTED
     assert metric_value(text, "ferry_inbox_backlog", state="failed", **d) == backlog["failed"]
