@@ -180,12 +180,19 @@ def options_from(args: argparse.Namespace) -> s.Options:
 #: Settings the bench gives the roles itself: a --set of one would break the deployment.
 BENCH_OWNED = frozenset(
     {"topology", "nats_url", "databases", "health_port", "handler_url", "max_stream_replicas",
-     "max_stream_bytes", "log_level", "traces_exporter"}
+     "max_stream_bytes", "log_level", "traces_exporter", "otlp_protocol", "otlp_endpoint",
+     "traces_sampler", "traces_sampler_arg"}
 )  # fmt: skip
+#: OpenTelemetry SDK variables a role's tracing reads as is (the batch span processor's).
+OTEL_PASSED = ("OTEL_BSP_",)
 
 
 def role_settings(pairs: list[str]) -> dict[str, str]:
-    """``--set FERRY_NAME=VALUE`` pairs, each naming a setting some role reads."""
+    """``--set FERRY_NAME=VALUE`` pairs, each naming a setting some role reads.
+
+    ``OTEL_BSP_*`` (the SDK's batch span processor: export delay, batch and queue sizes)
+    pass as well, unchecked beyond their prefix: the SDK reads them itself.
+    """
     from services.handlers.settings import HandlerSettings
     from shared import settings as ferry
 
@@ -198,6 +205,9 @@ def role_settings(pairs: list[str]) -> dict[str, str]:
         name, sep, value = pair.partition("=")
         name = name.strip()
         field_name = name.removeprefix("FERRY_").lower()
+        if sep and name.startswith(OTEL_PASSED) and value.strip():
+            chosen[name] = value.strip()
+            continue
         if not sep or not name.startswith("FERRY_") or not value.strip():
             raise SystemExit(f"--set {pair!r}: expected FERRY_NAME=VALUE, e.g. FERRY_LINGER=0")
         if field_name in BENCH_OWNED:

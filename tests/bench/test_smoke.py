@@ -164,3 +164,12 @@ def test_a_wrong_setting_is_refused_before_anything_starts(setting: str, complai
     )  # fmt: skip
     assert done.returncode != 0
     assert complaint in done.stderr
+
+
+def test_settings_of_the_tracing_sdk_pass_as_they_are() -> None:
+    from bench.run import role_settings
+
+    chosen = role_settings(["OTEL_BSP_SCHEDULE_DELAY=200", "FERRY_PIPELINE= 2"])
+    assert chosen == {"OTEL_BSP_SCHEDULE_DELAY": "200", "FERRY_PIPELINE": "2"}
+    with pytest.raises(SystemExit, match="the bench sets this one itself"):
+        role_settings(["FERRY_TRACES_SAMPLER_ARG=1"])
