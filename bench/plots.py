@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
 
 from bench.report import MODES, Results, _short
 
@@ -67,10 +68,15 @@ def latency_percentiles(results: Results, out: Path) -> Path | None:
             ax.bar(xs, heights, width=0.27, label=name)
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
-        ax.set_ylabel("ms")
+        # Milliseconds at a light load, tens of seconds past saturation: on a linear axis
+        # the light loads' bars — the ones the targets are about — would not show.
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=1.0)  # bars rise from 1 ms, so their heights compare
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.set_ylabel("ms (log scale)")
         ax.set_title(_title("latency percentiles", mode))
         ax.legend()
-        ax.grid(True, axis="y", linewidth=0.3)
+        ax.grid(True, axis="y", which="both", linewidth=0.3)
     fig.tight_layout()
     path = out / "latency_percentiles.png"
     fig.savefig(path, dpi=110)
