@@ -124,6 +124,9 @@ class OutboxPublisher:
         self._publishing = 0
         #: The recent pace of commits (NOTIFY): lingering pays only when it is quick.
         self.arrivals = ArrivalGap()
+        #: Batches committed with rows published, by any worker: a claim that found rows
+        #: held back compares it with its value from before the claim (see run_worker).
+        self._commits = 0
 
     def notify(self) -> None:
         """A commit with outbox rows happened (NOTIFY): wake one worker.
@@ -147,6 +150,7 @@ class OutboxPublisher:
         while not stop.is_set():
             # Cleared before the claim, so a commit that lands during it is not missed.
             wakeup.clear()
+            commits_before = self._commits
             try:
                 count, failed, held_back = await self._publish_counted()
             except DATABASE_ERRORS as exc:
@@ -161,22 +165,21 @@ class OutboxPublisher:
                 delay = min(delay * 2, self.retry_max)
             else:
                 delay = self.retry_initial
-            if count > failed and self._held_back:
-                # This commit may have released rows another worker's claim held back.
-                self._held_back.pop(0).set()
+            # Another worker committed while this claim ran: the rows it held back may be
+            # free already, and that worker looked for held-back workers to wake before
+            # this one could be among them. (No await between here and _wait_held_back's
+            # registration of this worker.)
+            others_committed = self._commits != commits_before
+            if count > failed:
+                self._commits += 1
+                if self._held_back:
+                    # This commit may have released rows another worker's claim held back.
+                    self._held_back.pop(0).set()
             if held_back and not failed:
                 # Rows wait behind an earlier row of their aggregate that another worker
                 # is publishing (or that is failing): claim again after its commit (or
                 # the poll), not after the next NOTIFY — a backlog has no new commits.
-                self.stats.held_back += 1
-                self._held_back.append(wakeup)
-                try:
-                    await _wait_any(wakeup, stop, timeout=poll_interval)
-                finally:
-                    if wakeup in self._held_back:
-                        self._held_back.remove(wakeup)
-                    else:
-                        self.stats.released += 1
+                await self._wait_held_back(wakeup, stop, poll_interval, others_committed)
                 continue
             if count < self.batch_size and not failed:
                 self._idle.append(wakeup)
@@ -196,6 +199,26 @@ class OutboxPublisher:
                     # batches into batches. Otherwise the worker claims at once.
                     await asyncio.sleep(self.linger)
         self._wakeups.remove(wakeup)
+
+    async def _wait_held_back(
+        self, wakeup: asyncio.Event, stop: asyncio.Event, poll_interval: float, committed: bool
+    ) -> None:
+        """Wait for another worker's commit (or the poll) to free held-back rows.
+
+        ``committed``: a commit already landed while the claim ran — claim again at once.
+        """
+        self.stats.held_back += 1
+        if committed:
+            self.stats.released += 1
+            return
+        self._held_back.append(wakeup)
+        try:
+            await _wait_any(wakeup, stop, timeout=poll_interval)
+        finally:
+            if wakeup in self._held_back:
+                self._held_back.remove(wakeup)
+            else:
+                self.stats.released += 1
 
     async def _publish_counted(self) -> Batch:
         self._publishing += 1
