@@ -271,8 +271,7 @@ async def publisher_drain(bench: Bench, mode: str) -> None:
             await wait_for("published", lambda: _stream_count(js, SEA_STREAM), rows, budget)
             cpu = cpu_delta(before, bench.servers.book.snapshot())
             statements = statement_delta(statements0, await bench.servers.statement_counts())
-            batches = batch_delta(batches0, await dep.batch_counts())
-            say_batches(batches)
+            batches = await batches_since(dep, batches0)
             first, last, count = await stream_span(js, SEA_STREAM)
             pending = await conn.fetchval(
                 "SELECT count(*) FROM outbox_events WHERE published_at IS NULL"
@@ -348,8 +347,7 @@ async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
                 await wait_for("processed", lambda: processed(target_db, SEA_DURABLE), rows)
             cpu = cpu_delta(before, bench.servers.book.snapshot())
             statements = statement_delta(statements0, await bench.servers.statement_counts())
-            batches = batch_delta(batches0, await dep.batch_counts())
-            say_batches(batches)
+            batches = await batches_since(dep, batches0)
             done = await processed(target_db, SEA_DURABLE)
             first, _, _ = await stream_span(nc.jetstream(), SEA_STREAM)
             last = await target_db.fetchval(
@@ -471,19 +469,23 @@ async def run_step(
     cpu = cpu_delta(before, book.snapshot())
     cpu["producer"] = float(producer["cpu_s"])
     statements = statement_delta(statements0, await bench.servers.statement_counts())
-    batches = batch_delta(batches0, await dep.batch_counts())
-    say_batches(batches)
+    batches = await batches_since(dep, batches0)
     rate = int(sum(lane["rate"] for lane in lanes))
     elapsed = time.monotonic() - started
     return Step(rate, producer, latencies, max(want - done, 0), cpu, elapsed,
                 statements=statements, started_busy=busy, batches=batches)
 
 
-def say_batches(batches: dict[str, dict[str, float]]) -> None:
-    """One progress line: the mean batch of each role (1.0: no batching at all)."""
+async def batches_since(
+    dep: Deployment, before: dict[str, tuple[float, float]]
+) -> dict[str, dict[str, float]]:
+    """Each role's batches since ``before`` (:meth:`Deployment.batch_counts`), and a progress
+    line with their means (1.0: no batching at all)."""
+    batches = batch_delta(before, await dep.batch_counts())
     if batches:
         shown = ", ".join(f"{name} {b['mean']:.1f}" for name, b in sorted(batches.items()))
         say(f"    mean batch: {shown}")
+    return batches
 
 
 def statement_delta(

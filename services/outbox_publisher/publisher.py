@@ -182,12 +182,7 @@ class OutboxPublisher:
                 await self._wait_held_back(wakeup, stop, poll_interval, others_committed)
                 continue
             if count < self.batch_size and not failed:
-                self._idle.append(wakeup)
-                try:
-                    await _wait_any(wakeup, stop, timeout=poll_interval)
-                finally:
-                    if wakeup in self._idle:
-                        self._idle.remove(wakeup)
+                await _wait_listed(wakeup, self._idle, stop, timeout=poll_interval)
                 if (
                     self.linger
                     and wakeup.is_set()
@@ -208,17 +203,8 @@ class OutboxPublisher:
         ``committed``: a commit already landed while the claim ran — claim again at once.
         """
         self.stats.held_back += 1
-        if committed:
+        if committed or await _wait_listed(wakeup, self._held_back, stop, timeout=poll_interval):
             self.stats.released += 1
-            return
-        self._held_back.append(wakeup)
-        try:
-            await _wait_any(wakeup, stop, timeout=poll_interval)
-        finally:
-            if wakeup in self._held_back:
-                self._held_back.remove(wakeup)
-            else:
-                self.stats.released += 1
 
     async def _publish_counted(self) -> Batch:
         self._publishing += 1
@@ -371,6 +357,21 @@ async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stop.wait(), timeout=seconds)
     except TimeoutError:
         return
+
+
+async def _wait_listed(
+    wakeup: asyncio.Event, waiters: list[asyncio.Event], stop: asyncio.Event, *, timeout: float
+) -> bool:
+    """Wait on ``waiters`` (where another worker finds ``wakeup`` and sets it) until woken,
+    stopped or ``timeout``; True when another worker took it off the list to wake it."""
+    waiters.append(wakeup)
+    try:
+        await _wait_any(wakeup, stop, timeout=timeout)
+    finally:
+        taken = wakeup not in waiters
+        if not taken:
+            waiters.remove(wakeup)
+    return taken
 
 
 async def _wait_any(*events: asyncio.Event, timeout: float) -> None:

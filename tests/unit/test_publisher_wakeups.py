@@ -37,6 +37,23 @@ class Scripted(OutboxPublisher):
         return result
 
 
+async def nothing(_: Scripted) -> Batch:
+    return Batch(0, 0, 0)
+
+
+async def run_until(publisher: Scripted, resumed: asyncio.Event) -> None:
+    """Two workers on ``publisher`` until ``resumed`` (well before the poll), then stopped."""
+    stop = asyncio.Event()
+    workers = [
+        asyncio.create_task(publisher.run_worker(stop, poll_interval=POLL)) for _ in range(2)
+    ]
+    try:
+        await asyncio.wait_for(resumed.wait(), timeout=10)
+    finally:
+        stop.set()
+        await asyncio.gather(*workers)
+
+
 async def test_a_commit_during_a_held_back_claim_is_not_missed() -> None:
     """Worker B's claim finds rows held back behind worker A's open batch. A commits and
     looks for a held-back worker to wake *before* B's claim has answered, so B is not yet
@@ -61,19 +78,8 @@ async def test_a_commit_during_a_held_back_claim_is_not_missed() -> None:
         resumed.set()
         return Batch(5, 0, 0)
 
-    async def nothing(_: Scripted) -> Batch:
-        return Batch(0, 0, 0)
-
     publisher = Scripted([a_commits, b_held_back, a_again, b_resumes, nothing])
-    stop = asyncio.Event()
-    workers = [
-        asyncio.create_task(publisher.run_worker(stop, poll_interval=POLL)) for _ in range(2)
-    ]
-    try:
-        await asyncio.wait_for(resumed.wait(), timeout=10)
-    finally:
-        stop.set()
-        await asyncio.gather(*workers)
+    await run_until(publisher, resumed)
     assert publisher.stats.held_back == 1
     assert publisher.stats.released == 1
 
@@ -98,18 +104,7 @@ async def test_a_commit_after_the_held_back_worker_waits_wakes_it() -> None:
         resumed.set()
         return Batch(2, 0, 0)
 
-    async def nothing(_: Scripted) -> Batch:
-        return Batch(0, 0, 0)
-
     publisher = Scripted([a_slow_commit, b_held_back, b_resumes, nothing])
-    stop = asyncio.Event()
-    workers = [
-        asyncio.create_task(publisher.run_worker(stop, poll_interval=POLL)) for _ in range(2)
-    ]
-    try:
-        await asyncio.wait_for(resumed.wait(), timeout=10)
-    finally:
-        stop.set()
-        await asyncio.gather(*workers)
+    await run_until(publisher, resumed)
     assert publisher.stats.held_back == 1
     assert publisher.stats.released == 1
