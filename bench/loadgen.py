@@ -4,10 +4,10 @@
 
 Each lane is ``{"name", "dsn", "event_type", "rate"}``. Every event is one transaction
 on a pooled connection, the way an application produces with Ferry: an upsert of the
-aggregate's row in ``bench_state`` and :func:`shared.producer.record_event` (validation
+aggregate's row in ``bench_state`` and :func:`shared.adapters.producer.record_event` (validation
 against the manifests included), committed together. With ``"form": "statement"`` in
 the spec, the upsert and the event go as one statement instead
-(:func:`shared.producer.record_event_with`: one round trip, not four).
+(:func:`shared.adapters.producer.record_event_with`: one round trip, not four).
 
 The load is open-loop: event ``i`` of a lane is due at ``start + i / rate`` whatever
 happened to earlier ones, and its ``occurred_at`` is that due instant. A producer that
@@ -37,9 +37,9 @@ import asyncpg
 
 from bench.common import AGGREGATES, emit, progress, summarize
 from shared.adapters.postgres import Statement, create_pool
-from shared.producer import record_event, record_event_with
-from shared.settings import CommonSettings
-from shared.telemetry import setup_tracing
+from shared.adapters.producer import record_event, record_event_with
+from shared.runtime.settings import CommonSettings
+from shared.telemetry.otel import setup_tracing
 
 #: How the producer writes each event (see the module docstring).
 FORMS = ("transaction", "statement")

@@ -194,7 +194,7 @@ def role_settings(pairs: list[str]) -> dict[str, str]:
     pass as well, unchecked beyond their prefix: the SDK reads them itself.
     """
     from services.handlers.settings import HandlerSettings
-    from shared import settings as ferry
+    from shared.runtime import settings as ferry
 
     known: set[str] = set()
     for cls in (ferry.PublisherSettings, ferry.ConsumerSettings, ferry.RouterSettings,

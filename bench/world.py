@@ -39,9 +39,10 @@ from bench.common import PROGRESS_PREFIX, ROOT, parse_result
 from devstack.nats import NatsServer
 from devstack.ports import free_port
 from devstack.postgres import PostgresServer
+from shared.access.streams import Caps, provision
 from shared.adapters.postgres import migrate_database
-from shared.provision import Caps, provision
-from shared.topology import Topology, load_topology
+from shared.contracts.loading import load_topology
+from shared.contracts.topology import Topology
 
 PYTHON = sys.executable
 #: Every stream's max_bytes (JetStream reserves it on disk); 100,000 events need ~60 MB.

@@ -30,7 +30,7 @@ from nats.js.errors import NotFoundError
 
 from chaos.faults import FaultRecord
 from chaos.workload import Intent, Ledger
-from shared.topology import Topology, subject_matches
+from shared.contracts.topology import Topology, subject_matches
 
 #: Seconds around a redundant call in which a fault explains it (see :func:`explained`).
 WINDOW_SLACK = 3.0

@@ -47,9 +47,9 @@ from chaos.schedule import (
 )
 from chaos.workload import Ledger, Producer, plan_events
 from chaos.world import World
+from shared.access.streams import ROUTER_DURABLE
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import DATABASE_ERRORS
-from shared.provision import ROUTER_DURABLE
 
 log = logging.getLogger("chaos.run")
 

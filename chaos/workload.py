@@ -36,8 +36,8 @@ from typing import Any
 import asyncpg
 
 from shared.adapters.postgres import DATABASE_ERRORS
-from shared.producer import record_event
-from shared.topology import EventSpec, Topology
+from shared.adapters.producer import record_event
+from shared.contracts.topology import EventSpec, Topology
 
 log = logging.getLogger("chaos.workload")
 

@@ -37,10 +37,11 @@ from chaos.stall import install_stall
 from devstack.nats import NatsServer
 from devstack.ports import free_ports
 from devstack.postgres import PostgresServer
+from shared.access.streams import Caps, is_clean, provision
 from shared.adapters.postgres import migrate_database
-from shared.lint import require_clean_topology
-from shared.provision import Caps, is_clean, provision
-from shared.topology import Topology, load_topology
+from shared.contracts.lint import require_clean_topology
+from shared.contracts.loading import load_topology
+from shared.contracts.topology import Topology
 
 #: The topology whose roles the run exercises (both directions of SEA <-> VibesPro).
 TOPOLOGY = ROOT / "topologies" / "sea-vibespro.yaml"

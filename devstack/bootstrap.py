@@ -24,14 +24,15 @@ from pathlib import Path
 from typing import TypeVar
 
 from devstack.credentials import login_dsn
-from shared.access import DB_OWNER, SecretsDir
+from shared.access.db_roles import apply_roles
+from shared.access.identities import DB_OWNER, SecretsDir
+from shared.access.streams import is_clean, provision
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import CONNECTION_ERRORS, migrate_database
-from shared.db_access import apply_roles
+from shared.contracts.loading import load_topology
+from shared.contracts.topology import Topology
 from shared.domain.errors import TransientError
-from shared.provision import is_clean, provision
-from shared.settings import CommonSettings
-from shared.topology import Topology, load_topology
+from shared.runtime.settings import CommonSettings
 
 #: How long the servers may take to come up before bootstrap gives up.
 WAIT_SECONDS = 60.0

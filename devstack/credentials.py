@@ -14,9 +14,16 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from shared.access import DB_OWNER, NATS_ADMIN, SecretsDir, identities, pg_role_name, write_private
-from shared.nats_auth import DevAccess
-from shared.topology import Topology
+from shared.access.identities import (
+    DB_OWNER,
+    NATS_ADMIN,
+    SecretsDir,
+    identities,
+    pg_role_name,
+    write_private,
+)
+from shared.access.nats_auth import DevAccess
+from shared.contracts.topology import Topology
 
 #: The nats-server authorization block (with passwords) inside the secrets directory.
 AUTHORIZATION_NAME = "nats-authorization.conf"

@@ -29,9 +29,10 @@ import asyncpg
 from devstack import demo_dlq
 from shared.adapters.nats import NatsAuth
 from shared.adapters.postgres import Conn
+from shared.adapters.producer import record_event
+from shared.contracts.loading import load_topology
+from shared.contracts.topology import Topology
 from shared.domain.envelope import format_timestamp
-from shared.producer import record_event
-from shared.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPOLOGIES = ("topologies/sea-vibespro.yaml", "topologies/mediation.yaml")

@@ -19,7 +19,7 @@ import asyncpg
 
 from shared.adapters import dead_letters as store
 from shared.adapters.nats import NatsAuth, connect_nats
-from shared.topology import Topology
+from shared.contracts.topology import Topology
 
 ACTOR = "demo-operator"
 

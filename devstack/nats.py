@@ -32,7 +32,7 @@ from devstack._proc import (
 from devstack.ports import free_port
 
 if TYPE_CHECKING:
-    from shared.nats_auth import DevAccess
+    from shared.access.nats_auth import DevAccess
 
 __all__ = [
     "CONFIG_NAME",

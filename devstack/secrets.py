@@ -13,7 +13,7 @@ import os
 import secrets
 from pathlib import Path
 
-from shared.topology import Topology
+from shared.contracts.topology import Topology
 
 
 def secrets_dir(var_dir: Path) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 from devstack.credentials import admin_nats_env, check_var_dir, hostport, write_role_credentials
 from devstack.ports import free_port
 from devstack.secrets import write_handler_secrets
-from shared.topology import load_topology
+from shared.contracts.loading import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Port variables supervisord.conf expands; each gets a free port unless already set.

@@ -37,10 +37,16 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from shared.access import DB_OWNER, NATS_ADMIN, Identity, identities
+from shared.access.identities import DB_OWNER, NATS_ADMIN, Identity, identities
+from shared.access.nats_auth import (
+    authorization_block,
+    env_references,
+    nats_users,
+    password_variable,
+)
+from shared.contracts.loading import load_topology
+from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError
-from shared.nats_auth import authorization_block, env_references, nats_users, password_variable
-from shared.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TOPOLOGIES = ("topologies/sea-vibespro.yaml", "topologies/mediation.yaml")
@@ -86,7 +92,7 @@ CNPG_OWNER = DB_OWNER
 CREDENTIALS_DIR = "/etc/ferry/credentials"
 #: Where the provisioning Job mounts the administrative Secret.
 ADMIN_DIR = "/etc/ferry/admin"
-#: Memory-backed emptyDir holding the 0600 copy of the pgpass (``shared.secret_copy``):
+#: Memory-backed emptyDir holding the 0600 copy of the pgpass (``shared.access.secret_copy``):
 #: libpq and asyncpg ignore a group-readable password file, which a Secret volume is
 #: under the pod's fsGroup.
 PRIVATE_DIR = "/run/ferry"
@@ -126,7 +132,7 @@ class Role:
 
     name: str  # app.kubernetes.io/name, also the container name
     instance: str  # Deployment name, app.kubernetes.io/instance
-    identity: Identity  # whose credentials the pod gets (shared.access)
+    identity: Identity  # whose credentials the pod gets (shared.access.identities)
     component: str
     args: list[str]
     env: list[Doc]
@@ -225,7 +231,7 @@ def secret_keys(identity: Identity) -> tuple[str, ...]:
 
 def admin_password_key(name: str) -> str:
     """Key of the admin Secret holding login ``name``'s password: the file name that
-    ``ferry db-roles --passwords-dir`` reads (``shared.access.SecretsDir``)."""
+    ``ferry db-roles --passwords-dir`` reads (``shared.access.identities.SecretsDir``)."""
     return f"pg-password-{name}"
 
 
@@ -304,7 +310,7 @@ def _copy_pgpass(credentials: str = CREDENTIALS_DIR) -> Doc:
         "imagePullPolicy": "IfNotPresent",
         "args": [
             "-m",
-            "shared.secret_copy",
+            "shared.access.secret_copy",
             f"{credentials}/{PGPASS}",
             f"{PRIVATE_DIR}/{PGPASS}",
         ],
@@ -553,7 +559,7 @@ def provision_job(topology: Topology) -> Doc:
 
     1. ``logins``: ``ferry db-roles --logins-only`` as the PostgreSQL administrator
        (``PG_ADMIN_USER``): every role's login and the owner, passwords from the Secret;
-    2. ``migrate``: ``ferry migrate`` as the owner :data:`~shared.access.DB_OWNER`;
+    2. ``migrate``: ``ferry migrate`` as the owner :data:`~shared.access.identities.DB_OWNER`;
     3. ``grants``: ``ferry db-roles``: each login gets exactly its access;
     4. ``provision``: ``ferry provision`` as the NATS admin.
     """
@@ -572,7 +578,7 @@ def provision_job(topology: Topology) -> Doc:
             "name": step_name,
             "image": IMAGE,
             "imagePullPolicy": "IfNotPresent",
-            "args": ["-m", "shared.cli", *args],
+            "args": ["-m", "shared.ops.cli", *args],
             "envFrom": _env_from(),
             "env": _common_env("ferry-provision", topology, {}) + env,
             "resources": SMALL,
@@ -626,7 +632,7 @@ def purge_cronjob(topology: Topology) -> Doc:
         "name": "purge",
         "image": IMAGE,
         "imagePullPolicy": "IfNotPresent",
-        "args": ["-m", "shared.cli", "purge"],
+        "args": ["-m", "shared.ops.cli", "purge"],
         "envFrom": _env_from(),
         "env": _common_env("ferry-purge", topology, {}) + credential_env(identity),
         "resources": SMALL,
@@ -1064,7 +1070,7 @@ def topology_files(topology: Topology, source: Path, label: str) -> dict[str, st
 
 
 def _demo_handler_files(topology: Topology, label: str) -> dict[str, str]:
-    from services.handlers.registry import SERVICES
+    from services.handlers.specs import SERVICES
 
     base = tname(topology)
     targets = [

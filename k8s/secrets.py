@@ -44,10 +44,11 @@ import yaml
 from devstack.credentials import secrets_of, write_role_credentials
 from devstack.secrets import durable_secret_file, handler_secrets_file, write_handler_secrets
 from k8s import generate
-from shared.access import DB_OWNER, NATS_ADMIN, Identity, identities, write_private
+from shared.access.identities import DB_OWNER, NATS_ADMIN, Identity, identities, write_private
+from shared.access.nats_auth import nats_users, password_variable
+from shared.contracts.loading import load_topology
+from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError
-from shared.nats_auth import nats_users, password_variable
-from shared.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VAR = ROOT / ".var" / "k8s"

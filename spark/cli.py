@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from shared.domain.errors import ConfigurationError
-from shared.runtime import configure_logging
+from shared.runtime.logs import configure_logging
 from spark.errors import EXIT_ALERT, EXIT_CONFIG, EXIT_OK, EXIT_SLO_BREACH, JobError
 from spark.settings import KpiSettings
 from spark.windows import parse_instant

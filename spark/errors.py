@@ -18,7 +18,7 @@ code   meaning
 
 from __future__ import annotations
 
-from shared.runtime import EXIT_CONFIG, EXIT_CONNECT, EXIT_OK
+from shared.runtime.lifecycle import EXIT_CONFIG, EXIT_CONNECT, EXIT_OK
 
 EXIT_SLO_BREACH = 1
 EXIT_ALERT = 4

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from shared.contracts.topology import Topology, subject_matches
 from shared.domain.errors import ConfigurationError
-from shared.topology import Topology, subject_matches
 
 #: The durable of events nobody subscribes to (they count for the delivery rate only).
 NO_DURABLE = "-"

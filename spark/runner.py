@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
-from shared.topology import load_topology
+from shared.contracts.loading import load_topology
 from spark import kpis, sources, store
 from spark.errors import (
     EXIT_OK,

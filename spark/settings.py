@@ -1,6 +1,6 @@
 """Settings of the KPI job: the common ``FERRY_*`` settings plus ``FERRY_KPI_*``.
 
-Like every role's settings class this extends :class:`shared.settings.CommonSettings`
+Like every role's settings class this extends :class:`shared.runtime.settings.CommonSettings`
 (topology, DSNs); its own fields are named ``kpi_*`` so that, under the common
 ``FERRY_`` prefix, they read ``FERRY_KPI_*``. Every field is documented in README.md.
 """
@@ -15,7 +15,7 @@ from pydantic import AliasChoices, BeforeValidator, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.domain.durations import parse_duration
-from shared.settings import CommonSettings
+from shared.runtime.settings import CommonSettings
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 

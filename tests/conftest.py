@@ -6,8 +6,8 @@ directory, so streams never leak between tests. Tests that crash a server start 
 own instance. Every wait is bounded.
 
 Authentication is on, as in production: nats-server knows one user per role of the
-shipped topologies (permissions from :mod:`shared.nats_auth`) plus the admin, and each
-test database grants every role exactly its access (:mod:`shared.db_access`). Test code
+shipped topologies (permissions from :mod:`shared.access.nats_auth`) plus the admin, and each
+test database grants every role exactly its access (:mod:`shared.access.db_roles`). Test code
 and operator commands use the admin (``nc``, ``Env.settings_env()``); a role process a
 test starts gets its own credentials (``Env.settings_env(command=argv)``).
 """
@@ -37,14 +37,21 @@ from nats.aio.client import Client as NATS
 
 from devstack.nats import NatsServer
 from devstack.postgres import PostgresServer
-from shared.access import NATS_ADMIN, Identity, SecretsDir, identity_named, write_private
+from shared.access.db_roles import apply_roles
+from shared.access.identities import (
+    NATS_ADMIN,
+    Identity,
+    SecretsDir,
+    identity_named,
+    write_private,
+)
+from shared.access.nats_auth import DevAccess
+from shared.access.streams import Caps
 from shared.adapters.nats import NatsAuth
 from shared.adapters.postgres import migrate_database
-from shared.db_access import apply_roles
-from shared.nats_auth import DevAccess
-from shared.provision import Caps
-from shared.settings import ConsumerSettings, PublisherSettings
-from shared.topology import Topology, load_topology
+from shared.contracts.loading import load_topology
+from shared.contracts.topology import Topology
+from shared.runtime.settings import ConsumerSettings, PublisherSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Speed over durability for the test PostgreSQL: the OS never crashes in a test.

@@ -17,8 +17,8 @@ from services.dlq_replayer.replayer import DlqReplayer
 from services.dlq_router.router import DlqRouter
 from services.outbox_publisher.publisher import OutboxPublisher
 from shared.adapters.notify import listen
-from shared.producer import record_event
-from shared.topology import Topology
+from shared.adapters.producer import record_event
+from shared.contracts.topology import Topology
 
 
 async def eventually(

@@ -6,13 +6,12 @@ import asyncio
 import logging
 import sys
 
-from shared.lint import require_clean_topology
-from shared.metrics import ReplayerMetrics, RoleMetrics
-from shared.runtime import (
-    postgres_probes,
-)
-from shared.settings import ReplayerSettings
-from shared.wiring import Connected, close_all, serve, target_pools, topology_role_main
+from shared.contracts.lint import require_clean_topology
+from shared.runtime.connections import Connected, close_all, target_pools
+from shared.runtime.lifecycle import serve, topology_role_main
+from shared.runtime.metrics import ReplayerMetrics, RoleMetrics
+from shared.runtime.readiness import postgres_probes
+from shared.runtime.settings import ReplayerSettings
 
 from .replayer import DlqReplayer
 

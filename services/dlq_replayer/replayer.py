@@ -30,8 +30,8 @@ from nats.js import JetStreamContext
 
 from shared.adapters import dead_letters
 from shared.adapters.postgres import DATABASE_ERRORS
-from shared.metrics import ReplayerMetrics, RoleMetrics
-from shared.topology import Topology
+from shared.contracts.topology import Topology
+from shared.runtime.metrics import ReplayerMetrics, RoleMetrics
 
 log = logging.getLogger("ferry.dlq_replayer")
 

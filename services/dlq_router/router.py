@@ -33,13 +33,13 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from shared import telemetry
+from shared.access.streams import ROUTER_DURABLE
 from shared.adapters import dead_letters, inbox
 from shared.adapters.postgres import DATABASE_ERRORS
+from shared.contracts.topology import Topology
 from shared.domain.envelope import SURROGATE_NAMESPACE, identify
-from shared.metrics import RoleMetrics, RouterMetrics
-from shared.provision import ROUTER_DURABLE
-from shared.topology import Topology
+from shared.runtime.metrics import RoleMetrics, RouterMetrics
+from shared.telemetry import otel as telemetry
 
 log = logging.getLogger("ferry.dlq_router")
 

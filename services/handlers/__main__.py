@@ -20,14 +20,15 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from shared.adapters.postgres import CONNECTION_ERRORS, create_pool
+from shared.contracts.lint import require_clean_topology
+from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError, TransientError
-from shared.lint import require_clean_topology
-from shared.runtime import EXIT_CONFIG, EXIT_CONNECT, EXIT_OK, configure_logging, stop_on_signals
-from shared.telemetry import setup_tracing
-from shared.topology import Topology
+from shared.runtime.lifecycle import EXIT_CONFIG, EXIT_CONNECT, EXIT_OK, stop_on_signals
+from shared.runtime.logs import configure_logging
+from shared.telemetry.otel import setup_tracing
 
 from .app import make_app
-from .registry import SERVICES, service_spec
+from .specs import SERVICES, service_spec
 from .service import build_service
 from .settings import HandlerSettings
 

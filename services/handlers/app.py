@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from shared.domain.signing import DEFAULT_TOLERANCE, SignatureError, verify
-from shared.metrics import observe_app
+from shared.runtime.metrics import observe_app
 
 from .service import HandlerService, Outcome
 

@@ -35,10 +35,10 @@ import asyncpg
 from asyncpg.exceptions._base import DataError as ArgumentDataError
 
 from shared.adapters.postgres import CONNECTION_ERRORS, Conn, Statement
+from shared.contracts.events import ONE_STATEMENT_MARK
+from shared.contracts.topology import EventSpec, Topology
 from shared.domain.envelope import format_timestamp
 from shared.domain.errors import ConfigurationError, PoisonError, TransientError
-from shared.registry import ONE_STATEMENT_MARK
-from shared.topology import EventSpec, Topology
 
 from . import store
 from .faults import Faults, parse_faults

@@ -9,7 +9,7 @@ from pydantic import Field, SecretStr
 
 from shared.domain.errors import ConfigurationError
 from shared.domain.signing import DEFAULT_TOLERANCE
-from shared.settings import CommonSettings
+from shared.runtime.settings import CommonSettings
 
 
 class HandlerSettings(CommonSettings):

@@ -11,21 +11,17 @@ import sys
 
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import create_pool_when_up
+from shared.contracts.events import AcceptedEvents
+from shared.contracts.events import accepted_events as registry_accepted
+from shared.contracts.lint import require_clean_topology
+from shared.contracts.topology import Topology
 from shared.domain.ack import RetryPolicy
-from shared.lint import require_clean_topology
-from shared.metrics import ConsumerMetrics, RoleMetrics
-from shared.registry import AcceptedEvents
-from shared.registry import accepted_events as registry_accepted
-from shared.runtime import (
-    EXIT_DRAIN_TIMEOUT,
-    EXIT_OK,
-    HealthServer,
-    configure_logging,
-    postgres_probe,
-)
-from shared.settings import ConsumerSettings
-from shared.topology import Topology
-from shared.wiring import run_role
+from shared.runtime.health import HealthServer
+from shared.runtime.lifecycle import EXIT_DRAIN_TIMEOUT, EXIT_OK, run_role
+from shared.runtime.logs import configure_logging
+from shared.runtime.metrics import ConsumerMetrics, RoleMetrics
+from shared.runtime.readiness import postgres_probe
+from shared.runtime.settings import ConsumerSettings
 
 from .consumer import InboxConsumer
 from .dispatch import HttpHandler

@@ -36,16 +36,16 @@ from nats.js.errors import NotFoundError
 
 from services.inbox_consumer.dispatch import HttpHandler
 from services.inbox_consumer.puller import ConsumerGone, Puller
-from shared import telemetry
 from shared.adapters import dead_letters, inbox
 from shared.adapters.inbox import ClaimResult, InboxEntry
 from shared.adapters.postgres import DATABASE_ERRORS
+from shared.contracts.topology import DurableSpec
 from shared.domain.ack import Ack, DeadLetter, Decision, HandlerResponse, Nak, RetryPolicy, decide
 from shared.domain.envelope import Envelope, format_timestamp, identify
 from shared.domain.errors import PoisonError
 from shared.domain.subjects import REPLAY_PREFIX
-from shared.metrics import ConsumerMetrics, RoleMetrics
-from shared.topology import DurableSpec
+from shared.runtime.metrics import ConsumerMetrics, RoleMetrics
+from shared.telemetry import otel as telemetry
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -431,7 +431,7 @@ class InboxConsumer:
             return DeadLetter("UNKNOWN_EVENT", detail), None
         # The registry's accepted set carries each version's schema validator; a payload
         # that fails it can never succeed (poison), so the handler is not called.
-        from shared.registry import AcceptedEvents
+        from shared.contracts.events import AcceptedEvents
 
         if isinstance(self.accepted, AcceptedEvents):
             problem = self.accepted.payload_error(key, envelope.payload)

@@ -10,18 +10,14 @@ import sys
 from shared.adapters.nats import connect_nats
 from shared.adapters.notify import listen
 from shared.adapters.postgres import create_pool_when_up
+from shared.contracts.lint import PublisherTiming, require_clean_topology
 from shared.domain.errors import ConfigurationError
-from shared.lint import PublisherTiming, require_clean_topology
-from shared.metrics import PublisherMetrics, RoleMetrics
-from shared.runtime import (
-    EXIT_DRAIN_TIMEOUT,
-    EXIT_OK,
-    HealthServer,
-    configure_logging,
-)
-from shared.settings import PublisherSettings
-from shared.telemetry import set_log_fields
-from shared.wiring import run_role
+from shared.runtime.health import HealthServer
+from shared.runtime.lifecycle import EXIT_DRAIN_TIMEOUT, EXIT_OK, run_role
+from shared.runtime.logs import configure_logging
+from shared.runtime.metrics import PublisherMetrics, RoleMetrics
+from shared.runtime.settings import PublisherSettings
+from shared.telemetry.otel import set_log_fields
 
 from .publisher import OutboxPublisher
 

@@ -22,14 +22,14 @@ import asyncpg
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
-from shared import telemetry
 from shared.adapters import outbox
 from shared.adapters.outbox import OutboxRow
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.domain.envelope import Envelope, payload_digest
 from shared.domain.pacing import ArrivalGap
 from shared.domain.subjects import event_subject
-from shared.metrics import PublisherMetrics, RoleMetrics
+from shared.runtime.metrics import PublisherMetrics, RoleMetrics
+from shared.telemetry import otel as telemetry
 
 log = logging.getLogger("ferry.outbox_publisher")
 

@@ -34,13 +34,13 @@ from uuid import UUID
 
 from nats.js import JetStreamContext
 
-from shared import telemetry
 from shared.adapters import inbox
 from shared.adapters.postgres import Conn
+from shared.contracts.topology import DurableSpec, ReplayLimits
 from shared.domain.dead_letter import dead_letter_record
 from shared.domain.envelope import format_timestamp
 from shared.domain.subjects import replay_subject
-from shared.topology import DurableSpec, ReplayLimits
+from shared.telemetry import otel as telemetry
 
 #: Reasons that are defects of the message's own bytes: replaying the same bytes cannot
 #: change the outcome, so even the automatic policy holds them for an operator.

@@ -5,7 +5,7 @@ it gives up reconnecting after about two minutes, and with a two-minute ping int
 black-holed link goes unnoticed for minutes. Every role connects through here.
 
 Credentials and TLS come from :class:`NatsAuth` (built from settings by
-:meth:`shared.settings.CommonSettings.nats_auth`). A server that refuses them ends the
+:meth:`shared.runtime.settings.CommonSettings.nats_auth`). A server that refuses them ends the
 first connection attempt at once with :class:`~shared.domain.errors.AccessDenied`
 (roles exit 3), naming the server and the user, never the password: retrying a wrong
 password forever would only hide the mistake.
@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 from nats.aio.client import Client as NATS
 
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
-from shared.nats_auth import inbox_prefix
+from shared.domain.reply_subjects import inbox_prefix
 
 log = logging.getLogger("ferry.nats")
 

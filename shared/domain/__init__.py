@@ -1,4 +1,5 @@
-"""The pure domain: envelope, subjects, ACK rules, back-off, error codes.
+"""The pure domain: envelope, subjects, ACK rules, back-off, policy, error codes, ports.
 
-Imports only the standard library and pydantic, so it is fast to test exhaustively.
+Imports only the standard library (``lint-imports`` enforces it), so it is fast to test
+exhaustively.
 """

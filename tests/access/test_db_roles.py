@@ -1,6 +1,6 @@
 """Per-role PostgreSQL logins on a real server: each can do what its statements need, no more.
 
-The ``env`` fixture grants every role of the topology (``shared.db_access``) in the test's
+The ``env`` fixture grants every role of the topology (``shared.access.db_roles``) in the test's
 databases; the cluster asks every non-superuser for its SCRAM password
 (devstack/postgres.py), so these logins are checked the way production checks them.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from shared.access import DB_OWNER, Identity
+from shared.access.db_roles import scram_verifier
+from shared.access.identities import DB_OWNER, Identity
 from shared.adapters import outbox
-from shared.db_access import scram_verifier
-from shared.producer import record_event
+from shared.adapters.producer import record_event
 from tests.conftest import PYTHON, ROOT, Env, postgres
 from tests.helpers import insert_events
 
@@ -228,7 +228,7 @@ async def test_db_roles_command_then_migrations_as_the_owner(tmp_path: Path) -> 
 
         def ferry(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
-                [PYTHON, "-m", "shared.cli", *args],
+                [PYTHON, "-m", "shared.ops.cli", *args],
                 cwd=ROOT,
                 env=env,
                 capture_output=True,

@@ -24,16 +24,16 @@ from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeout
 
 from devstack.nats import NatsServer, check_config
-from shared.access import NATS_ADMIN
-from shared.domain.subjects import replay_subject
-from shared.nats_auth import (
+from shared.access.identities import NATS_ADMIN
+from shared.access.nats_auth import (
     authorization_block,
     env_references,
     nats_users,
     password_variable,
 )
-from shared.provision import ROUTER_DURABLE, provision
-from shared.topology import load_topology
+from shared.access.streams import ROUTER_DURABLE, provision
+from shared.contracts.loading import load_topology
+from shared.domain.subjects import replay_subject
 from tests.conftest import CAPS, PYTHON, ROOT, Env
 from tests.helpers import eventually, stream_count
 
@@ -315,7 +315,7 @@ def test_generated_block_is_a_valid_server_config_for_both_topologies(tmp_path: 
 
 def test_cli_prints_no_password_and_writes_inlined_ones_privately(tmp_path: Path) -> None:
     secrets = tmp_path / "secrets"
-    base = [PYTHON, "-m", "shared.cli", "nats-auth", "--topology", "topologies/mediation.yaml"]
+    base = [PYTHON, "-m", "shared.ops.cli", "nats-auth", "--topology", "topologies/mediation.yaml"]
     printed = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert printed.returncode == 0, printed.stderr
     assert "password: $FERRY_NATS_PASSWORD_INBOX_CONSUMER_CG_F_INGEST" in printed.stdout

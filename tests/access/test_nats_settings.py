@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shared.domain.errors import ConfigurationError
-from shared.settings import CommonSettings
+from shared.runtime.settings import CommonSettings
 
 
 def test_password_from_its_file_and_hidden(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from devstack.nats import NatsServer
-from shared.access import NATS_ADMIN
+from shared.access.identities import NATS_ADMIN
 from shared.adapters.nats import NatsAuth, connect_nats
 from shared.domain.errors import TransientError
 from tests.conftest import nats_access

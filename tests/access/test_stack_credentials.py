@@ -8,8 +8,8 @@ import stat
 from pathlib import Path
 
 from devstack.credentials import AUTHORIZATION_NAME, check_var_dir, write_role_credentials
-from shared.access import DB_OWNER, NATS_ADMIN, identity_named, pg_role_name
-from shared.topology import load_topology
+from shared.access.identities import DB_OWNER, NATS_ADMIN, identity_named, pg_role_name
+from shared.contracts.loading import load_topology
 from tests.conftest import ROOT
 
 TOPOLOGIES = [load_topology(ROOT / "topologies/sea-vibespro.yaml"),

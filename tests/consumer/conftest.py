@@ -25,9 +25,9 @@ from devstack.ports import free_port
 from services.inbox_consumer.__main__ import accepted_events
 from services.inbox_consumer.consumer import InboxConsumer
 from services.inbox_consumer.dispatch import HttpHandler
+from shared.access.streams import provision
 from shared.domain.ack import RetryPolicy
 from shared.domain.envelope import Envelope
-from shared.provision import provision
 from tests.conftest import CAPS, Env
 from tests.helpers import stream_messages
 

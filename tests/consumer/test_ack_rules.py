@@ -156,7 +156,7 @@ async def test_timeout_is_retried(world: Env, nc: NATS, handler: ScriptedHandler
 
 
 async def test_connection_refused_until_max_deliver_then_dead_letter(env: Env, nc: NATS) -> None:
-    from shared.provision import provision
+    from shared.access.streams import provision
     from tests.conftest import CAPS
 
     dead_url = f"http://127.0.0.1:{free_port()}/handle"  # nothing listens there
@@ -185,7 +185,7 @@ async def test_connection_refused_until_max_deliver_then_dead_letter(env: Env, n
 async def test_slow_handler_is_kept_alive_by_heartbeats(
     env: Env, nc: NATS, handler: ScriptedHandler
 ) -> None:
-    from shared.provision import provision
+    from shared.access.streams import provision
     from tests.conftest import CAPS
 
     # ack_wait 2 s, handler takes 5 s: without in_progress JetStream would redeliver.

@@ -17,7 +17,7 @@ from nats.aio.client import Client as NATS
 from services.inbox_consumer import consumer as consumer_module
 from services.inbox_consumer import puller as puller_module
 from services.inbox_consumer.puller import ConsumerGone, Puller
-from shared.provision import provision
+from shared.access.streams import provision
 from tests.conftest import CAPS, Env
 from tests.consumer.conftest import (
     DURABLE,

@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
 
-from shared.provision import provision
+from shared.access.streams import provision
 from tests.conftest import CAPS, ROOT, Env
 from tests.consumer.conftest import (
     DURABLE,

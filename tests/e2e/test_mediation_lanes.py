@@ -29,10 +29,10 @@ from nats.aio.client import Client as NATS
 from devstack.nats import NatsServer
 from devstack.ports import free_port
 from devstack.postgres import PostgresServer
+from shared.access.streams import provision
 from shared.adapters.postgres import migrate_database
+from shared.adapters.producer import record_event
 from shared.domain.envelope import payload_digest
-from shared.producer import record_event
-from shared.provision import provision
 from tests.conftest import CAPS, ROOT, Env
 from tests.consumer.conftest import ScriptedHandler
 from tests.helpers import eventually, stream_messages

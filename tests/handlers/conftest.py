@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from devstack.postgres import PostgresServer
 from services.handlers.app import make_app
-from services.handlers.registry import service_spec
 from services.handlers.service import HandlerService, build_service
+from services.handlers.specs import service_spec
 from shared.adapters.postgres import migrate_database
 from shared.domain.envelope import format_timestamp, payload_digest
 from tests.conftest import ROOT, Env

@@ -18,11 +18,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.handlers.registry import service_spec
 from services.handlers.service import build_service
+from services.handlers.specs import service_spec
+from shared.contracts.topology import EventSpec
 from shared.domain.envelope import payload_digest
 from shared.domain.errors import ConfigurationError
-from shared.topology import EventSpec
 from tests.conftest import Env
 
 from .conftest import RunningHandler, make_doc, mediation_doc_for, running

@@ -16,10 +16,10 @@ from nats.aio.client import Client as NATS
 
 from devstack.nats import NatsServer
 from services.outbox_publisher.publisher import OutboxPublisher
+from shared.access.streams import provision
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import migrate_database
-from shared.producer import record_event
-from shared.provision import provision
+from shared.adapters.producer import record_event
 from tests.conftest import (
     CAPS,
     CRASHABLE_PG,

@@ -10,8 +10,8 @@ import asyncpg
 import pytest
 
 from shared.adapters.postgres import Statement
+from shared.adapters.producer import record_event, record_event_with
 from shared.domain.errors import OutboxValidationError
-from shared.producer import record_event, record_event_with
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from nats.aio.client import Client as NATS
 
-from shared.provision import is_clean, provision
+from shared.access.streams import is_clean, provision
 from tests.conftest import CAPS, Env
 
 pytestmark = pytest.mark.integration

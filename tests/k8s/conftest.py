@@ -65,7 +65,7 @@ def secret_docs(tmp_path_factory: pytest.TempPathFactory) -> list[Doc]:
     """The Secrets an operator renders before applying (``python -m k8s.secrets --dev
     --cnpg``), from fresh random passwords: no secret lives in the repository."""
     from k8s.secrets import render as render_secrets
-    from shared.topology import load_topology
+    from shared.contracts.loading import load_topology
 
     topologies = [load_topology(path) for path in TOPOLOGIES.values()]
     var = tmp_path_factory.mktemp("k8s-secrets")

@@ -21,10 +21,11 @@ import yaml
 
 from devstack.nats import NatsServer, check_config
 from k8s import generate
-from shared.access import DB_OWNER, NATS_ADMIN, Identity, identities, pg_role_name
-from shared.nats_auth import inbox_prefix, nats_users, password_variable
-from shared.secret_copy import copy_private
-from shared.topology import load_topology
+from shared.access.identities import DB_OWNER, NATS_ADMIN, Identity, identities, pg_role_name
+from shared.access.nats_auth import nats_users, password_variable
+from shared.access.secret_copy import copy_private
+from shared.contracts.loading import load_topology
+from shared.domain.reply_subjects import inbox_prefix
 
 from .conftest import K8S, ROOT, TOPOLOGIES, WORKLOADS, Doc, by_kind, pod_spec
 
@@ -98,7 +99,7 @@ def _role_of(workload: Doc, container: Doc) -> str | None:
         return f"dlq-replayer-{labels['ferry/topology']}"
     if args[:2] == ["-m", "services.handlers"]:
         return f"handler-{args[args.index('--service') + 1]}"
-    if args[:3] == ["-m", "shared.cli", "purge"]:
+    if args[:3] == ["-m", "shared.ops.cli", "purge"]:
         return f"retention-{labels['ferry/topology']}"
     if args[:1] == ["spark-submit"] or workload["kind"] == "ScheduledSparkApplication":
         return f"kpi-spark-job-{labels['ferry/topology']}"
@@ -195,7 +196,7 @@ def test_secrets_are_read_only_files_named_by_file_settings(
             assert path.startswith(mount["mountPath"] + "/"), (where, variable)
             assert path.rsplit("/", 1)[1] in keys, (where, variable, "no such key")
         # The pgpass: copied out of the mount (0600) by the init container, read by the DSN.
-        [copy] = [c for c in spec["initContainers"] if "shared.secret_copy" in c["args"]]
+        [copy] = [c for c in spec["initContainers"] if "shared.access.secret_copy" in c["args"]]
         source, dest = copy["args"][-2:]
         assert source.startswith(mount["mountPath"] + "/") and source.rsplit("/", 1)[1] in keys
         for dsn_var in [k for k in env if k == "FERRY_DSN_TEMPLATE"]:
@@ -266,7 +267,7 @@ def test_production_overlay_requires_tls_for_every_role(rendered: dict[str, list
     for workload, spec, container in _pods(rendered["prod"]):
         where = f"{workload['kind']}/{workload['metadata']['name']}"
         containers = [container] + [
-            c for c in spec.get("initContainers", []) if "shared.cli" in c.get("args", [])
+            c for c in spec.get("initContainers", []) if "shared.ops.cli" in c.get("args", [])
         ]
         for c in containers:
             env = _effective_env(c, settings)
@@ -368,12 +369,12 @@ def test_secret_copy_makes_a_private_copy_and_names_only_files(tmp_path: Path) -
     empty = tmp_path / "empty"
     empty.write_text("\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "shared.secret_copy", str(empty), str(tmp_path / "x")],
+        [sys.executable, "-m", "shared.access.secret_copy", str(empty), str(tmp_path / "x")],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and str(empty) in proc.stderr
     proc = subprocess.run(
-        [sys.executable, "-m", "shared.secret_copy", str(source), str(tmp_path / "y")],
+        [sys.executable, "-m", "shared.access.secret_copy", str(source), str(tmp_path / "y")],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 0 and "s3cret-value" not in proc.stdout + proc.stderr

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
-import shared.settings
+import shared.runtime.settings
 from services.handlers import settings as handler_settings
 
 from .conftest import K8S, ROOT, TOPOLOGIES, WORKLOADS, Doc, by_kind, pod_labels, pod_spec
@@ -132,7 +132,7 @@ def test_probes_hit_the_health_endpoint_the_roles_serve(
 
 
 def _durable_timeouts() -> dict[str, float]:
-    from shared.topology import load_topology
+    from shared.contracts.loading import load_topology
 
     return {
         name: durable.handler.timeout
@@ -278,7 +278,7 @@ def test_settings_named_in_manifests_exist(rendered: dict[str, list[Doc]]) -> No
     from spark import settings as kpi_settings  # the KPI job's FERRY_KPI_* settings
 
     fields = set()
-    for module in (shared.settings, handler_settings, kpi_settings):
+    for module in (shared.runtime.settings, handler_settings, kpi_settings):
         for value in vars(module).values():
             if isinstance(value, type) and issubclass(value, BaseSettings):
                 fields |= {f"FERRY_{f.upper()}" for f in value.model_fields}
@@ -295,7 +295,7 @@ def test_settings_named_in_manifests_exist(rendered: dict[str, list[Doc]]) -> No
 
 
 def test_keda_scales_each_consumer_on_its_own_durable(rendered: dict[str, list[Doc]]) -> None:
-    from shared.topology import load_topology
+    from shared.contracts.loading import load_topology
 
     durables = {
         name: spec
@@ -322,8 +322,8 @@ def test_keda_scales_each_consumer_on_its_own_durable(rendered: dict[str, list[D
 
 
 def test_nats_values_give_the_cluster_the_design_needs() -> None:
+    from shared.contracts.loading import load_topology
     from shared.domain.durations import parse_size
-    from shared.topology import load_topology
 
     values = yaml.safe_load((K8S / "nats" / "values.yaml").read_text())
     config = values["config"]

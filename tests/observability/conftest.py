@@ -28,10 +28,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from devstack.ports import free_port
 from services.handlers.app import make_app
-from services.handlers.registry import service_spec
 from services.handlers.service import build_service
-from shared import telemetry
-from shared.provision import provision
+from services.handlers.specs import service_spec
+from shared.access.streams import provision
+from shared.telemetry import otel as telemetry
 from tests.conftest import CAPS, ROOT, Env
 from tests.consumer.conftest import ScriptedHandler, fast_durable, handler
 from tests.helpers import eventually

@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from devstack.ports import free_port
-from shared.producer import record_event
+from shared.adapters.producer import record_event
 from tests.conftest import Env
 from tests.consumer.conftest import DURABLE
 from tests.helpers import eventually

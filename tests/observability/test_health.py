@@ -11,8 +11,9 @@ import pytest
 
 from devstack.nats import NatsServer
 from devstack.ports import free_port
-from shared.provision import provision
-from shared.runtime import HealthServer, postgres_probe
+from shared.access.streams import provision
+from shared.runtime.health import HealthServer
+from shared.runtime.readiness import postgres_probe
 from tests.conftest import CAPS, Env, admin_auth
 from tests.consumer.conftest import DURABLE
 from tests.helpers import eventually

@@ -25,11 +25,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from devstack.ports import free_port
 from services.inbox_consumer.consumer import InboxConsumer
 from services.inbox_consumer.dispatch import HttpHandler
+from shared.access.streams import provision
 from shared.adapters import inbox, outbox
+from shared.adapters.producer import record_event
 from shared.domain.ack import RetryPolicy
-from shared.metrics import ConsumerMetrics, PublisherMetrics, RoleMetrics
-from shared.producer import record_event
-from shared.provision import provision
+from shared.runtime.metrics import ConsumerMetrics, PublisherMetrics, RoleMetrics
 from tests.conftest import CAPS, ROOT, Env
 from tests.consumer.conftest import DURABLE, STREAM
 from tests.helpers import eventually, stream_messages

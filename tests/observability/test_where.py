@@ -16,9 +16,9 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from shared.adapters import dead_letters
-from shared.journey import journey, render
-from shared.producer import record_event
-from shared.settings import CommonSettings
+from shared.adapters.producer import record_event
+from shared.ops.where import journey, render
+from shared.runtime.settings import CommonSettings
 from tests.conftest import ROOT, Env, admin_settings
 from tests.consumer.conftest import DURABLE, STREAM, RunningConsumer
 from tests.helpers import RunningPublisher, eventually
@@ -75,7 +75,7 @@ def _settings(env: Env) -> CommonSettings:
 
 def _ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
+        [sys.executable, "-m", "shared.ops.cli", *args],
         cwd=ROOT, env=env.settings_env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 

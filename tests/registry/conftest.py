@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.lint import Problem, lint_topology
-from shared.registry_build import LOCK, MANIFESTS, MODULE, TOPOLOGIES
-from shared.topology import Topology, load_topology
+from shared.contracts.codegen import LOCK, MANIFESTS, MODULE, TOPOLOGIES
+from shared.contracts.lint import Problem, lint_topology
+from shared.contracts.loading import load_topology
+from shared.contracts.topology import Topology
 from tests.conftest import ROOT
 
 SEA_VIBESPRO = "topologies/sea-vibespro.yaml"

@@ -27,9 +27,9 @@ import yaml
 from nats.aio.client import Client as NATS
 
 from devstack.ports import free_port
+from shared.access.streams import provision
+from shared.adapters.producer import record_event
 from shared.domain.errors import OutboxValidationError
-from shared.producer import record_event
-from shared.provision import provision
 from tests.conftest import CAPS, ROOT, Env
 from tests.helpers import eventually, stream_messages
 

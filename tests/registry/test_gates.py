@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shared.registry_build import check
+from shared.contracts.codegen import check
 
 from .conftest import SEA_VIBESPRO, edit_yaml, lint_doc, shipped
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from shared.domain.errors import ConfigurationError
-from shared.lint import (
+from shared.contracts.lint import (
     PublisherTiming,
     format_duration,
     lint_topology,
     redelivery_horizon,
     replay_horizon,
 )
-from shared.topology import load_topology
+from shared.contracts.loading import load_topology
+from shared.domain.errors import ConfigurationError
 from tests.conftest import ROOT
 
 from .conftest import MEDIATION, SEA_VIBESPRO, lint_doc, lint_loaded, load_doc, shipped

@@ -1,7 +1,7 @@
 """Registry generation, staleness, the schema lock (immutable versions) and manifest errors.
 
 ``test_the_shipped_registry_is_current_and_clean`` is CI's gate: it fails when
-``shared/generated_registry.py`` or ``manifests/schemas.lock`` is stale, a locked version
+``shared/contracts/generated_registry.py`` or ``manifests/schemas.lock`` is stale, a locked version
 changed, a handler reference is broken, or either shipped topology fails a lint rule or a
 coverage gate.
 """
@@ -14,10 +14,7 @@ from typing import Any
 
 import pytest
 
-from shared.cli import main as ferry
-from shared.domain.errors import ConfigurationError
-from shared.manifests import fingerprint
-from shared.registry_build import (
+from shared.contracts.codegen import (
     LOCK,
     MODULE,
     ROUTE_FORMS,
@@ -26,7 +23,10 @@ from shared.registry_build import (
     read_lock,
     render_module,
 )
-from shared.topology import load_topology
+from shared.contracts.loading import load_topology
+from shared.contracts.manifests import fingerprint
+from shared.domain.errors import ConfigurationError
+from shared.ops.cli import main as ferry
 from tests.conftest import ROOT
 
 from .conftest import edit_yaml, read_yaml

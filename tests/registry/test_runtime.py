@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from services.handlers.registry import SERVICES
+from services.handlers.specs import SERVICES
 from services.inbox_consumer.__main__ import accepted_events
-from shared import generated_registry
+from shared.contracts import generated_registry
+from shared.contracts.events import check_outgoing
+from shared.contracts.loading import load_topology
 from shared.domain.errors import ConfigurationError, OutboxValidationError
-from shared.registry import check_outgoing
-from shared.topology import load_topology
 from tests.conftest import ROOT
 
 from .conftest import SEA_VIBESPRO, load_doc, shipped

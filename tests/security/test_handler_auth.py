@@ -23,8 +23,8 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from devstack.ports import free_port
+from shared.access.streams import provision
 from shared.domain.signing import sign
-from shared.provision import provision
 from tests.conftest import CAPS, ROOT, Env
 from tests.consumer.conftest import (
     DURABLE,

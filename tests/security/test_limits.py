@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
+from shared.adapters.producer import MAX_PAYLOAD_BYTES, record_event
 from shared.domain.errors import OutboxValidationError
-from shared.producer import MAX_PAYLOAD_BYTES, record_event
 
 pytestmark = pytest.mark.integration
 

@@ -36,16 +36,16 @@ from pydantic import SecretStr
 from devstack.ports import free_ports
 from devstack.stack import PORT_VARS
 from services.handlers.settings import HandlerSettings
-from shared.access import NATS_KINDS, identities
-from shared.settings import ConsumerSettings, PublisherSettings
-from shared.topology import load_topology
+from shared.access.identities import NATS_KINDS, identities
+from shared.contracts.loading import load_topology
+from shared.runtime.settings import ConsumerSettings, PublisherSettings
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
 #: Any run of this many characters of a secret counts as a leak (a truncated one too).
 WINDOW = 12
-#: Characters a generated secret is made of (shared.access.new_password, token_urlsafe).
+#: Characters a generated secret is made of (shared.access.identities.new_password, token_urlsafe).
 _TOKEN = re.compile(rb"[A-Za-z0-9_-]{%d,}" % WINDOW)
 #: How long the whole run may take before it is stopped (a bound, not an expectation).
 RUN_LIMIT = 300.0
@@ -56,14 +56,14 @@ COMMANDS = (
     ["-m", "services.dlq_router"],
     ["-m", "services.dlq_replayer"],
     ["-m", "services.handlers"],
-    ["-m", "shared.cli"],
-    ["-m", "shared.cli", "db-roles"],
-    ["-m", "shared.cli", "nats-auth"],
+    ["-m", "shared.ops.cli"],
+    ["-m", "shared.ops.cli", "db-roles"],
+    ["-m", "shared.ops.cli", "nats-auth"],
     ["-m", "spark.kpi_job"],
     ["-m", "devstack.stack"],
     ["-m", "devstack.bootstrap"],
     ["-m", "k8s.secrets"],
-    ["-m", "shared.secret_copy"],
+    ["-m", "shared.access.secret_copy"],
 )
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

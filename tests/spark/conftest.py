@@ -22,9 +22,10 @@ import yaml
 from pyspark.sql import SparkSession
 
 from devstack.postgres import PostgresServer
-from shared.access import identity_named
+from shared.access.identities import identity_named
 from shared.adapters.postgres import migrate_database
-from shared.topology import Topology, load_topology
+from shared.contracts.loading import load_topology
+from shared.contracts.topology import Topology
 from spark.session import build_session, prepare_java
 from spark.settings import KpiSettings
 from tests.conftest import ROOT, Env, sea_vibespro_doc
@@ -101,7 +102,7 @@ class KpiWorld:
         return env
 
     def role_databases(self, role: str) -> dict[str, str]:
-        """Grant every role of the topology its access (shared.db_access, as in production)
+        """Grant every role of the topology its access (shared.access.db_roles, as in production)
         and return database → DSN as ``role``'s own login, its password in a passfile."""
         helper = Env(self.tmp_path, self.pg, "nats://unused", self.doc)
         asyncio.run(helper.grant_roles())

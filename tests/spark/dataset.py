@@ -21,7 +21,7 @@ from typing import Any, Literal
 import asyncpg
 import numpy as np
 
-from shared.producer import record_event
+from shared.adapters.producer import record_event
 from tests.spark.conftest import KpiWorld
 
 Kind = Literal["processed", "dead", "unreceived", "stuck", "unpublished"]

@@ -323,7 +323,7 @@ def test_a_second_run_at_the_same_time_is_refused(spark: SparkSession, world: Kp
 
 
 def test_the_job_needs_no_more_than_its_own_login(spark: SparkSession, world: KpiWorld) -> None:
-    # The login shared.db_access grants kpi-spark-job-<topology>: SELECT on the sources
+    # The login shared.access.db_roles grants kpi-spark-job-<topology>: SELECT on the sources
     # (row-level security on its durables' inbox and dead-letter rows), DML on kpi_* only.
     # Its DSNs carry ?passfile=, which JDBC does not know: the job reads it like libpq.
     base = base_hour()

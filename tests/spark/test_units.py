@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
+from shared.contracts.loading import load_topology
 from shared.domain.errors import ConfigurationError
-from shared.topology import load_topology
 from spark.errors import (
     EXIT_ALERT,
     EXIT_OK,

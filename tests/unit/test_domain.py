@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from shared.contracts.loading import load_topology
+from shared.contracts.topology import subject_matches
 from shared.domain.durations import parse_duration, parse_size
 from shared.domain.envelope import Envelope, payload_digest
 from shared.domain.errors import ConfigurationError, OutboxValidationError, PoisonError
 from shared.domain.subjects import event_subject, parse_subject
-from shared.topology import load_topology, subject_matches
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
 """Module F's ingest worker (lane E→F, ``cg_f_ingest``): ``opportunity_scored`` v1.
 
 It stores the score and, in the SAME statement, records ``opportunity_archived`` v1
-in F's own outbox (:func:`shared.producer.event_statement`): that is what feeds lane
+in F's own outbox (:func:`shared.adapters.producer.event_statement`): that is what feeds lane
 F→G. Either both commit or neither, and the claim in ``handler_applied`` commits with
 them (one statement, one round trip), so a redelivery can neither lose the forwarded
 event nor forward it twice.
@@ -10,9 +10,9 @@ event nor forward it twice.
 from __future__ import annotations
 
 from shared.adapters.postgres import Statement
+from shared.adapters.producer import event_statement
+from shared.contracts.events import handler_routes
 from shared.domain.errors import OutboxValidationError, PoisonError
-from shared.producer import event_statement
-from shared.registry import handler_routes
 
 from ..fields import number, text
 from ..request import HandleRequest

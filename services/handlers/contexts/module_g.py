@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 
 from shared.adapters.postgres import Statement
-from shared.registry import handler_routes
+from shared.contracts.events import handler_routes
 
 from ..fields import business_json, text
 from ..request import HandleRequest

@@ -8,7 +8,7 @@ published config back.
 from __future__ import annotations
 
 from shared.adapters.postgres import Statement
-from shared.registry import handler_routes
+from shared.contracts.events import handler_routes
 
 from ..fields import business_json, integer, text
 from ..request import HandleRequest

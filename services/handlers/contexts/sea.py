@@ -7,7 +7,7 @@ and leaves an owner already known (from a v2) in place rather than erasing it.
 from __future__ import annotations
 
 from shared.adapters.postgres import Statement
-from shared.registry import handler_routes
+from shared.contracts.events import handler_routes
 
 from ..fields import text
 from ..request import HandleRequest

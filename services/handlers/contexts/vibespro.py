@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shared.adapters.postgres import Statement
-from shared.registry import handler_routes
+from shared.contracts.events import handler_routes
 
 from ..fields import text
 from ..request import HandleRequest

@@ -1,6 +1,6 @@
 """PostgreSQL logins per process role, granted only what the role's statements use.
 
-One login per process role (:mod:`shared.access`), derived from the topology:
+One login per process role (:mod:`shared.access.identities`), derived from the topology:
 
 ==========================  ================================================================
 outbox-publisher-{ctx}      its context's database: read ``outbox_events`` and mark rows
@@ -27,7 +27,7 @@ retention-{topology}        ``ferry purge``: read and DELETE ``outbox_events`` i
 ==========================  ================================================================
 
 No login may connect to a database it has no grant in (``CONNECT`` is revoked from
-PUBLIC). The tables belong to :data:`~shared.access.DB_OWNER`, which runs the migrations
+PUBLIC). The tables belong to :data:`~shared.access.identities.DB_OWNER`, which runs the migrations
 and which no long-running role uses.
 
 ``ferry db-roles`` applies all of this (idempotently: privileges our roles no longer need
@@ -48,9 +48,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from shared.access import DB_OWNER, Identity, check_unique, handler_contexts, identities
+from shared.access.identities import DB_OWNER, Identity, check_unique, handler_contexts, identities
+from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError
-from shared.topology import Topology
 
 #: Columns the publisher updates when it marks a row published or failed.
 OUTBOX_MARK_COLUMNS = ("published_at", "publish_attempts", "publish_error", "last_attempt_at")

@@ -1,6 +1,6 @@
 """NATS users and subject permissions derived from the topology (least privilege per role).
 
-Each NATS-using process role (:mod:`shared.access`) gets one user whose permissions allow
+Each NATS-using process role (:mod:`shared.access.identities`) gets one user whose permissions allow
 exactly the subjects its nats-py calls use, and nothing else:
 
 ``outbox-publisher-{context}``
@@ -19,10 +19,10 @@ exactly the subjects its nats-py calls use, and nothing else:
     (``ferry.replay.{STREAM}.{durable}``).
 
 Replies: every client uses a private inbox prefix (``_INBOX.{user}``, see
-:func:`inbox_prefix`) and may subscribe only there, so no role can listen to another's
-replies (PubAcks, pulled messages). Provisioning and operator commands use
-:data:`~shared.access.NATS_ADMIN`, which no long-running role holds; nothing else may
-create, change or delete a stream or a consumer.
+:func:`~shared.domain.reply_subjects.inbox_prefix`) and may subscribe only there, so no
+role can listen to another's replies (PubAcks, pulled messages). Provisioning and operator
+commands use :data:`~shared.access.identities.NATS_ADMIN`, which no long-running role
+holds; nothing else may create, change or delete a stream or a consumer.
 
 ``ferry nats-auth`` prints the ``authorization { users = [...] }`` block for nats-server:
 with ``$FERRY_NATS_PASSWORD_<USER>`` references (the server reads them from its
@@ -37,24 +37,13 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from shared.access import NATS_ADMIN, Identity, SecretsDir, check_unique, identities
+from shared.access.identities import NATS_ADMIN, Identity, SecretsDir, check_unique, identities
+from shared.access.streams import ROUTER_DURABLE
+from shared.adapters.nats import NatsAuth
+from shared.contracts.topology import Topology
+from shared.domain.reply_subjects import inbox_prefix
 from shared.domain.subjects import replay_subject
-from shared.provision import ROUTER_DURABLE
-from shared.topology import Topology
-
-if TYPE_CHECKING:
-    from shared.adapters.nats import NatsAuth
-
-#: Prefix of every reply inbox; each user gets ``_INBOX.{user}`` below it.
-INBOX_ROOT = "_INBOX"
-_UNSAFE_TOKEN = re.compile(r"[^A-Za-z0-9_-]")
-
-
-def inbox_prefix(user: str) -> str:
-    """The private reply-inbox prefix of ``user`` (one subject token below ``_INBOX``)."""
-    return f"{INBOX_ROOT}.{_UNSAFE_TOKEN.sub('_', user)}"
 
 
 def password_variable(user: str) -> str:
@@ -215,6 +204,4 @@ class DevAccess:
 
     def auth(self, user: str = NATS_ADMIN) -> NatsAuth:
         """Credentials of ``user`` for an in-process client."""
-        from shared.adapters.nats import NatsAuth  # the adapter imports this module
-
         return NatsAuth(user=user, password=self.password(user))

@@ -8,7 +8,7 @@
 If the transaction rolls back, neither the state change nor the event exists; if it
 commits, both do, and the outbox-publisher takes it from there. The event must be one the
 manifests declare, and its payload must fit that version's schema (the generated registry,
-:mod:`shared.registry`); otherwise nothing is written. Producers in other
+:mod:`shared.contracts.events`); otherwise nothing is written. Producers in other
 languages INSERT the SDS-047 columns into ``outbox_events`` themselves; the table's
 constraints enforce the same rules.
 """
@@ -23,10 +23,10 @@ from datetime import UTC, datetime
 from typing import Any, NotRequired, TypedDict, Unpack
 
 from shared.adapters.postgres import Conn, Statement, with_ctes
+from shared.contracts.events import check_outgoing
 from shared.domain.errors import OutboxValidationError
 from shared.domain.subjects import validate_event_type, validate_event_version
-from shared.registry import check_outgoing
-from shared.telemetry import create_span
+from shared.telemetry.otel import create_span
 
 _INSERT_HEAD = (
     "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version,"

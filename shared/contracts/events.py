@@ -1,6 +1,6 @@
 """The handler registry at run time: what the workers take from the generated module.
 
-:mod:`shared.generated_registry` is compiled from the manifests by ``ferry registry
+:mod:`shared.contracts.generated_registry` is compiled from the manifests by ``ferry registry
 generate`` and imported once; nothing here reads a manifest or reloads anything, so a
 change to what a context publishes or handles takes a regeneration and a rebuild
 (REQ-060). From it:
@@ -23,10 +23,10 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
-from shared import generated_registry
+from shared.contracts import generated_registry
+from shared.contracts.manifests import DeclaredEvent, event_specs, missing_contexts
+from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError, OutboxValidationError
-from shared.manifests import DeclaredEvent, event_specs, missing_contexts
-from shared.topology import Topology
 
 #: The attribute ``services.handlers.service.one_statement`` sets on a route that
 #: returns its effect as one statement (``ferry registry check`` accepts both forms).

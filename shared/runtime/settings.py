@@ -12,11 +12,13 @@ from pathlib import Path
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.access.streams import Caps
 from shared.adapters.nats import NatsAuth
+from shared.contracts.loading import load_topology
+from shared.contracts.topology import Topology
+from shared.domain import policy
 from shared.domain.durations import parse_size
 from shared.domain.errors import ConfigurationError
-from shared.provision import Caps
-from shared.topology import Topology, load_topology
 
 #: Default DSN template: ``{database}`` is replaced by the context's database name.
 DEFAULT_DSN_TEMPLATE = "postgresql://postgres@127.0.0.1:5432/{database}"
@@ -95,8 +97,8 @@ class CommonSettings(BaseSettings):
     #: Start TLS before the server speaks (server option ``handshake_first``): no downgrade.
     nats_tls_handshake_first: bool = False
 
-    # Telemetry (shared/telemetry.py, shared/metrics.py). Each falls back to the standard
-    # OpenTelemetry variable; the OTLP exporters read OTEL_EXPORTER_OTLP_* themselves.
+    # Telemetry (shared/telemetry/otel.py, shared/runtime/metrics.py). Each falls back to
+    # the standard OpenTelemetry variable; the OTLP exporters read OTEL_EXPORTER_OTLP_* themselves.
     #: Span exporters, comma-separated: none (tracing off, no cost), otlp, file, console.
     traces_exporter: str = Field(
         default="none",
@@ -193,19 +195,19 @@ class PublisherSettings(CommonSettings):
     #: Batches in flight at once (each holds one database connection).
     concurrency: int = Field(default=3, ge=1, le=64)
     #: Polling fallback when no NOTIFY arrives, in seconds.
-    poll_interval: float = Field(default=1.0, gt=0)
+    poll_interval: float = Field(default=policy.POLL_INTERVAL, gt=0)
     #: Seconds a woken worker waits before it claims, so that the commits right behind
     #: the one that woke it join its batch — only while another worker is publishing and
     #: commits have lately come less than ``linger`` apart; otherwise it claims at once
     #: (0: never wait).
     linger: float = Field(default=0.005, ge=0, le=1.0)
     #: Seconds to wait for a PubAck before the row is retried.
-    publish_timeout: float = Field(default=5.0, gt=0)
+    publish_timeout: float = Field(default=policy.PUBLISH_TIMEOUT, gt=0)
     #: Seconds SIGTERM allows for in-flight batches (< supervisord stopwaitsecs).
     drain_deadline: float = Field(default=8.0, gt=0)
     #: First and longest back-off after a failed batch, in seconds.
     retry_initial: float = Field(default=0.2, gt=0)
-    retry_max: float = Field(default=5.0, gt=0)
+    retry_max: float = Field(default=policy.RETRY_MAX, gt=0)
 
 
 class ConsumerSettings(CommonSettings):

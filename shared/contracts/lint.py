@@ -60,12 +60,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-from shared.adapters.outbox import ROW_RETRY_CAP_SECONDS
+from shared.contracts.topology import (
+    ContextSpec,
+    DurableSpec,
+    EventSpec,
+    Topology,
+    subject_matches,
+)
+from shared.domain import policy
 from shared.domain.errors import ConfigurationError
+from shared.domain.policy import ROW_RETRY_CAP_SECONDS
 from shared.domain.subjects import SNAKE_CASE, replay_subject
-from shared.settings import PublisherSettings
-from shared.topology import ContextSpec, DurableSpec, EventSpec, Topology, subject_matches
 
 _DAY, _HOUR, _MINUTE = 86400, 3600, 60
 
@@ -103,6 +110,17 @@ def format_duration(seconds: float) -> str:
 # --- facts derived from the topology and the publisher's settings ----------------------
 
 
+class _HasTiming(Protocol):
+    """What :meth:`PublisherTiming.of` reads of ``PublisherSettings`` (runtime layer)."""
+
+    @property
+    def publish_timeout(self) -> float: ...
+    @property
+    def retry_max(self) -> float: ...
+    @property
+    def poll_interval(self) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class PublisherTiming:
     """The outbox-publisher settings that bound when it can publish a row again."""
@@ -112,19 +130,14 @@ class PublisherTiming:
     poll_interval: float
 
     @classmethod
-    def of(cls, settings: PublisherSettings) -> PublisherTiming:
-        """The timing a running publisher uses."""
+    def of(cls, settings: _HasTiming) -> PublisherTiming:
+        """The timing a running publisher uses (its ``PublisherSettings``)."""
         return cls(settings.publish_timeout, settings.retry_max, settings.poll_interval)
 
     @classmethod
     def defaults(cls) -> PublisherTiming:
         """The timing of a publisher on default settings (what other roles and CI assume)."""
-        fields = PublisherSettings.model_fields
-        return cls(
-            float(fields["publish_timeout"].default),
-            float(fields["retry_max"].default),
-            float(fields["poll_interval"].default),
-        )
+        return cls(policy.PUBLISH_TIMEOUT, policy.RETRY_MAX, policy.POLL_INTERVAL)
 
     def republish_horizon(self) -> float:
         """Longest time from a row's first publish to its re-publish.

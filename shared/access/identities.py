@@ -2,8 +2,8 @@
 
 Every process role of a topology gets an identity of its own, named like its program in
 ``supervisord.conf`` (``outbox-publisher-sea``, ``inbox-consumer-cg_f_ingest``,
-``dlq-router-mediation``). The NATS user (:mod:`shared.nats_auth`) and the PostgreSQL
-login (:mod:`shared.db_access`) of a process are derived from it, so one name follows a
+``dlq-router-mediation``). The NATS user (:mod:`shared.access.nats_auth`) and the PostgreSQL
+login (:mod:`shared.access.db_roles`) of a process are derived from it, so one name follows a
 process from its supervisord program through its NATS connection to its database session.
 
 Provisioning and migrations use separate administrative identities that no long-running
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError
-from shared.topology import Topology
 
 Kind = Literal[
     "outbox-publisher",

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import prometheus_client
 from aiohttp import web
@@ -34,12 +34,11 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from shared import telemetry
+from shared.adapters import inbox, outbox
 from shared.domain.ack import HandlerFailure, HandlerResponse
-from shared.telemetry import MESSAGING_SYSTEM
-
-if TYPE_CHECKING:
-    from shared.runtime import ReadinessCheck
+from shared.runtime.readiness import ReadinessCheck, run_checks
+from shared.telemetry import otel as telemetry
+from shared.telemetry.otel import MESSAGING_SYSTEM
 
 log = logging.getLogger("ferry.metrics")
 
@@ -115,8 +114,6 @@ class RoleMetrics:
 
     def watch_readiness(self, checks: Mapping[str, ReadinessCheck]) -> None:
         """Export each readiness check as ``ferry_ready{check}``."""
-        from shared.runtime import run_checks
-
         async def refresh() -> None:
             for name, ok in (await run_checks(dict(checks))).items():
                 self._ready.labels(name).set(1 if ok else 0)
@@ -264,8 +261,6 @@ class PublisherMetrics:
 
     def watch_outbox(self, pool: Any) -> None:
         """Refresh the QRY-050 gauges from ``pool`` at scrape time."""
-        from shared.adapters import outbox
-
         async def refresh() -> None:
             async with pool.acquire() as conn:
                 doc = await outbox.backlog(conn)
@@ -382,8 +377,6 @@ class ConsumerMetrics:
         self.role.add_refresher("jetstream", lambda: self._refresh_lag(consumer.js))
 
     async def _refresh_inbox(self, pool: Any) -> None:
-        from shared.adapters import inbox
-
         async with pool.acquire() as conn:
             doc = await inbox.backlog(conn, self.durable)
         pending = doc["count"] - doc["retrying"] - doc["failed"]

@@ -1,6 +1,6 @@
 """``ferry registry generate|check`` and ``ferry lint``: the registry build and the lint.
 
-    ferry registry generate [--root DIR]   manifests → shared/generated_registry.py + lock
+    ferry registry generate [--root DIR]   manifests → shared/contracts/generated_registry.py + lock
     ferry registry check [--root DIR]      stale registry, changed locked versions, broken
                                            handler references, gates and lint of every
                                            topology (exit 1 on any finding)
@@ -14,10 +14,10 @@ import argparse
 import json
 from pathlib import Path
 
-from shared.lint import Problem, PublisherTiming, lint_topology
-from shared.registry_build import ROOT, check, generate
-from shared.settings import CommonSettings, PublisherSettings
-from shared.topology import load_topology
+from shared.contracts.codegen import ROOT, check, generate
+from shared.contracts.lint import Problem, PublisherTiming, lint_topology
+from shared.contracts.loading import load_topology
+from shared.runtime.settings import CommonSettings, PublisherSettings
 
 
 def _print_problems(args: argparse.Namespace, problems: list[Problem], clean: str) -> int:

@@ -1,8 +1,9 @@
-"""Wiring shared by the roles that serve a whole topology (dlq-router, dlq-replayer).
+"""The one role lifecycle: signals, tracing, health, a bounded drain, exit codes.
 
-Each opens one pool per database that holds a durable's inbox, one NATS connection, a
-health endpoint whose readiness names what is missing, and runs its worker until a
-signal, then lets the work in hand finish inside the drain deadline.
+Every role's ``__main__`` wires settings to adapters and a worker, then hands the rest
+to :func:`run_role` (signals and tracing around ``run``, exceptions to exit codes) and
+:func:`serve` (a health endpoint, the work until ``stop``, then the work in hand
+finishes inside the drain deadline). ``services/dlq_router/__main__.py`` is the model.
 """
 
 from __future__ import annotations
@@ -10,64 +11,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import asyncpg
-from nats.aio.client import Client as NATS
-
-from shared.adapters.nats import connect_nats
-from shared.adapters.postgres import create_pool_when_up
 from shared.domain.errors import AccessDenied, ConfigurationError
-from shared.metrics import RoleMetrics
-from shared.runtime import (
-    EXIT_CONFIG,
-    EXIT_CONNECT,
-    EXIT_DRAIN_TIMEOUT,
-    EXIT_OK,
-    HealthServer,
-    ReadinessCheck,
-    configure_logging,
-    stop_on_signals,
-)
-from shared.settings import CommonSettings
-from shared.telemetry import setup_tracing
-from shared.topology import Topology
+from shared.runtime.health import HealthServer
+from shared.runtime.logs import configure_logging
+from shared.runtime.metrics import RoleMetrics
+from shared.runtime.readiness import ReadinessCheck
+from shared.runtime.settings import CommonSettings
+from shared.telemetry.otel import setup_tracing
 
 log = logging.getLogger("ferry.wiring")
 
-
-async def target_pools(
-    settings: CommonSettings, topology: Topology, stop: asyncio.Event, *, max_size: int = 4
-) -> dict[str, asyncpg.Pool]:
-    """A pool per database holding some durable's inbox, keyed by database name."""
-    names = sorted({topology.context(d.target).database for d in topology.durables.values()})
-    pools: dict[str, asyncpg.Pool] = {}
-    for name in names:
-        pools[name] = await create_pool_when_up(settings.dsn(name), max_size=max_size, stop=stop)
-    return pools
+#: Exit codes, named (dramatiq's habit): supervisord and Kubernetes show them.
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_CONNECT = 3
+EXIT_DRAIN_TIMEOUT = 4
 
 
-class Connected:
-    """A NATS connection whose up/down state a readiness check can read."""
-
-    def __init__(self) -> None:
-        self.up = False
-        self.nc: NATS | None = None
-
-    async def open(self, settings: CommonSettings, name: str) -> NATS:
-        """Connect (reconnecting forever) and remember the connection."""
-        self.nc = await connect_nats(
-            settings.nats_servers(),
-            name=name,
-            ping_interval=settings.nats_ping_interval,
-            auth=settings.nats_auth(),
-            on_state=self._state,
-        )
-        return self.nc
-
-    def _state(self, up: bool) -> None:
-        self.up = up
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """Set ``stop`` on SIGTERM or SIGINT (the drain then runs under its deadline)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
 
 
 async def serve(
@@ -98,14 +67,6 @@ async def serve(
         code = EXIT_DRAIN_TIMEOUT
     await health.stop()
     return code
-
-
-async def close_all(nc: NATS | None, pools: dict[str, asyncpg.Pool]) -> None:
-    """Close the connection and every pool, whatever state they are in."""
-    if nc is not None:
-        await nc.close()
-    for pool in pools.values():
-        await pool.close()
 
 
 def topology_role_main(

@@ -31,10 +31,10 @@ from nats.js.errors import NotFoundError
 from shared.adapters import dead_letters
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import Conn, connect
+from shared.contracts.topology import Topology, subject_matches
 from shared.domain.subjects import event_subject
-from shared.settings import CommonSettings
-from shared.telemetry import parse_traceparent
-from shared.topology import Topology, subject_matches
+from shared.runtime.settings import CommonSettings
+from shared.telemetry.otel import parse_traceparent
 
 Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
 

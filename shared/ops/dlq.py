@@ -30,10 +30,10 @@ from typing import Any
 from shared.adapters import dead_letters as store
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import connect
+from shared.contracts.topology import Topology
 from shared.domain.durations import parse_duration
 from shared.domain.errors import ConfigurationError
-from shared.settings import CommonSettings
-from shared.topology import Topology
+from shared.runtime.settings import CommonSettings
 
 Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
 STATUSES = ("dead", "held", "replaying", "replayed", "parked", "discarded")

@@ -15,12 +15,12 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import APIError, NotFoundError
 
+from shared.contracts.topology import DeadLetterStreamSpec, DurableSpec, StreamSpec, Topology
 from shared.domain.subjects import (
     advisory_subjects,
     replay_subject,
     replay_wildcard,
 )
-from shared.topology import DeadLetterStreamSpec, DurableSpec, StreamSpec, Topology
 
 Action = Literal["created", "unchanged", "updated", "drift", "refused", "missing"]
 

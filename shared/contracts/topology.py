@@ -142,7 +142,7 @@ class EventSpec(_Model):
     """One published event version, as the deployment sees it.
 
     Declared in ``manifests/<topology>/<context>.yaml`` and compiled into the generated
-    registry (:mod:`shared.registry`); :func:`load_topology` attaches them, working out
+    registry (:mod:`shared.contracts.events`); :func:`load_topology` attaches them, working out
     ``handled_by`` from this topology's durables.
     """
 
@@ -288,20 +288,13 @@ def subject_matches(pattern: str, subject: str) -> bool:
     return _covers(pattern, subject)
 
 
-def load_topology(path: Path | str, *, with_events: bool = True) -> Topology:
-    """Read and validate a topology file; every error names the file and the field.
+def read_topology(path: Path | str) -> Topology:
+    """Read and validate a topology file, without its events; errors name file and field.
 
-    Its events come from the generated registry (compiled from the manifests), keyed by
-    the topology's name; ``with_events=False`` leaves them out (the registry build, which
-    compiles them from the manifests themselves, uses that).
+    :func:`shared.contracts.loading.load_topology` adds the events from the generated
+    registry (the registry imports this module, so this one cannot call it).
     """
-    topology = _load_file(Path(path))
-    if not with_events:
-        return topology
-    # Imported here: the registry module imports this one.
-    from shared.registry import attach_events
-
-    return attach_events(topology, source=str(path))
+    return _load_file(Path(path))
 
 
 def _load_file(path: Path) -> Topology:

@@ -19,7 +19,7 @@ One file per context of a topology, ``manifests/<topology>/<context>.yaml``::
         handler: services.handlers.contexts.vibespro:model_published_v1
 
 An event's handling contexts are the contexts whose manifests list it under ``handles``.
-``ferry registry generate`` compiles the manifests into :mod:`shared.generated_registry`
+``ferry registry generate`` compiles the manifests into :mod:`shared.contracts.generated_registry`
 and locks each version's schema fingerprint in ``manifests/schemas.lock``.
 """
 
@@ -46,10 +46,10 @@ from pydantic import (
     model_validator,
 )
 
+from shared.contracts.lint import Problem
+from shared.contracts.topology import EventSpec, Topology, subject_matches
 from shared.domain.errors import ConfigurationError
 from shared.domain.subjects import MAX_EVENT_VERSION, SNAKE_CASE
-from shared.lint import Problem
-from shared.topology import EventSpec, Topology, subject_matches
 
 #: The only JSON Schema dialect manifests use (``$schema`` may name it or be left out).
 DIALECT = "https://json-schema.org/draft/2020-12/schema"

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -69,9 +69,29 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.util.types import Attributes
 
-    from shared.settings import CommonSettings
-
 log = logging.getLogger("ferry.telemetry")
+
+
+class TracingSettings(Protocol):
+    """The settings tracing is set up from (``shared.runtime.settings.CommonSettings``).
+
+    A protocol, so this layer does not import the runtime layer above it.
+    """
+
+    @property
+    def otel_sdk_disabled(self) -> bool: ...
+    @property
+    def traces_exporter(self) -> str: ...
+    @property
+    def otlp_protocol(self) -> str: ...
+    @property
+    def otlp_endpoint(self) -> str | None: ...
+    @property
+    def traces_file(self) -> Path: ...
+    @property
+    def traces_sampler(self) -> str: ...
+    @property
+    def traces_sampler_arg(self) -> float: ...
 
 #: ``messaging.system`` of every messaging span and metric.
 MESSAGING_SYSTEM = "nats"
@@ -194,7 +214,7 @@ def build_sampler(name: str, ratio: float) -> Sampler:
     )
 
 
-def exporter_names(settings: CommonSettings) -> list[str]:
+def exporter_names(settings: TracingSettings) -> list[str]:
     """The configured exporters; empty means tracing is off."""
     if settings.otel_sdk_disabled:
         return []
@@ -208,7 +228,7 @@ def exporter_names(settings: CommonSettings) -> list[str]:
     return [n for n in names if n != "none"]
 
 
-def _otlp_exporter(settings: CommonSettings) -> SpanExporter:
+def _otlp_exporter(settings: TracingSettings) -> SpanExporter:
     protocol = settings.otlp_protocol.strip().lower()
     if protocol not in PROTOCOLS:
         raise ConfigurationError(
@@ -231,7 +251,7 @@ def _otlp_exporter(settings: CommonSettings) -> SpanExporter:
     return HttpExporter(endpoint=endpoint)
 
 
-def _exporter(name: str, settings: CommonSettings) -> SpanExporter:
+def _exporter(name: str, settings: TracingSettings) -> SpanExporter:
     if name == "otlp":
         return _otlp_exporter(settings)
     if name == "file":
@@ -253,7 +273,7 @@ class Tracing:
         use_tracer_provider(None)
 
 
-def setup_tracing(role: str, settings: CommonSettings, *, install_global: bool = True) -> Tracing:
+def setup_tracing(role: str, settings: TracingSettings, *, install_global: bool = True) -> Tracing:
     """Tracing of one role process from its settings (see README "Observability").
 
     ``service.name`` is the role; OTEL_RESOURCE_ATTRIBUTES adds to the resource (the SDK

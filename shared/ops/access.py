@@ -22,17 +22,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shared.access import DB_OWNER, SecretsDir, write_private
-from shared.db_access import apply_roles, describe
+from shared.access.db_roles import apply_roles, describe
+from shared.access.identities import DB_OWNER, SecretsDir, write_private
+from shared.access.nats_auth import authorization_block, env_references, nats_users, passwords_from
+from shared.contracts.loading import load_topology
+from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError
-from shared.nats_auth import (
-    authorization_block,
-    env_references,
-    nats_users,
-    passwords_from,
-)
-from shared.settings import CommonSettings
-from shared.topology import Topology, load_topology
+from shared.runtime.settings import CommonSettings
 
 
 def _topologies(settings: CommonSettings, args: argparse.Namespace) -> list[Topology]:

@@ -1,4 +1,4 @@
-"""``python -m shared.secret_copy SOURCE DEST``: a mounted secret as a file only we may read.
+"""``python -m shared.access.secret_copy SOURCE DEST``: a mounted secret as a file only we may read.
 
 libpq and asyncpg ignore a password file (``?passfile=`` in a DSN) that its group or
 others may read, and a Kubernetes Secret volume cannot provide one: with the pod's
@@ -38,7 +38,7 @@ def copy_private(source: Path, dest: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     parser = argparse.ArgumentParser(
-        prog="python -m shared.secret_copy",
+        prog="python -m shared.access.secret_copy",
         description="Copy a mounted secret file to a file readable by its owner only (0600).",
     )
     parser.add_argument("source", type=Path, help="the secret file (e.g. a Secret volume's key)")

@@ -34,8 +34,8 @@ from shared.adapters import inbox, outbox
 from shared.adapters.postgres import DATABASE_ERRORS, connect, redact
 from shared.domain.durations import parse_duration
 from shared.domain.errors import ConfigurationError, TransientError
-from shared.runtime import configure_logging
-from shared.settings import CommonSettings
+from shared.runtime.logs import configure_logging
+from shared.runtime.settings import CommonSettings
 
 log = logging.getLogger("ferry.retention")
 

@@ -4,13 +4,13 @@
     ferry provision [--check]     create/update streams and consumers; --check only reports
     ferry outbox-backlog CONTEXT  QRY-050: unpublished count and oldest occurred_at
     ferry inbox-backlog DURABLE   QRY-051: unprocessed count and oldest received_at
-    ferry purge [SCOPE]           delete rows past their retention (shared/retention.py)
+    ferry purge [SCOPE]           delete rows past their retention (shared/ops/purge.py)
     ferry dlq ...                 dead letters: list, show, replay, park, discard, export
-    ferry registry generate|check the handler registry from the manifests (shared/registry_cli.py)
+    ferry registry generate|check the handler registry from the manifests (shared/ops/registry.py)
     ferry lint [--topology FILE]  the configuration lint every role runs at start
-    ferry where MESSAGE_ID        every hop of one event (shared/journey.py)
+    ferry where MESSAGE_ID        every hop of one event (shared/ops/where.py)
     ferry nats-auth               the nats-server users and permissions of the topologies
-    ferry db-roles [--check]      PostgreSQL logins and grants per role (shared/db_access.py)
+    ferry db-roles [--check]      PostgreSQL logins and grants per role (shared/access/db_roles.py)
 
 All read FERRY_* settings (README.md). ``--json`` prints machine-readable output.
 Exit codes: 0 ok, 1 drift or refusal found, 2 configuration error, 3 cannot connect.
@@ -25,17 +25,18 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from shared import access_cli, registry_cli
+from shared.access.streams import is_clean, provision
 from shared.adapters import inbox, outbox
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import connect, migrate_database, redact
-from shared.dlq_cli import add_dlq_commands, check_key
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
-from shared.journey import add_where_command
-from shared.provision import is_clean, provision
-from shared.retention import add_purge_command
-from shared.runtime import EXIT_CONFIG, EXIT_CONNECT
-from shared.settings import CommonSettings
+from shared.ops import access as access_cli
+from shared.ops import registry as registry_cli
+from shared.ops.dlq import add_dlq_commands, check_key
+from shared.ops.purge import add_purge_command
+from shared.ops.where import add_where_command
+from shared.runtime.lifecycle import EXIT_CONFIG, EXIT_CONNECT
+from shared.runtime.settings import CommonSettings
 
 Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
 

@@ -1,0 +1,58 @@
+"""Connections of the roles that serve a whole topology (dlq-router, dlq-replayer).
+
+Each opens one pool per database that holds a durable's inbox and one NATS connection
+whose up/down state a readiness check reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+from nats.aio.client import Client as NATS
+
+from shared.adapters.nats import connect_nats
+from shared.adapters.postgres import create_pool_when_up
+from shared.contracts.topology import Topology
+from shared.runtime.settings import CommonSettings
+
+
+async def target_pools(
+    settings: CommonSettings, topology: Topology, stop: asyncio.Event, *, max_size: int = 4
+) -> dict[str, asyncpg.Pool]:
+    """A pool per database holding some durable's inbox, keyed by database name."""
+    names = sorted({topology.context(d.target).database for d in topology.durables.values()})
+    pools: dict[str, asyncpg.Pool] = {}
+    for name in names:
+        pools[name] = await create_pool_when_up(settings.dsn(name), max_size=max_size, stop=stop)
+    return pools
+
+
+class Connected:
+    """A NATS connection whose up/down state a readiness check can read."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.nc: NATS | None = None
+
+    async def open(self, settings: CommonSettings, name: str) -> NATS:
+        """Connect (reconnecting forever) and remember the connection."""
+        self.nc = await connect_nats(
+            settings.nats_servers(),
+            name=name,
+            ping_interval=settings.nats_ping_interval,
+            auth=settings.nats_auth(),
+            on_state=self._state,
+        )
+        return self.nc
+
+    def _state(self, up: bool) -> None:
+        self.up = up
+
+
+async def close_all(nc: NATS | None, pools: dict[str, asyncpg.Pool]) -> None:
+    """Close the connection and every pool, whatever state they are in."""
+    if nc is not None:
+        await nc.close()
+    for pool in pools.values():
+        await pool.close()
