@@ -30,7 +30,7 @@ def project(tmp_path: Path) -> Path:
     root = tmp_path / "project"
     shutil.copytree(ROOT / TOPOLOGIES, root / TOPOLOGIES)
     shutil.copytree(ROOT / MANIFESTS, root / MANIFESTS)
-    (root / "shared").mkdir()
+    (root / MODULE).parent.mkdir(parents=True)
     shutil.copy(ROOT / MODULE, root / MODULE)
     assert (root / LOCK).exists()
     return root
