@@ -28,9 +28,9 @@ from shared.runtime.logs import configure_logging
 from shared.telemetry.otel import setup_tracing
 
 from .app import make_app
-from .specs import SERVICES, service_spec
 from .service import build_service
 from .settings import HandlerSettings
+from .specs import SERVICES, service_spec
 
 ROLE_PREFIX = "handler-"
 #: Pool size: one connection per call in flight; beyond it calls wait (then 503).
