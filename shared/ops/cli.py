@@ -35,7 +35,7 @@ from shared.ops import registry as registry_cli
 from shared.ops.dlq import add_dlq_commands, check_key
 from shared.ops.purge import add_purge_command
 from shared.ops.where import add_where_command
-from shared.runtime.lifecycle import EXIT_CONFIG, EXIT_CONNECT
+from shared.runtime.lifecycle import exit_code_of
 from shared.runtime.settings import CommonSettings
 
 Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
@@ -166,13 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(func(settings, args))
     except AccessDenied as exc:
         print(f"ferry: {exc}", file=sys.stderr)
-        return EXIT_CONNECT
+        return exit_code_of(exc)
     except ConfigurationError as exc:
         print(f"ferry: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return exit_code_of(exc)
     except TransientError as exc:
         print(f"ferry: {redact(str(exc))}", file=sys.stderr)
-        return EXIT_CONNECT
+        return exit_code_of(exc)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from shared.domain.errors import AccessDenied, ConfigurationError
+from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
 from shared.runtime.health import HealthServer
 from shared.runtime.logs import configure_logging
 from shared.runtime.metrics import RoleMetrics
@@ -30,6 +30,18 @@ EXIT_OK = 0
 EXIT_CONFIG = 2
 EXIT_CONNECT = 3
 EXIT_DRAIN_TIMEOUT = 4
+
+
+def exit_code_of(exc: AccessDenied | ConfigurationError | TransientError) -> int:
+    """The exit code of a role or a ``ferry`` command ended by ``exc``: the one mapping.
+
+    Refused credentials and an unreachable server are EXIT_CONNECT (the platform's
+    restart policy retries them), a configuration error is EXIT_CONFIG (it does not heal
+    by itself). A role lets no TransientError out (it reconnects forever); a command may.
+    """
+    if isinstance(exc, AccessDenied | TransientError):  # AccessDenied is a ConfigurationError
+        return EXIT_CONNECT
+    return EXIT_CONFIG
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:
@@ -114,7 +126,7 @@ def run_role(
         return asyncio.run(main())
     except AccessDenied as exc:
         log.error("%s", exc)
-        return EXIT_CONNECT
+        return exit_code_of(exc)
     except ConfigurationError as exc:
         log.error("configuration error: %s", exc)
-        return EXIT_CONFIG
+        return exit_code_of(exc)

@@ -1,0 +1,142 @@
+"""The PostgreSQL stores as objects implementing the ports of :mod:`shared.domain.ports`.
+
+Thin on purpose: each method calls the module function of :mod:`.outbox`, :mod:`.inbox`
+or :mod:`.dead_letters` it names, unchanged, so the roles may keep calling the functions
+while the contract suites (``tests/contracts/``) hold every implementation of a port to
+the same promises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+from uuid import UUID
+
+from nats.js import JetStreamContext
+
+from shared.adapters import dead_letters, inbox, outbox
+from shared.adapters.postgres import Conn
+from shared.contracts.topology import Topology
+from shared.domain.ports import (
+    DeadLetterOutcome,
+    DeadLetterStore,
+    InboxDelivery,
+    InboxStore,
+    OutboxStore,
+)
+
+
+class PostgresOutboxStore(OutboxStore[Conn]):
+    """:class:`~shared.domain.ports.OutboxStore` on the ``outbox_events`` table."""
+
+    async def claim(self, conn: Conn, limit: int) -> outbox.Claim:
+        return await outbox.claim(conn, limit)
+
+    async def mark_published(self, conn: Conn, seqs: Sequence[int]) -> None:
+        await outbox.mark_published(conn, list(seqs))
+
+    async def mark_failed(self, conn: Conn, failures: Mapping[int, str]) -> None:
+        await outbox.mark_failed(conn, dict(failures))
+
+    async def backlog(self, conn: Conn) -> dict[str, Any]:
+        return await outbox.backlog(conn)
+
+
+class PostgresInboxStore(InboxStore[Conn]):
+    """:class:`~shared.domain.ports.InboxStore` on the ``inbox_messages`` table."""
+
+    async def claim_batch(
+        self,
+        conn: Conn,
+        *,
+        durable: str,
+        owner: str,
+        lease_seconds: float,
+        entries: Sequence[InboxDelivery],
+    ) -> inbox.ClaimResult:
+        return await inbox.claim_batch(
+            conn,
+            durable=durable,
+            owner=owner,
+            lease_seconds=lease_seconds,
+            entries=[_entry(e) for e in entries],
+        )
+
+    async def mark_processed(self, conn: Conn, durable: str, outcomes: Mapping[UUID, int]) -> None:
+        await inbox.mark_processed(conn, durable, dict(outcomes))
+
+    async def mark_retrying(
+        self,
+        conn: Conn,
+        durable: str,
+        message_id: UUID,
+        *,
+        error: str,
+        status: int | None,
+        reason_code: str,
+        history_entry: dict[str, Any],
+    ) -> None:
+        await inbox.mark_retrying(
+            conn,
+            durable,
+            message_id,
+            error=error,
+            status=status,
+            reason_code=reason_code,
+            history_entry=history_entry,
+        )
+
+    async def backlog(self, conn: Conn, durable: str) -> dict[str, Any]:
+        return await inbox.backlog(conn, durable)
+
+
+def _entry(delivery: InboxDelivery) -> inbox.InboxEntry:
+    if isinstance(delivery, inbox.InboxEntry):
+        return delivery
+    return inbox.InboxEntry(
+        message_id=delivery.message_id,
+        subject=delivery.subject,
+        event_type=delivery.event_type,
+        event_version=delivery.event_version,
+        occurred_at=delivery.occurred_at,
+        stream_seq=delivery.stream_seq,
+        traceparent=delivery.traceparent,
+    )
+
+
+class PostgresDeadLetterStore(DeadLetterStore[Conn, dead_letters.Failure]):
+    """:class:`~shared.domain.ports.DeadLetterStore` on the ``dead_letters`` table.
+
+    Recording also publishes the ``MessageDeadLettered`` record (through ``js``) and marks
+    the inbox row, as :func:`~shared.adapters.dead_letters.record_dead_letter` does; the
+    durable's policy comes from ``topology``.
+    """
+
+    def __init__(self, *, js: JetStreamContext, topology: Topology) -> None:
+        self.js, self.topology = js, topology
+
+    async def record(self, conn: Conn, failure: dead_letters.Failure) -> DeadLetterOutcome:
+        spec = self.topology.durable(failure.durable)
+        return await dead_letters.record_dead_letter(conn, self.js, failure, spec)
+
+    async def status(self, conn: Conn, durable: str, message_id: UUID) -> str | None:
+        query = dead_letters.Query(durables=[durable], message_ids=[message_id])
+        rows = await dead_letters.find(conn, query)
+        return str(rows[0]["status"]) if rows else None
+
+    async def set_status(
+        self,
+        conn: Conn,
+        *,
+        durable: str,
+        message_id: UUID,
+        status: Literal["parked", "discarded"],
+        actor: str,
+        reason: str,
+    ) -> bool:
+        return await dead_letters.set_status(
+            conn, durable=durable, message_id=message_id, status=status, actor=actor, reason=reason
+        )
+
+    async def settle_replayed(self, conn: Conn, durables: Sequence[str]) -> int:
+        return await dead_letters.settle_replayed(conn, durables)

@@ -1,0 +1,105 @@
+"""The OutboxStore contract (:class:`shared.domain.ports.OutboxStore`), per implementation."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from shared.adapters.producer import record_event
+from shared.domain.ports import OutboxStore
+from tests.contracts.conftest import StoreBackend
+from tests.helpers import insert_events
+
+pytestmark = pytest.mark.integration
+
+
+async def _claimed_ids(store: OutboxStore[Any], conn: Any, limit: int) -> list[str]:
+    return [str(row.id) for row in (await store.claim(conn, limit)).rows]
+
+
+async def test_concurrent_claims_are_disjoint_and_miss_nothing(
+    outbox_store: OutboxStore[Any], store_backend: StoreBackend
+) -> None:
+    writer, first, second = [await store_backend.connect() for _ in range(3)]
+    ids = await insert_events(writer, 10, aggregates=10)
+    async with first.transaction(), second.transaction():
+        mine = await _claimed_ids(outbox_store, first, 4)
+        theirs = await _claimed_ids(outbox_store, second, 10)
+    assert len(mine) == 4
+    assert not set(mine) & set(theirs)
+    assert sorted(mine + theirs) == sorted(ids)
+
+
+async def test_rows_come_in_order_and_an_aggregate_waits_behind_its_earlier_row(
+    outbox_store: OutboxStore[Any], store_backend: StoreBackend
+) -> None:
+    writer, first, second = [await store_backend.connect() for _ in range(3)]
+    ids = await insert_events(writer, 3, aggregates=1)
+    async with first.transaction(), second.transaction():
+        assert await _claimed_ids(outbox_store, first, 1) == ids[:1]
+        behind = await outbox_store.claim(second, 10)
+        assert list(behind.rows) == []
+        assert behind.held_back == 2
+    async with first.transaction():
+        assert await _claimed_ids(outbox_store, first, 10) == ids
+
+
+async def test_mark_published_is_final_and_idempotent(
+    outbox_store: OutboxStore[Any], store_backend: StoreBackend
+) -> None:
+    writer, conn = await store_backend.connect(), await store_backend.connect()
+    await insert_events(writer, 5, aggregates=5)
+    async with conn.transaction():
+        seqs = [row.seq for row in (await outbox_store.claim(conn, 10)).rows]
+        await outbox_store.mark_published(conn, seqs)
+        await outbox_store.mark_published(conn, seqs)
+        await outbox_store.mark_published(conn, [])
+    async with conn.transaction():
+        assert (await outbox_store.claim(conn, 10)).rows == []
+    assert (await outbox_store.backlog(conn))["count"] == 0
+
+
+async def test_a_failed_row_stays_pending_and_waits_out_a_back_off(
+    outbox_store: OutboxStore[Any], store_backend: StoreBackend
+) -> None:
+    writer, conn = await store_backend.connect(), await store_backend.connect()
+    ids = await insert_events(writer, 1)
+    async with conn.transaction():
+        rows = (await outbox_store.claim(conn, 10)).rows
+        await outbox_store.mark_failed(conn, {rows[0].seq: "stream refused it"})
+    backlog = await outbox_store.backlog(conn)
+    assert (backlog["count"], backlog["failing"]) == (1, 1)
+    async with conn.transaction():
+        assert (await outbox_store.claim(conn, 10)).rows == []  # inside its back-off
+    await asyncio.sleep(0.5)
+    async with conn.transaction():
+        assert await _claimed_ids(outbox_store, conn, 10) == ids
+
+
+async def _record(conn: Any, aggregate: str) -> str:
+    event_id = await record_event(
+        conn,
+        aggregate_type="model",
+        aggregate_id=aggregate,
+        event_type="model_published",
+        payload={"model_id": aggregate, "name": aggregate, "n": 1},
+    )
+    return str(event_id)
+
+
+async def test_a_row_whose_transaction_commits_late_is_not_skipped(
+    outbox_store: OutboxStore[Any], store_backend: StoreBackend
+) -> None:
+    late, early, conn = [await store_backend.connect() for _ in range(3)]
+    slow = late.transaction()
+    await slow.start()
+    late_id = await _record(late, "late")  # the lower seq, committed last
+    async with early.transaction():
+        early_id = await _record(early, "early")
+    async with conn.transaction():
+        assert await _claimed_ids(outbox_store, conn, 10) == [early_id]
+    await slow.commit()
+    async with conn.transaction():
+        assert await _claimed_ids(outbox_store, conn, 10) == [late_id, early_id]
