@@ -68,12 +68,13 @@ async def test_a_failed_row_stays_pending_and_waits_out_a_back_off(
     ids = await insert_events(writer, 1)
     async with conn.transaction():
         rows = (await outbox_store.claim(conn, 10)).rows
-        await outbox_store.mark_failed(conn, {rows[0].seq: "stream refused it"})
+        for _ in range(4):  # four attempts: a back-off of seconds, not milliseconds
+            await outbox_store.mark_failed(conn, {rows[0].seq: "stream refused it"})
     backlog = await outbox_store.backlog(conn)
     assert (backlog["count"], backlog["failing"]) == (1, 1)
     async with conn.transaction():
         assert (await outbox_store.claim(conn, 10)).rows == []  # inside its back-off
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(2.0)
     async with conn.transaction():
         assert await _claimed_ids(outbox_store, conn, 10) == ids
 
