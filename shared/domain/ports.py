@@ -194,7 +194,7 @@ class DeadLetterStore(Protocol[ConnT_contra, FailureT_contra]):
       ``already`` and changes nothing (**deduplicated**);
     * the record says whether it will be replayed automatically (``dead``), is held for
       an operator (``held``: operator policy, or a defect of the bytes themselves), or
-      hit the replay cap (``parked``) — :func:`shared.domain.policy.initial_status`;
+      hit the replay cap (``parked``);
     * ``set_status`` moves a record to ``parked`` or ``discarded`` only from a status
       that allows it, and answers False otherwise; repeating it is harmless;
     * ``settle_replayed`` marks replays the consumer has since processed as

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from shared.adapters import dead_letters
 from shared.adapters.dead_letters import Failure
-from shared.domain import policy
 from shared.domain.ports import DeadLetterStore
 from tests.contracts.conftest import StoreBackend
 
@@ -37,12 +37,7 @@ def failure(reason_code: str = "HANDLER_REJECTED", **changes: Any) -> Failure:
 
 def expected_status(store_backend: StoreBackend, reason_code: str) -> str:
     spec = store_backend.env.topology.durable(DURABLE)
-    return policy.initial_status(
-        replay=spec.replay,
-        max_attempts=spec.replay_limits.max_attempts,
-        reason_code=reason_code,
-        replay_attempts=0,
-    )
+    return dead_letters.initial_status(spec, reason_code, 0)
 
 
 async def test_a_failure_is_recorded_once_whoever_reports_it(

@@ -1,17 +1,13 @@
-"""shared.domain.policy: the pure policy the lint and the adapters share.
+"""shared.domain.policy (the outbox numbers the lint, the settings and the adapter share),
+the reply-inbox naming, and the one exception-to-exit-code mapping.
 
-Until the adapters import it (phase 2 of issue 27), their own copies are pinned equal here.
+Until the outbox adapter imports the policy (phase 2 of issue 27), its copy is pinned here.
 """
 
 from __future__ import annotations
 
-import random
-
-import pytest
-
-from shared.adapters import dead_letters, outbox
+from shared.adapters import outbox
 from shared.contracts.lint import PublisherTiming
-from shared.contracts.topology import DurableSpec, ReplayLimits
 from shared.domain import policy
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
 from shared.domain.reply_subjects import inbox_prefix
@@ -19,45 +15,8 @@ from shared.runtime.lifecycle import EXIT_CONFIG, EXIT_CONNECT, exit_code_of
 from shared.runtime.settings import PublisherSettings
 
 
-def test_the_adapters_copies_equal_the_policy() -> None:
+def test_the_adapters_copy_equals_the_policy() -> None:
     assert outbox.ROW_RETRY_CAP_SECONDS == policy.ROW_RETRY_CAP_SECONDS
-    assert dead_letters.NOT_REPLAYABLE == policy.NOT_REPLAYABLE
-    assert dead_letters.REPLAYABLE_STATUSES == policy.REPLAYABLE_STATUSES
-    assert dead_letters.FINAL_STATUSES == policy.FINAL_STATUSES
-
-
-@pytest.mark.parametrize("replay", ["automatic", "operator"])
-@pytest.mark.parametrize("reason", ["HANDLER_REJECTED", "SCHEMA_INVALID", "MAX_DELIVERIES"])
-@pytest.mark.parametrize("attempts", [0, 1, 4, 5, 6])
-def test_initial_status_decides_as_the_adapter_does(
-    replay: str, reason: str, attempts: int
-) -> None:
-    spec = DurableSpec.model_validate(
-        {
-            "target": "sea",
-            "stream": "VIBESPRO_EVENTS",
-            "filter_subjects": ["vibespro.event.>"],
-            "replay": replay,
-            "replay_limits": {"max_attempts": 5},
-            "handler": {"url": "http://127.0.0.1:1/handle"},
-            "dead_letter_subject": "sea.dlq.vibespro",
-        }
-    )
-    assert policy.initial_status(
-        replay=spec.replay,
-        max_attempts=spec.replay_limits.max_attempts,
-        reason_code=reason,
-        replay_attempts=attempts,
-    ) == dead_letters.initial_status(spec, reason, attempts)
-
-
-@pytest.mark.parametrize("attempts", [0, 1, 3, 10, 60])
-def test_replay_delay_draws_as_the_adapter_does(attempts: int) -> None:
-    limits = ReplayLimits(base_delay=5.0, max_delay=600.0)
-    ours = policy.replay_delay(limits, attempts, random.Random(attempts))
-    theirs = dead_letters.replay_delay(limits, attempts, random.Random(attempts))
-    assert ours == theirs
-    assert 0.0 <= ours <= 600.0
 
 
 def test_publisher_defaults_are_the_policy() -> None:
