@@ -220,6 +220,20 @@ class PublisherMetrics:
             ["context"],
             registry=reg,
         ).labels(context)
+        self._set_aside_now = Gauge(
+            "ferry_outbox_set_aside",
+            "Outbox rows set aside (cannot be published; their aggregate's later rows wait "
+            "behind them) until an operator republishes them: ferry outbox list --failed.",
+            ["context"],
+            registry=reg,
+        ).labels(context)
+        self._set_aside = Counter(
+            "ferry_outbox_rows_set_aside",
+            "Outbox rows this publisher set aside, by reason code (PAYLOAD_INVALID, "
+            "MESSAGE_TOO_LARGE, PUBLISH_REFUSED).",
+            ["context", "reason"],
+            registry=reg,
+        )
 
     def time_send(self, future: asyncio.Future[Any]) -> None:
         """Count and time one pipelined publish when its PubAck (or failure) arrives."""
@@ -262,6 +276,11 @@ class PublisherMetrics:
         """One failed publish or batch."""
         self._errors.labels(self.context, kind).inc()
 
+    def rows_set_aside(self, by_reason: Mapping[str, int]) -> None:
+        """Rows just set aside (after commit), by reason code."""
+        for reason, count in by_reason.items():
+            self._set_aside.labels(self.context, reason).inc(count)
+
     def watch_outbox(self, pool: Any) -> None:
         """Refresh the QRY-050 gauges from ``pool`` at scrape time."""
         from shared.adapters import outbox
@@ -272,6 +291,7 @@ class PublisherMetrics:
             self._backlog.set(doc["count"])
             self._oldest.set(_age(doc["oldest_at"]))
             self._failing.set(doc["failing"])
+            self._set_aside_now.set(doc["set_aside"])
 
         self.role.add_refresher("outbox", refresh)
 
@@ -344,6 +364,14 @@ class ConsumerMetrics:
             ["durable"],
             registry=reg,
         ).labels(durable)
+        self._errors = Counter(
+            "ferry_consumer_errors",
+            "Messages the consumer could not settle as decided and nak'ed or dead-lettered "
+            "instead (stage: dead_letter = record not written, e.g. no stream leader; "
+            "decide/settle/batch = an unexpected exception).",
+            ["durable", "stage"],
+            registry=reg,
+        )
 
     def batch_fetched(self, messages: int) -> None:
         """One batch of ``messages`` handed over by the puller."""
@@ -373,6 +401,10 @@ class ConsumerMetrics:
     def dead_lettered(self, reason: str) -> None:
         """A dead letter this consumer recorded (direct path)."""
         self._dead_letters.labels(self.durable, reason, "consumer").inc()
+
+    def consumer_error(self, stage: str) -> None:
+        """A message whose settlement failed at ``stage`` (it was nak'ed or dead-lettered)."""
+        self._errors.labels(self.durable, stage).inc()
 
     def watch(self, consumer: Any) -> None:
         """Export ``consumer.stats`` and refresh backlog and lag from its pool and js."""

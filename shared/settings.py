@@ -206,6 +206,10 @@ class PublisherSettings(CommonSettings):
     #: First and longest back-off after a failed batch, in seconds.
     retry_initial: float = Field(default=0.2, gt=0)
     retry_max: float = Field(default=5.0, gt=0)
+    #: Attempts after which a row the stream keeps refusing is set aside (the attempts of
+    #: an outage — no PubAck, no responders, no connection — never set a row aside; a
+    #: payload that cannot be built or a message over the size limits is set aside at once).
+    max_publish_attempts: int = Field(default=20, ge=1, le=1_000_000)
 
 
 class ConsumerSettings(CommonSettings):
@@ -230,8 +234,9 @@ class ConsumerSettings(CommonSettings):
     linger: float = Field(default=0.005, ge=0, le=1.0)
     #: Extra seconds an inbox lease outlives the handler timeout.
     lease_margin: float = Field(default=30.0, ge=0)
-    #: Longest Retry-After honoured, in seconds.
-    retry_after_cap: float = Field(default=600.0, gt=0)
+    #: Longest delay a handler's Retry-After can ask for, in seconds: the nak delay is
+    #: max(ladder step, min(Retry-After, this)).
+    retry_after_cap: float = Field(default=600.0, gt=0, allow_inf_nan=False)
     #: Seconds SIGTERM allows for in-flight messages (< supervisord stopwaitsecs).
     drain_deadline: float = Field(default=8.0, gt=0)
     #: This durable's secret for signing handler calls (HMAC-SHA256); unset: unsigned.
