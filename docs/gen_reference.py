@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -98,8 +99,8 @@ def _default(info: FieldInfo) -> str:
         return "*required*"
     else:
         value = info.default
-    if value is None or value == {} and info.default_factory is dict:
-        return "unset" if value is None else "`{}`"
+    if value is None:
+        return "unset"
     if isinstance(value, BaseModel):
         return "see below"
     if value == "":
@@ -122,7 +123,7 @@ def _cell(text: str) -> str:
 # ---------------------------------------------------------------- settings
 
 
-def _settings_classes() -> list[tuple[str, type]]:
+def _settings_classes() -> list[tuple[str, Any]]:
     from services.handlers.settings import HandlerSettings
     from shared.settings import (
         CommonSettings,
@@ -157,7 +158,7 @@ def settings_md() -> str:
     """One table per settings class: variables, type, default, constraint, meaning."""
     out: list[str] = []
     for title, cls in _settings_classes():
-        own = cls.__dict__.get("__annotations__", {})
+        own = inspect.get_annotations(cls)
         comments = field_comments(cls)
         out += [f"### {title}", "", f"*{inspect.getdoc(cls)}*", ""]
         out += ["| variable | type | default | meaning |", "|---|---|---|---|"]
@@ -178,7 +179,7 @@ def settings_md() -> str:
 # ---------------------------------------------------------------- models
 
 
-def _model_md(cls: type[BaseModel], heading: str) -> list[str]:
+def _model_md(cls: Any, heading: str) -> list[str]:
     comments: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if isinstance(klass, type) and issubclass(klass, BaseModel) and klass is not BaseModel:
@@ -237,15 +238,12 @@ def capture_parser(entry: Callable[..., Any], *args: Any) -> argparse.ArgumentPa
     def stop(self: argparse.ArgumentParser, *_: Any, **__: Any) -> Any:
         raise _Captured(self)
 
-    saved = argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args
-    argparse.ArgumentParser.parse_args = stop  # type: ignore[method-assign,assignment]
-    argparse.ArgumentParser.parse_known_args = stop  # type: ignore[method-assign,assignment]
+    cls = argparse.ArgumentParser
     try:
-        result = entry(*args)
+        with patch.object(cls, "parse_args", stop), patch.object(cls, "parse_known_args", stop):
+            result = entry(*args)
     except _Captured as captured:
         return captured.parser
-    finally:
-        argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = saved
     if isinstance(result, argparse.ArgumentParser):
         return result
     raise RuntimeError(f"{entry.__qualname__} parsed no arguments")
@@ -277,9 +275,11 @@ def _arguments(parser: argparse.ArgumentParser) -> Iterator[str]:
             continue
         if action.help == argparse.SUPPRESS:
             continue
-        name = ", ".join(action.option_strings) or (action.metavar or action.dest)
+        metavar = action.metavar
+        shown = " ".join(metavar) if isinstance(metavar, tuple) else metavar
+        name = ", ".join(action.option_strings) or (shown or action.dest)
         if action.option_strings and action.nargs != 0:
-            name += f" {action.metavar or action.dest.upper()}"
+            name += f" {shown or action.dest.upper()}"
         notes = []
         if action.choices:
             notes.append("one of " + ", ".join(f"`{c}`" for c in action.choices))

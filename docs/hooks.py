@@ -35,7 +35,9 @@ SPEC_ID = re.compile(
     r"(?<![\w/#-])((?:PRD|SDS|ADR|INFRA|REQ|INV|POL|EVT|CMD|QRY|PORT)-\d{3}(?:-\d{3})?)(?![\w-])"
 )
 #: Fenced code, inline code, links and HTML comments: left as they are.
-_PROTECTED = re.compile(r"```.*?```|`[^`\n]+`|\[[^\]\n]*\]\([^)\n]*\)|<!--.*?-->|^#[^\n]*", re.S | re.M)
+_PROTECTED = re.compile(
+    r"```.*?```|`[^`\n]+`|\[[^\]\n]*\]\([^)\n]*\)|<!--.*?-->|^#[^\n]*", re.S | re.M
+)
 
 _generators: ModuleType | None = None
 
@@ -108,9 +110,7 @@ def _link_ids(markdown: str, src: str) -> str:
 
 def _check_metrics(markdown: str) -> None:
     missing = sorted(
-        name
-        for name in _gen().metric_names()
-        if not re.search(rf"\b{name}(_total)?\b", markdown)
+        name for name in _gen().metric_names() if not re.search(rf"\b{name}(_total)?\b", markdown)
     )
     for name in missing:
         log.warning("%s does not document the series %s", METRICS_PAGE, name)
