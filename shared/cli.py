@@ -3,6 +3,7 @@
     ferry migrate                 create and migrate every context database
     ferry provision [--check]     create/update streams and consumers; --check only reports
     ferry outbox-backlog CONTEXT  QRY-050: unpublished count and oldest occurred_at
+    ferry outbox list|republish   outbox rows set aside by the publisher (shared/outbox_cli.py)
     ferry inbox-backlog DURABLE   QRY-051: unprocessed count and oldest received_at
     ferry purge [SCOPE]           delete rows past their retention (shared/retention.py)
     ferry dlq ...                 dead letters: list, show, replay, park, discard, export
@@ -25,7 +26,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from shared import access_cli, registry_cli
+from shared import access_cli, outbox_cli, registry_cli
 from shared.adapters import inbox, outbox
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import connect, migrate_database, redact
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     inb.add_argument("durable", nargs="?", help="one durable (default: all)")
     inb.set_defaults(func=cmd_inbox_backlog)
     add_dlq_commands(sub)
+    outbox_cli.add_commands(sub)
     add_where_command(sub)
     add_purge_command(sub)
     for p in (migrate, prov, out, inb):

@@ -67,6 +67,8 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
         retry_initial=settings.retry_initial,
         retry_max=settings.retry_max,
         metrics=publisher_metrics,
+        max_publish_attempts=settings.max_publish_attempts,
+        max_message_bytes=context.stream.max_msg_size,
     )
     publisher.linger = settings.linger
     health = HealthServer(
