@@ -74,7 +74,13 @@ def _type_name(info: FieldInfo) -> str:
     unit = _unit(info)
     annotation = info.annotation
     text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    text = re.sub(
+        r"Annotated\[\w+, BeforeValidator\(func=<function parse_(duration|size)[^>]*>[^)]*\)\]",
+        r"\1",
+        text,
+    )
     text = re.sub(r"\b(?:[a-z_]+\.)+([A-Za-z_]\w*)", r"\1", text).replace("NoneType", "None")
+    text = re.sub(r"^Optional\[(.*)\]$", r"\1 | None", text)
     if unit:
         return text.replace("float", unit).replace("int", unit)
     return text
@@ -105,12 +111,14 @@ def _default(info: FieldInfo) -> str:
         return "see below"
     if value == "":
         return '`""`'
-    if _unit(info) == "duration":
+    if _unit(info) == "duration" or "parse_duration" in str(info.annotation):
         from shared.lint import format_duration
 
         if isinstance(value, list):
             return "`[" + ", ".join(format_duration(v) for v in value) + "]`"
         return f"`{format_duration(value)}`"
+    if _unit(info) == "size" and isinstance(value, int):
+        return f"`{value:,}` bytes"
     if isinstance(value, float) and _unit(info) == "" and value >= 1000:
         return f"`{value:g}`"
     return f"`{value}`"
