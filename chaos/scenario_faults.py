@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ import asyncpg
 
 from chaos.faults import FaultRecord, Timeline
 from chaos.hostile_handler import read_log
-from chaos.roles import ROOT, role_env
+from chaos.roles import ROOT, Role, role_env
 from chaos.scenario_accounting import Settled, read_outbox
 from chaos.workload import Ledger
 from chaos.world import World
@@ -100,6 +101,27 @@ class Toxic:
             await asyncio.to_thread(proxy.destroy_toxic, self.name)
         self.record.detail = f"{self.spec['type']} {self.spec['attributes']}"
         _close(self.record, self.timeline, self.faults)
+
+
+async def wait_for_failing_rows(world: World, timeout: float) -> int:
+    """Poll until some unpublished row has failed an attempt (or ``timeout``); how many."""
+    deadline, failing = time.monotonic() + timeout, 0
+    while True:
+        failing = 0
+        for context, spec in sorted(world.topo.contexts.items()):
+            if spec.stream is None:
+                continue
+            conn = await asyncpg.connect(world.direct_dsn(context), timeout=10)
+            try:
+                failing += await conn.fetchval(
+                    "SELECT count(*) FROM outbox_events"
+                    " WHERE published_at IS NULL AND publish_attempts > 0"
+                )
+            finally:
+                await conn.close()
+        if failing or time.monotonic() >= deadline:
+            return int(failing)
+        await asyncio.sleep(0.5)
 
 
 async def fast_forward(world: World, timeline: Timeline, faults: Counter[str]) -> int:
@@ -209,3 +231,30 @@ def dead_letters_without_cause(
             if not explained:
                 out.append(f"{intent.id} ({reason}; answers {dict(tally)})")
     return out
+
+
+#: A log line naming an exception (``SomeError: what``), not asyncio's leak notices.
+_CAUSE = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Exit))\b:? ?([^\"\\]{0,100})")
+
+
+def exit_causes(roles: list[Role]) -> Counter[str]:
+    """``role: the last exception its log names`` for each run of a role that ended by
+    itself (the log's ``--- start #N`` sections, one per process)."""
+    causes: Counter[str] = Counter()
+    for role in roles:
+        if not role.unexpected:
+            continue
+        try:
+            text = role.log_path.read_text(errors="replace")
+        except OSError:
+            continue
+        sections = re.split(r"^--- start #\d+ at [\d.]+$", text, flags=re.M)[1:]
+        for section in sections[: len(role.unexpected)]:
+            found = [m for m in _CAUSE.finditer(section) if "Unclosed" not in m.group(0)]
+            cause = "(no exception)"
+            if found:
+                what = found[-1].group(2).split(" in position")[0].strip(" {,")
+                what = re.sub(r"0x[0-9a-f]+|\b\d{2,}\b", "N", " ".join(what.split()))
+                cause = f"{found[-1].group(1)}: {what[:100]}"
+            causes[f"{role.name}: {cause}"] += 1
+    return causes

@@ -27,6 +27,8 @@ class ScenarioResult:
     duration: float
     run_dir: Path
     notes: list[str] = field(default_factory=list)
+    #: ``role: exception`` of each unexpected exit, counted.
+    exit_causes: Counter[str] = field(default_factory=Counter)
     #: Dead letters the hostile handler's answers do not account for.
     without_cause: list[str] = field(default_factory=list)
 
@@ -67,6 +69,7 @@ class ScenarioResult:
             "duplicate deliveries absorbed by the inbox": s.duplicates_absorbed,
             "dead-lettered without cause": len(self.without_cause),
             "unexpected role exits": len(self.unexpected_exits),
+            "unexpected exits by cause": dict(self.exit_causes),
             "exits": self.unexpected_exits,
             "restarts": self.restarts,
             "drain seconds": self.drain_seconds,
@@ -87,9 +90,10 @@ def render_table(result: ScenarioResult) -> str:
             lines += [f"      {k:<40}{v:>8}" for k, v in sorted(value.items())]
         else:
             lines.append(f"  {key:<44} {value}")
-    lines += [f"  exit: {e}" for e in result.unexpected_exits]
     lines += [f"  VIOLATED: {v}" for v in result.violations]
-    lines += [f"  note: {n}" for n in result.notes]
+    lines += [f"  note: {n[:200]}" for n in result.notes[:12]]
+    if len(result.notes) > 12:
+        lines.append(f"  ({len(result.notes) - 12} more notes in scenario.json)")
     return "\n".join(lines)
 
 

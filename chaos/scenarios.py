@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +39,10 @@ from chaos.scenario_faults import (
     Toxic,
     count_hostile_answers,
     dead_letters_without_cause,
+    exit_causes,
     fast_forward,
     operator_republish,
+    wait_for_failing_rows,
 )
 from chaos.scenario_report import ScenarioResult, write_scenario_report
 from chaos.workload import Producer, plan_events
@@ -53,6 +55,13 @@ SCENARIOS = ("long-outage", "hostile-handler", "hostile-payloads")
 OUTAGE_DURABLE = "vibespro__from_sea"
 #: Affects every durable (a fault record's ``affects``).
 ALL = frozenset({"*"})
+#: What each kind of role logs once it serves.
+READY_LINES = {
+    "handler": "serving on",
+    "publisher": "publishing context",
+    "consumer": '"consuming ',
+    "router": "routing advisories",
+}
 #: Settings that compress the publisher's clocks: its own back-off, its PubAck timeout and
 #: the attempt cap past which a row is set aside.
 PUBLISHER_COMPRESSED = {
@@ -95,7 +104,13 @@ class ScenarioRun(Chaos):
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r} ({', '.join(SCENARIOS)})")
         self.scenario, self.size_name = scenario, size_name
-        self.size = SIZES[size_name][scenario]
+        size = SIZES[size_name][scenario]
+        self.size = replace(
+            size,
+            seconds=config.seconds or size.seconds,
+            events=config.events or size.events,
+            drain_timeout=config.drain_timeout or size.drain_timeout,
+        )
         self.world = World(config.run_dir, config.seed, self.tuning())
         self.must_process: set[str] = set()
         self.faults: Counter[str] = Counter()
@@ -163,6 +178,7 @@ class ScenarioRun(Chaos):
             raise
         monitor = asyncio.create_task(self._monitor())
         try:
+            await self._roles_ready()
             await self._play()
             await self._settle_world()
             drain = await self._scenario_drain()
@@ -193,11 +209,11 @@ class ScenarioRun(Chaos):
             settled=settled,
             faults=self.faults,
             unexpected_exits=[
-                f"{e.role} exited with {e.code} at t+{e.at - self.timeline.origin:.1f}s: "
-                f"{(e.log_tail.strip().splitlines() or ['(empty log)'])[-1][:240]}"
+                f"{e.role} exited with {e.code} at t+{e.at - self.timeline.origin:.1f}s"
                 for r in ferry_roles
                 for e in r.unexpected
             ],
+            exit_causes=exit_causes(ferry_roles),
             restarts={r.name: r.starts - 1 for r in self.world.roles.values()},
             drained=drain is not None,
             drain_seconds=drain,
@@ -208,6 +224,20 @@ class ScenarioRun(Chaos):
         )
         write_scenario_report(result)
         return result
+
+    async def _roles_ready(self, timeout: float = 120.0) -> None:
+        """Wait until every Ferry role says it serves (faults must not hit a role's start)."""
+        deadline = time.monotonic() + timeout
+        waiting = list(self.world.roles.values())
+        while waiting and time.monotonic() < deadline:
+            waiting = [
+                r
+                for r in waiting
+                if r.kind in READY_LINES and READY_LINES[r.kind] not in r.log_tail(20_000)
+            ]
+            await asyncio.sleep(0.5)
+        if waiting:
+            self.timeline.note(f"not ready after {timeout:.0f}s: {[r.name for r in waiting]}")
 
     async def _play(self) -> None:
         begin = time.monotonic()
@@ -260,9 +290,9 @@ class ScenarioRun(Chaos):
         # so each attempt fails and counts; then time is compressed (fast-forward).
         publishers = [f"{role.name}_nats" for role in world.roles_of("publisher")]
         async with Toxic(world, timeline, faults, "nats_silent", publishers, SILENT_NATS):
-            await asyncio.sleep(0.10 * seconds)
+            await wait_for_failing_rows(world, timeout=0.20 * seconds)
             await fast_forward(world, timeline, faults)
-            await asyncio.sleep(0.10 * seconds)
+            await asyncio.sleep(0.05 * seconds)
         await _sleep_until(begin + 0.62 * seconds)
         link = f"consumer-{OUTAGE_DURABLE}_handler"
         affects = frozenset({OUTAGE_DURABLE})
