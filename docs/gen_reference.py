@@ -125,7 +125,9 @@ def _default(info: FieldInfo) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """``text`` for a table cell: pipes escaped, except inside code spans (kept as is)."""
+    parts = re.split(r"(`+[^`]*`+)", text.replace("\n", " "))
+    return "".join(p if p.startswith("`") else p.replace("|", "\\|") for p in parts)
 
 
 # ---------------------------------------------------------------- settings
