@@ -230,7 +230,8 @@ async def mark_failed(
     distinct failure. Returns the rows set aside now: seq → reason code."""
     by_failure: dict[Failure, list[int]] = defaultdict(list)
     for seq, failure in failures.items():
-        by_failure[Failure(failure.error[:2000], failure.set_aside, failure.outage)].append(seq)
+        error = _storable(failure.error)
+        by_failure[Failure(error, failure.set_aside, failure.outage)].append(seq)
     set_aside: dict[int, str] = {}
     for failure, seqs in by_failure.items():
         for record in await conn.fetch(
@@ -239,6 +240,13 @@ async def mark_failed(
         ):  # fmt: skip
             set_aside[record["seq"]] = record["set_aside_reason"]
     return set_aside
+
+
+def _storable(text: str) -> str:
+    """``text`` as PostgreSQL ``text`` can hold it: no NUL, no lone surrogate, bounded —
+    an error message quoting odd input must not fail the statement recording it."""
+    safe = text[:2000].encode("utf-8", "backslashreplace").decode("utf-8")
+    return safe.replace("\x00", "\\x00")
 
 
 async def backlog(conn: Conn) -> dict[str, Any]:

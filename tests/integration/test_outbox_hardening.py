@@ -227,6 +227,40 @@ async def test_a_poison_row_is_set_aside_and_every_other_aggregate_publishes(
     assert registry.get_sample_value("ferry_outbox_rows_set_aside_total", labels) == 1
 
 
+@pytest.mark.parametrize(
+    ("column", "value", "error"),
+    [
+        ("payload", f'{{"n": {HUGE_NUMBER}}}', "4300 digits"),
+        # RecursionError in json.loads, or the envelope's own depth limit: either way,
+        ("payload", '{"deep": ' + "[" * 5000 + "]" * 5000 + "}", "cannot build the message"),
+        ("occurred_at", "-infinity", "out of range"),
+    ],
+    ids=["huge-integer", "deep-nesting", "minus-infinity"],
+)
+async def test_each_unbuildable_row_is_set_aside_at_once(
+    env: Env, nc: NATS, sea_conn: asyncpg.Connection, column: str, value: str, error: str
+) -> None:
+    """What plain SQL can store but no envelope can carry is set aside on its first
+    attempt, the error on the row; a later aggregate is published."""
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
+    bad = await _insert_raw(sea_conn, "bad", '{"n": 1}')
+    cast = "jsonb" if column == "payload" else "timestamptz"
+    await sea_conn.execute(f"UPDATE outbox_events SET {column} = $1::text::{cast}", value)
+    [good] = await insert_events(sea_conn, 1, aggregates=1)
+    async with Publisher(env, nc.jetstream()):
+        await eventually(lambda: _pending_is(sea_conn, 1), timeout=20, what="good published")
+        await eventually(lambda: _set_aside_count(sea_conn, 1), timeout=20, what="set aside")
+    row = await sea_conn.fetchrow(
+        "SELECT publish_attempts, publish_error, set_aside_reason FROM outbox_events "
+        "WHERE id = $1",
+        bad,
+    )
+    assert row is not None
+    assert (row["publish_attempts"], row["set_aside_reason"]) == (1, "PAYLOAD_INVALID")
+    assert error in row["publish_error"]
+    assert await _published_ids(sea_conn) == {good}
+
+
 def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "shared.cli", *args], cwd=ROOT, env=env.settings_env(),
@@ -299,6 +333,20 @@ async def test_the_publishers_own_login_can_set_rows_aside(
         await pub.close()
     [audit] = await outbox.actions(sea_conn, event_id)
     assert (audit["action"], audit["reason"]) == ("set_aside", "MESSAGE_TOO_LARGE")
+
+
+async def test_an_error_quoting_odd_text_is_still_recorded(
+    env: Env, sea_conn: asyncpg.Connection
+) -> None:
+    """An error message with a NUL or a lone surrogate (text PostgreSQL cannot store) is
+    recorded escaped, instead of failing the batch's statement again and again."""
+    await _insert_raw(sea_conn, "x", '{"n": 1}')
+    async with sea_conn.transaction():
+        [row] = (await outbox.claim(sea_conn, 10)).rows
+        odd = outbox.Failure("ValueError: bad \x00 and \ud800 here")
+        await outbox.mark_failed(sea_conn, {row.seq: odd}, max_attempts=5)
+    stored = await sea_conn.fetchval("SELECT publish_error FROM outbox_events")
+    assert stored == "ValueError: bad \\x00 and \\ud800 here"
 
 
 class RefusingJetStream:
