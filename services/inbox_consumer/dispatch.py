@@ -116,4 +116,6 @@ async def _detail(resp: aiohttp.ClientResponse) -> str:
 
 
 def _bounded(text: str, limit: int = DETAIL_LIMIT) -> str:
+    """At most ``limit`` characters, without NUL (PostgreSQL text and jsonb refuse it)."""
+    text = text.replace("\x00", "\ufffd")
     return text if len(text) <= limit else text[: limit - 1] + "…"
