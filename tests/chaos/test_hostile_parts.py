@@ -19,6 +19,8 @@ from aiohttp.test_utils import TestServer
 
 from chaos.hostile_handler import Decider, make_app, read_log
 from chaos.hostile_payloads import LIMITS, WIDE_CHARS, catalogue, size_cases, train
+from chaos.roles import Exit, Role
+from chaos.scenario_faults import exit_causes
 
 UPSTREAM_BODY = {"status": "processed", "detail": "Ж applied"}
 
@@ -110,3 +112,25 @@ def test_catalogue_gives_every_case_its_own_aggregate_and_a_train_shares_one() -
     head, *followers = train(5)
     assert head.size > LIMITS[2][1] and len(followers) == 5
     assert {c.aggregate_id for c in followers} == {head.aggregate_id}
+
+
+def test_exit_causes_name_the_exception_of_each_run_that_ended_by_itself(tmp_path: Path) -> None:
+    log = tmp_path / "consumer.log"
+    log.write_text(
+        "--- start #1 at 1.000\n"
+        "Traceback (most recent call last):\n"
+        "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xfa in position 0: bad\n"
+        '{"level": "error", "message": "Unclosed client session"}\n'
+        "--- start #2 at 2.000\n"
+        "ValueError: cannot convert float NaN to integer\n"
+        "--- start #3 at 3.000\n"
+        '{"level": "info", "message": "stopped"}\n'
+    )
+    role = Role("consumer-x", "consumer", [], {}, log)
+    role.unexpected = [Exit(1.0, role.name, 1, ""), Exit(2.0, role.name, 1, "")]
+    assert exit_causes([role]) == Counter(
+        {
+            "consumer-x: UnicodeDecodeError: 'utf-8' codec can't decode byte N": 1,
+            "consumer-x: ValueError: cannot convert float NaN to integer": 1,
+        }
+    )
