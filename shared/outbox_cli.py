@@ -103,6 +103,10 @@ async def cmd_list(settings: CommonSettings, args: argparse.Namespace) -> int:
 
 async def cmd_republish(settings: CommonSettings, args: argparse.Namespace) -> int:
     """Make set-aside rows pending again, audited; 1 when a named row is not set aside."""
+    if not args.ids and not args.all_failed:
+        print("ferry: name the rows to republish: --id ID (repeatable) or --all-failed",
+              file=sys.stderr)  # fmt: skip
+        return 2
     ids = None if args.all_failed else list(dict.fromkeys(args.ids))
     actor = args.actor or f"{getpass.getuser()}@{socket.gethostname()}"
     conn = await _connect(settings, args.context)
@@ -133,7 +137,7 @@ def add_commands(sub: Any) -> argparse.ArgumentParser:
     lst.add_argument("--limit", type=int, default=1000, help="at most this many of each")
     lst.set_defaults(func=cmd_list)
     rep = verbs.add_parser("republish", help="make set-aside rows pending again (audited)")
-    which = rep.add_mutually_exclusive_group(required=True)
+    which = rep.add_mutually_exclusive_group()  # one of them: checked by cmd_republish
     which.add_argument("--id", dest="ids", type=_uuid, action="append", help="event id")
     which.add_argument("--all-failed", action="store_true", help="every set-aside row")
     rep.add_argument("--reason", type=_reason, required=True, help="why (recorded)")

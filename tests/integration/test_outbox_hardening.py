@@ -286,6 +286,9 @@ async def test_operator_lists_and_republishes_a_set_aside_row_with_a_reason(
         no_reason = await asyncio.to_thread(ferry, env, "outbox", "republish", "--context",
                                             "sea", "--id", str(poison))  # fmt: skip
         assert no_reason.returncode == 2 and "--reason" in no_reason.stderr
+        no_rows = await asyncio.to_thread(ferry, env, "outbox", "republish", "--context",
+                                          "sea", "--reason", "which?")  # fmt: skip
+        assert no_rows.returncode == 2 and "--all-failed" in no_rows.stderr
         unknown = uuid.uuid4()
         refused = await asyncio.to_thread(ferry, env, "outbox", "republish", "--context", "sea",
                                           "--id", str(unknown), "--reason", "try")  # fmt: skip
