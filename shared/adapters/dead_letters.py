@@ -24,6 +24,7 @@ a replay of something a handler already applied is answered 409 and processed on
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 from collections.abc import Sequence
@@ -35,12 +36,14 @@ from uuid import UUID
 from nats.js import JetStreamContext
 
 from shared import telemetry
-from shared.adapters import inbox
+from shared.adapters import dead_letter_records, inbox
 from shared.adapters.postgres import Conn
 from shared.domain.dead_letter import dead_letter_record
 from shared.domain.envelope import format_timestamp
 from shared.domain.subjects import replay_subject
 from shared.topology import DurableSpec, ReplayLimits
+
+log = logging.getLogger("ferry.dead_letters")
 
 #: Reasons that are defects of the message's own bytes: replaying the same bytes cannot
 #: change the outcome, so even the automatic policy holds them for an operator.
@@ -62,7 +65,7 @@ NOT_REPLAYABLE = frozenset(
 REPLAYABLE_STATUSES = ("dead", "held", "parked")
 FINAL_STATUSES = ("replayed", "discarded")
 
-Source = Literal["consumer", "advisory:max_deliveries", "advisory:terminated"]
+Source = Literal["consumer", "advisory:max_deliveries", "advisory:terminated", "sweep"]
 Outcome = Literal["recorded", "already"]
 
 
@@ -140,9 +143,18 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb)
 
 
 async def record_dead_letter(
-    conn: Conn, js: JetStreamContext, failure: Failure, spec: DurableSpec
+    conn: Conn,
+    js: JetStreamContext,
+    failure: Failure,
+    spec: DurableSpec,
+    *,
+    dlq_stream: str | None = None,
 ) -> Outcome:
-    """Record ``failure`` once (see the module doc); ``already`` when another path did."""
+    """Record ``failure`` once (see the module doc); ``already`` when another path did.
+
+    ``dlq_stream`` names the dead-letter stream, whose max_msg_size then bounds the
+    published record (:mod:`shared.adapters.dead_letter_records`).
+    """
     async with conn.transaction():
         row = await conn.fetchrow(_LOCK, failure.durable, failure.message_id)
         if row is not None and not _is_failed_replay(row, failure):
@@ -184,17 +196,22 @@ async def record_dead_letter(
                     f"replay cap of {spec.replay_limits.max_attempts} reached",
                     {},
                 )
-        await _publish_record(js, spec, failure, record, generation)
+        await _publish_record(js, spec, failure, record, generation, dlq_stream)
         await inbox.mark_dead_lettered(conn, failure.durable, _inbox_row(failure, spec, record))
     return "recorded"
 
 
 def _is_failed_replay(row: Any, failure: Failure) -> bool:
-    """A replay of this row was published and this failure is of that replay, not older."""
+    """A replay of this row is in flight and this failure is of that replay, not older.
+
+    A replay is published into the stream of the failure it repeats, so its sequence is
+    always greater than the recorded one (``stream_seq``, which the replay never changes);
+    a late advisory for the recorded delivery (or an earlier one) is never greater.
+    """
     return bool(
         row["status"] == "replaying"
         and failure.stream_seq is not None
-        and failure.stream_seq >= (row["stream_seq"] or 0)
+        and failure.stream_seq > (row["stream_seq"] or 0)
     )
 
 
@@ -257,6 +274,7 @@ async def _publish_record(
     failure: Failure,
     record: dict[str, Any],
     generation: int,
+    dlq_stream: str | None,
 ) -> None:
     headers = {
         "Nats-Msg-Id": f"{failure.durable}:{failure.message_id}:{generation}",
@@ -271,9 +289,14 @@ async def _publish_record(
         headers=headers,
         extra={"ferry.reason_code": failure.reason_code, "ferry.durable": failure.durable},
     ):
-        await js.publish(
-            spec.dead_letter_subject, json.dumps(record, default=str).encode(), headers=headers
+        fitted = await dead_letter_records.publish(
+            js, spec.dead_letter_subject, record, headers, stream=dlq_stream
         )
+        if fitted.by_reference:
+            log.info(
+                "dead-letter record keeps the payload by reference",
+                extra={"durable": failure.durable, "message_id": str(failure.message_id)},
+            )
 
 
 def _inbox_row(
@@ -357,7 +380,7 @@ WHERE durable = $1 AND message_id = $2
 
 _PUBLISHED = """
 UPDATE dead_letters
-SET stream_seq = $4, replay_published_at = clock_timestamp(), updated_at = clock_timestamp()
+SET replay_stream_seq = $4, replay_published_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE durable = $1 AND message_id = $2 AND status = 'replaying' AND replay_attempts = $3
 """
 
@@ -373,6 +396,10 @@ WHERE durable = $1 AND status = 'replaying' AND replay_published_at IS NULL
 
 class NotReplayable(Exception):
     """The dead letter is missing, final, or has no envelope to replay."""
+
+
+class NoEnvelope(NotReplayable):
+    """The dead letter keeps no parseable envelope: only an operator can settle it."""
 
 
 async def replay(
@@ -403,7 +430,7 @@ async def replay(
             )
         record = json.loads(row["record"])
         if not isinstance(record.get("payload"), dict):
-            raise NotReplayable(
+            raise NoEnvelope(
                 f"{durable}/{message_id} has no parseable envelope to replay "
                 f"({record.get('reasonCode')}); discard it or republish it at the source"
             )
@@ -454,7 +481,7 @@ async def _publish_replay(
     }
     if row["traceparent"]:
         headers["traceparent"] = row["traceparent"]
-    body = json.dumps(record["payload"], separators=(",", ":")).encode()
+    body = dead_letter_records.encode(record["payload"])  # UTF-8: the size it had
     subject = replay_subject(row["stream"], durable)
     # A replay starts a new trace, linked to the message's original one.
     with telemetry.publish_span(

@@ -1,0 +1,179 @@
+"""Dead-letter records on the wire: UTF-8 JSON that always fits, or the payload by reference.
+
+A record carries the original message's payload so an operator (or any reader of the
+dead-letter stream) sees what failed. The payload is already as large as the stream it
+came from allows; the record adds its history and metadata, so a record can outgrow the
+dead-letter stream. Publishing it would then fail on every attempt — and the message
+would never be dead-lettered. Instead:
+
+* records are UTF-8 JSON (no ASCII escapes: a Cyrillic character is 2 bytes, not 6);
+* the limit is the smaller of the connection's ``max_payload`` (the server's INFO) and
+  the dead-letter stream's ``max_msg_size`` (its stream info, when this process may read
+  it; else learnt from the server's refusal, JetStream error 10054), less the headers;
+* a record over the limit keeps the payload **by reference**: its sha256 digest, its size
+  in bytes, where the original lives (stream and sequence) and where the full copy is
+  kept (the ``dead_letters`` row of ``durable``/``message_id``, beside the inbox row).
+  The replayer replays from that row, so a by-reference record replays like any other.
+
+Every size here is a wire size: the UTF-8 bytes that go out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from nats.errors import Error as NatsError
+from nats.errors import MaxPayloadError
+from nats.js import JetStreamContext
+from nats.js.errors import APIError
+
+log = logging.getLogger("ferry.dead_letters")
+
+#: JetStream's error code for "message size exceeds maximum allowed" (stream max_msg_size).
+MESSAGE_TOO_LARGE_CODE = 10054
+#: Bytes kept free for the protocol line and headers nats-py adds (Nats-Expected-*, ...).
+HEADROOM = 512
+#: How long a stream's looked-up max_msg_size is trusted, in seconds.
+LIMIT_TTL = 300.0
+#: Retry-history entries a record keeps when even the by-reference record is too large.
+HISTORY_KEPT = 20
+#: Characters of lastError kept in that case.
+ERROR_KEPT = 2000
+
+
+def encode(doc: Any) -> bytes:
+    """``doc`` as compact UTF-8 JSON; ASCII escapes only for what UTF-8 cannot carry
+    (lone surrogates), so nothing is ever refused."""
+    try:
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+    except UnicodeEncodeError:
+        return json.dumps(doc, separators=(",", ":"), default=str).encode()
+
+
+def header_bytes(headers: dict[str, str]) -> int:
+    """Wire size of a NATS header block (``NATS/1.0\\r\\n`` + ``k: v\\r\\n`` … + ``\\r\\n``)."""
+    return 12 + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """What is published: the bytes, and whether the payload went by reference."""
+
+    data: bytes
+    by_reference: bool
+
+
+def payload_reference(record: dict[str, Any]) -> dict[str, Any]:
+    """The by-reference stand-in for ``record["payload"]`` (see the module doc)."""
+    body = encode(record.get("payload"))
+    return {
+        "by_reference": True,
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "bytes": len(body),
+        "original": {
+            "stream": record.get("failedStream"),
+            "stream_sequence": record.get("stream_sequence"),
+        },
+        "stored": {
+            "table": "dead_letters",
+            "durable": record.get("durable"),
+            "message_id": record.get("message_id"),
+        },
+    }
+
+
+def fit(record: dict[str, Any], limit: int, *, force_reference: bool = False) -> Fitted:
+    """``record`` encoded within ``limit`` bytes: whole when it fits, else by reference."""
+    data = encode(record)
+    if len(data) <= limit and not force_reference:
+        return Fitted(data, False)
+    slim = {**record, "payload": payload_reference(record)}
+    data = encode(slim)
+    if len(data) > limit:  # history or error text alone too large: keep their tail
+        history = list(record.get("retryHistory") or [])
+        slim["retryHistory"] = history[-HISTORY_KEPT:]
+        slim["retryHistoryOmitted"] = max(len(history) - HISTORY_KEPT, 0)
+        slim["lastError"] = str(record.get("lastError") or "")[:ERROR_KEPT]
+        data = encode(slim)
+    return Fitted(data, True)
+
+
+class RecordLimits:
+    """The largest record body a dead-letter subject accepts, per dead-letter stream."""
+
+    def __init__(self) -> None:
+        self._streams: dict[str, tuple[int, float]] = {}
+
+    async def limit(self, js: JetStreamContext, stream: str | None, headers: int) -> int:
+        """Body bytes allowed: min(max_payload, the stream's max_msg_size) less headers."""
+        ceiling = _max_payload(js)
+        if stream:
+            size = await self._stream_limit(js, stream)
+            if size is not None:
+                ceiling = min(ceiling, size)
+        return max(ceiling - headers - HEADROOM, 0)
+
+    async def _stream_limit(self, js: JetStreamContext, stream: str) -> int | None:
+        known = self._streams.get(stream)
+        if known is not None and known[1] > time.monotonic():
+            return known[0]
+        try:
+            info = await js.stream_info(stream)
+        except (NatsError, OSError) as exc:  # e.g. not permitted: the refusal teaches it
+            log.debug("max_msg_size of %s unknown (%s)", stream, exc)
+            return None
+        size = int(info.config.max_msg_size or -1)
+        value = size if size > 0 else 2**62
+        self._streams[stream] = (value, time.monotonic() + LIMIT_TTL)
+        return value
+
+
+#: One per process: stream limits are the same for every caller.
+LIMITS = RecordLimits()
+
+
+async def publish(
+    js: JetStreamContext,
+    subject: str,
+    record: dict[str, Any],
+    headers: dict[str, str],
+    *,
+    stream: str | None = None,
+) -> Fitted:
+    """Publish ``record`` on ``subject`` whole or by reference, never too large.
+
+    A refusal for size (the stream's max_msg_size was not known here) is answered with the
+    by-reference record; every other error is the caller's (transient: retry later).
+    """
+    limit = await LIMITS.limit(js, stream, header_bytes(headers))
+    fitted = fit(record, limit)
+    try:
+        await js.publish(subject, fitted.data, headers=headers)
+    except (APIError, MaxPayloadError) as exc:
+        if fitted.by_reference or not _too_large(exc):
+            raise
+        log.info(
+            "record of %s bytes refused for its size; keeping the payload by reference",
+            len(fitted.data),
+        )
+        fitted = fit(record, limit, force_reference=True)
+        await js.publish(subject, fitted.data, headers=headers)
+    return fitted
+
+
+def _too_large(exc: Exception) -> bool:
+    if isinstance(exc, MaxPayloadError):
+        return True
+    return isinstance(exc, APIError) and exc.err_code == MESSAGE_TOO_LARGE_CODE
+
+
+def _max_payload(js: JetStreamContext) -> int:
+    """The connection's max_payload, as the server announced it in INFO."""
+    nc = getattr(js, "_nc", None)
+    value = getattr(nc, "max_payload", None)
+    return int(value) if isinstance(value, int) and value > 0 else 1024 * 1024
