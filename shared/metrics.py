@@ -531,8 +531,9 @@ class RouterMetrics:
         self._dead_letters.labels(durable, reason, source).inc()
 
     def watch(self, router: Any) -> None:
-        """Export ``router.stats``."""
+        """Export ``router.stats`` and its sweep's."""
         self.role.add_collector(lambda: router_families(router.stats))
+        self.role.add_collector(lambda: sweep_families(router.sweep.stats))
 
 
 def router_families(stats: Any) -> list[Metric]:
@@ -544,6 +545,7 @@ def router_families(stats: Any) -> list[Metric]:
         "waiting": stats.waiting,
         "error": stats.errors,
         "invalid": stats.invalid,
+        "failed": stats.failed,
     }
     bound = GaugeMetricFamily(
         "ferry_dlq_router_bound", "1 once bound to the advisory durable.", labels=[]
@@ -552,11 +554,32 @@ def router_families(stats: Any) -> list[Metric]:
     return [
         _counter(
             "ferry_dlq_router_advisories",
-            "MAX_DELIVERIES / MSG_TERMINATED advisories handled, by outcome.",
+            "MAX_DELIVERIES / MSG_TERMINATED advisories handled, by outcome (error: retried "
+            "later; invalid: unusable, terminated; failed: unexpected, retried then terminated).",
             ["outcome"],
             {(k,): v for k, v in outcomes.items()},
         ),
         bound,
+    ]
+
+
+def sweep_families(stats: Any) -> list[Metric]:
+    """The router's sweep for unreported exhaustions, as Prometheus families."""
+    return [
+        _counter(
+            "ferry_dlq_router_sweep",
+            "Sweep for exhaustions no advisory reported: sweeps run, rows dead-lettered "
+            "(DELIVERY_EXHAUSTED_UNREPORTED), rows left because JetStream may still deliver "
+            "them, rows another path had recorded, errors.",
+            ["outcome"],
+            {
+                ("sweep",): stats.sweeps,
+                ("recorded",): stats.recorded,
+                ("still_pending",): stats.still_pending,
+                ("already",): stats.already,
+                ("error",): stats.errors,
+            },
+        )
     ]
 
 
@@ -621,13 +644,16 @@ def replayer_families(stats: Any) -> list[Metric]:
         _counter(
             "ferry_dlq_replayer_events",
             "Replayer work by kind: replays settled as replayed, replays republished after "
-            "an unconfirmed publish, entries skipped (taken by another replica), errors, scans.",
+            "an unconfirmed publish, entries skipped (taken by another replica), entries "
+            "parked (nothing to replay), errors (retried), failures (unexpected), scans.",
             ["kind"],
             {
                 ("settled",): stats.settled,
                 ("republished",): stats.republished,
                 ("skipped",): stats.skipped,
+                ("parked",): stats.parked,
                 ("error",): stats.errors,
+                ("failed",): stats.failed,
                 ("scan",): stats.scans,
             },
         ),

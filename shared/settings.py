@@ -262,6 +262,10 @@ class RouterSettings(CommonSettings):
     fetch_timeout: float = Field(default=1.0, gt=0)
     #: Seconds SIGTERM allows for the advisories in hand (< supervisord stopwaitsecs).
     drain_deadline: float = Field(default=8.0, gt=0)
+    #: Seconds between sweeps for exhaustions no advisory reported (0: no sweep).
+    sweep_interval: float = Field(default=60.0, ge=0)
+    #: Seconds added to a durable's redelivery horizon before the sweep takes a row.
+    sweep_margin: float = Field(default=300.0, ge=0)
 
 
 class ReplayerSettings(CommonSettings):
@@ -271,5 +275,7 @@ class ReplayerSettings(CommonSettings):
     interval: float = Field(default=1.0, gt=0)
     #: Due dead letters taken per durable per scan.
     batch_size: int = Field(default=100, ge=1, le=10_000)
+    #: Seconds after which a replay whose publish was not confirmed is published again.
+    unconfirmed_after: float = Field(default=30.0, gt=0)
     #: Seconds SIGTERM allows for the replays in hand (< supervisord stopwaitsecs).
     drain_deadline: float = Field(default=8.0, gt=0)
