@@ -59,40 +59,50 @@ def json_defect(
     where: str = "payload",
     max_depth: int = MAX_PAYLOAD_DEPTH,
     forbid_nul: bool = False,
+    check_text: bool = True,
 ) -> str | None:
     """What makes decoded JSON ``value`` unfit to travel as UTF-8 JSON, or ``None``.
 
     Nesting deeper than ``max_depth`` (``value`` itself is level 1), a string (key or
     value) with a lone surrogate, which no UTF-8 encoder can write, and with
-    ``forbid_nul`` a NUL character, which PostgreSQL (``jsonb``, ``text``) cannot store.
-    Walked without recursion, so any depth is measured safely; the answer names the first
-    offending path.
+    ``forbid_nul`` a NUL character, which PostgreSQL (``jsonb``, ``text``) cannot store
+    (``check_text=False`` checks the nesting only). Walked without recursion, so any
+    depth is measured safely; the answer names the first offending path.
     """
-    stack: list[tuple[Any, str, int]] = [(value, where, 1)]
+    # Paths are kept as (parent, step) links and spelled out only for the answer.
+    stack: list[tuple[Any, Any, int]] = [(value, None, 1)]
     while stack:
         node, path, depth = stack.pop()
         if isinstance(node, str):
             problem = _text_defect(node, forbid_nul)
             if problem:
-                return f"{path}: {problem}"
+                return f"{_spell(where, path)}: {problem}"
             continue
         if not isinstance(node, dict | list):
             continue
         if depth > max_depth:
-            return f"{path}: nested deeper than {max_depth} levels"
-        if isinstance(node, list):
-            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(node))
-            continue
-        for key, item in node.items():
-            key_text = str(key)
-            problem = _text_defect(key_text, forbid_nul)
+            return f"{_spell(where, path)}: nested deeper than {max_depth} levels"
+        items = enumerate(node) if isinstance(node, list) else node.items()
+        for step, item in items:
+            problem = _text_defect(step, forbid_nul) if check_text else ""
             if problem:
-                return f"{path}: key {_shown(key_text)}: {problem}"
-            stack.append((item, f"{path}.{_short(key_text)}", depth + 1))
+                return f"{_spell(where, path)}: key {_shown(step)}: {problem}"
+            if isinstance(item, dict | list) or (check_text and isinstance(item, str)):
+                stack.append((item, (path, step), depth + 1))
     return None
 
 
-def _text_defect(text: str, forbid_nul: bool) -> str:
+def _spell(where: str, path: Any) -> str:
+    steps: list[str] = []
+    while path is not None:
+        path, step = path
+        steps.append(f"[{step}]" if isinstance(step, int) else f".{_short(step)}")
+    return where + "".join(reversed(steps))
+
+
+def _text_defect(text: object, forbid_nul: bool) -> str:
+    if not isinstance(text, str):
+        return ""  # a list index
     if forbid_nul and "\x00" in text:
         return "text contains NUL (U+0000), which PostgreSQL cannot store"
     if not text.isascii() and _LONE_SURROGATE.search(text):
@@ -250,8 +260,9 @@ def parse_json_body(data: bytes) -> Any:
     """``data`` as strict JSON: UTF-8, RFC 8259, nested at most one level deeper than a
     payload may be, text that is valid Unicode; else :class:`PoisonError`
     (``MALFORMED_JSON``) naming the defect."""
+    data = bytes(data)
     try:
-        text = bytes(data).decode("utf-8")
+        text = data.decode("utf-8")
         # ValueError also covers integers over Python's 4,300-digit limit.
         doc = json.loads(text, parse_constant=_refuse_constant)
     except (ValueError, TypeError) as exc:
@@ -260,9 +271,15 @@ def parse_json_body(data: bytes) -> Any:
         raise PoisonError(
             "MALFORMED_JSON", f"body nests deeper than {MAX_PAYLOAD_DEPTH + 1} levels"
         ) from None
-    defect = json_defect(doc, where="body", max_depth=MAX_PAYLOAD_DEPTH + 1)
-    if defect is not None:
-        raise PoisonError("MALFORMED_JSON", defect)
+    # Cheap tests first: UTF-8 cannot carry a surrogate, only a \\uD8xx escape can; and
+    # fewer brackets than levels cannot nest too deep. Most bodies need no walk at all.
+    escaped = b"\\ud" in data or b"\\uD" in data
+    if escaped or data.count(b"[") + data.count(b"{") > MAX_PAYLOAD_DEPTH + 1:
+        defect = json_defect(
+            doc, where="body", max_depth=MAX_PAYLOAD_DEPTH + 1, check_text=escaped
+        )
+        if defect is not None:
+            raise PoisonError("MALFORMED_JSON", defect)
     return doc
 
 

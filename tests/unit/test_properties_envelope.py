@@ -133,6 +133,19 @@ def test_lone_surrogates_are_poison_not_a_unicode_error(changes: dict[str, Any])
     assert _poison_code(body) == "MALFORMED_JSON"
 
 
+def test_an_escaped_surrogate_pair_is_text_not_poison() -> None:
+    payload = {"title": ["😀", {"k": "😀"}]}
+    doc = _doc(payload=payload, payload_digest=payload_digest(payload))
+    found = _identify(json.dumps(doc, ensure_ascii=True).encode())  # "\ud83d\ude00"
+    assert found.envelope is not None and found.envelope.payload == payload
+
+
+def test_poison_names_where_the_lone_surrogate_is() -> None:
+    body = json.dumps(_doc(payload={"list": [1, {"k": "\udc00"}]})).encode()
+    poison = _identify(body).poison
+    assert poison is not None and "body.payload.list[1].k" in poison.detail
+
+
 @pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
 def test_nan_and_infinity_are_not_json(constant: str) -> None:
     body = json.dumps(_doc()).replace('"title": "t"', f'"title": {constant}')
