@@ -163,7 +163,7 @@ def committed_of(ledger: Ledger, outbox_ids: set[str]) -> tuple[list[Intent], Co
         ):
             committed.append(intent)
         elif intent.status == "refused":
-            refused[intent.klass] += 1
+            refused[intent.klass.split("#")[0]] += 1  # a case's rounds counted together
     return committed, refused
 
 
