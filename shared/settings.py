@@ -64,7 +64,10 @@ class CommonSettings(BaseSettings):
 
     def stream_caps(self) -> Caps:
         """The caps provisioning applies over the topology."""
-        size = None if self.max_stream_bytes is None else parse_size(self.max_stream_bytes)
+        try:
+            size = None if self.max_stream_bytes is None else parse_size(self.max_stream_bytes)
+        except ValueError as exc:
+            raise ConfigurationError(f"FERRY_MAX_STREAM_BYTES: {exc}") from None
         return Caps(max_replicas=self.max_stream_replicas, max_bytes=size)
 
     #: Port of /healthz, /readyz (0 or unset: no HTTP health endpoint).

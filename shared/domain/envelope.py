@@ -260,8 +260,8 @@ def parse_json_body(data: bytes) -> Any:
     """``data`` as strict JSON: UTF-8, RFC 8259, nested at most one level deeper than a
     payload may be, text that is valid Unicode; else :class:`PoisonError`
     (``MALFORMED_JSON``) naming the defect."""
-    data = bytes(data)
     try:
+        data = bytes(data)
         text = data.decode("utf-8")
         # ValueError also covers integers over Python's 4,300-digit limit.
         doc = json.loads(text, parse_constant=_refuse_constant)

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.domain.durations import MAX_DURATION, MAX_SIZE, parse_duration, parse_size
-from shared.domain.errors import FerryError, MalformedInput
+from shared.domain.errors import ConfigurationError, FerryError, MalformedInput
+from shared.settings import CommonSettings
 from tests.unit.hostile_values import hostile_text
 
 PROPERTY = settings(max_examples=200, deadline=None)
@@ -86,3 +87,9 @@ def test_a_written_duration_parses_to_its_seconds(amount: int, unit: str) -> Non
 def test_a_written_size_parses_to_its_bytes(amount: int, unit: str) -> None:
     assert parse_size(f"{amount}{unit}") == amount * _UNIT_BYTES[unit]
     assert parse_size(f" {amount} {unit.lower()} ") == amount * _UNIT_BYTES[unit]
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, "lots", "-1GB", "1e9"])
+def test_a_bad_stream_size_setting_is_a_configuration_error_naming_it(value: str) -> None:
+    with pytest.raises(ConfigurationError, match="FERRY_MAX_STREAM_BYTES: "):
+        CommonSettings(max_stream_bytes=value).stream_caps()
