@@ -30,6 +30,7 @@ from tests.consumer.conftest import (
 )
 from tests.dlq.support import Roles, dead_letter_rows, raw_records, true
 from tests.helpers import eventually
+from tests.observability.conftest import metric_value
 
 pytestmark = pytest.mark.integration
 
@@ -138,3 +139,33 @@ async def _swept_one(sweep: Sweep) -> bool:
 async def _held(sweep: Sweep) -> bool:
     await sweep.run_once()
     return sweep.stats.still_pending >= 1
+
+
+async def test_the_router_sweeps_on_its_own_and_counts_it(
+    env: Env, nc: NATS, handler: ScriptedHandler
+) -> None:
+    fast_durable(env, handler.url, ack_wait="1s", max_deliver=2, backoff=["100ms"])
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
+    event = envelope()
+    handler.scripts[event.message_id] = [500, 500]
+    async with RunningConsumer(env, nc, handler.url) as consumer:
+        await publish(nc, event)
+        await eventually(lambda: true(consumer.stats.exhausted == 1), timeout=30, what="exhausted")
+    await _purge_advisories(nc, env)
+    async with Roles(env, nc.jetstream()) as roles:
+        router = roles.router(sweep_margin=MARGIN, sweep_interval=0.5)
+        await eventually(lambda: true(router.sweep.stats.recorded == 1), timeout=30, what="swept")
+        assert roles.alive()
+        text = (await router.metrics.role.render())[0].decode()
+    assert (
+        metric_value(
+            text,
+            "ferry_dead_letters_total",
+            durable="sea__from_vibespro",
+            reason=SWEEP_REASON,
+            source="sweep",
+        )
+        == 1
+    )
+    assert metric_value(text, "ferry_dlq_router_sweep_total", outcome="recorded") == 1
+    assert len(await raw_records(nc.jetstream())) == 1

@@ -1,0 +1,121 @@
+"""Pure policy of dead letters: record sizing (property-based), the sweep's horizon and its
+test of whether JetStream may still deliver a message."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.adapters.dead_letter_records import encode, fit, header_bytes
+from shared.domain.dead_letter import (
+    DurableProgress,
+    dead_letter_record,
+    may_still_be_delivered,
+    redelivery_horizon,
+)
+from shared.topology import load_topology
+from tests.conftest import ROOT
+
+texts = st.text(alphabet=st.characters(exclude_categories=()), max_size=3000)  # surrogates too
+payloads = st.recursive(
+    st.none() | st.integers() | texts,
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+histories = st.lists(
+    st.fixed_dictionaries({"status": st.integers(100, 599), "detail": st.text(max_size=500)}),
+    max_size=60,
+)
+
+
+def _record(payload: Any, history: list[dict[str, Any]], error: str) -> dict[str, Any]:
+    return dead_letter_record(
+        durable="sea__from_vibespro",
+        stream="VIBESPRO_EVENTS",
+        stream_sequence=42,
+        message_id="6f1c2b1e-0000-4000-8000-000000000001",
+        original_subject="vibespro.event.vibe_created.v1",
+        reason_code="HANDLER_BAD_REQUEST",
+        last_error=error,
+        attempts=3,
+        payload=payload,
+        retry_history=history,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads, histories, st.text(max_size=5000), st.integers(16 * 1024, 64 * 1024))
+def test_a_fitted_record_never_exceeds_its_limit_and_loses_no_payload_silently(
+    payload: Any, history: list[dict[str, Any]], error: str, limit: int
+) -> None:
+    record = _record(payload, history, error)
+    fitted = fit(record, limit)
+    assert len(fitted.data) <= limit
+    published = json.loads(fitted.data)
+    if fitted.by_reference:
+        kept = encode(payload)
+        reference = published["payload"]
+        assert reference["bytes"] == len(kept)
+        assert reference["sha256"] == hashlib.sha256(kept).hexdigest()
+        assert reference["original"] == {"stream": "VIBESPRO_EVENTS", "stream_sequence": 42}
+    else:
+        assert published["payload"] == json.loads(encode(payload))
+
+
+def test_sizes_are_utf8_bytes_not_ascii_escapes() -> None:
+    record = _record({"name": "Ж" * 1000}, [], "")
+    assert len(encode(record["payload"])) == len('{"name":""}') + 2000
+    assert not fit(record, 4000).by_reference  # 2 KB of UTF-8; ASCII-escaped it was 6 KB
+
+
+def test_header_bytes_count_the_wire_form() -> None:
+    assert header_bytes({"Nats-Msg-Id": "ab"}) == len(b"NATS/1.0\r\nNats-Msg-Id: ab\r\n\r\n")
+
+
+def test_horizon_of_the_shipped_durable_is_its_whole_redelivery_schedule_plus_margin() -> None:
+    spec = load_topology(ROOT / "topologies/sea-vibespro.yaml").durables["sea__from_vibespro"]
+    horizon = redelivery_horizon(
+        ack_wait=spec.ack_wait, max_deliver=spec.max_deliver, backoff=spec.backoff, margin=300
+    )
+    # 20 x 120 s of ack_wait; 19 gaps on the ladder 1, 5, 30, 120, then 600 s (15 times).
+    assert horizon == 20 * 120 + (1 + 5 + 30 + 120 + 15 * 600) + 300
+
+
+def test_horizon_of_a_single_delivery_has_no_ladder() -> None:
+    assert redelivery_horizon(ack_wait=10, max_deliver=1, backoff=[99], margin=1) == 11
+
+
+PROGRESS = DurableProgress(ack_floor=10, delivered=20, ack_pending=3)
+
+
+@pytest.mark.parametrize(
+    ("seq", "attempts", "replayed", "progress", "expected"),
+    [
+        (10, 1, False, PROGRESS, False),  # at the ack floor: settled
+        (15, 1, False, PROGRESS, True),  # may be awaiting its redelivery
+        (15, 4, False, PROGRESS, False),  # JetStream's cap reached: no more deliveries
+        (15, 4, True, PROGRESS, True),  # the count includes a replay's deliveries
+        (15, 1, False, DurableProgress(10, 20, 0), False),  # nothing awaits an ack
+        (25, 1, False, DurableProgress(10, 20, 0), True),  # not even delivered yet
+    ],
+)
+def test_whether_jetstream_may_still_deliver(
+    seq: int, attempts: int, replayed: bool, progress: DurableProgress, expected: bool
+) -> None:
+    assert (
+        may_still_be_delivered(
+            stream_seq=seq,
+            attempts=attempts,
+            replayed=replayed,
+            progress=progress,
+            max_deliver=4,
+        )
+        is expected
+    )
