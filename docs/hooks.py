@@ -9,7 +9,8 @@ do live in ``docs/gen_reference.py``, loaded from beside this file. At build tim
 - every specification id in prose (``PRD-022``, ``REQ-059``, ``INFRA-005`` ...) becomes a
   link to its row on the specification-ids page; an id the table lacks is a warning,
   which ``mkdocs build --strict`` turns into a failed build;
-- the metrics page must name every series a ``metrics.py`` declares (warning otherwise).
+- the metrics page must name every series a ``metrics.py`` declares and every alert of
+  ``k8s/base/alerts/`` (warning otherwise).
 """
 
 from __future__ import annotations
@@ -108,12 +109,25 @@ def _link_ids(markdown: str, src: str) -> str:
     return "".join(out)
 
 
+def alert_names() -> set[str]:
+    """Every alert of the shipped Prometheus rule files."""
+    names: set[str] = set()
+    for path in (HERE.parent / "k8s" / "base" / "alerts").glob("*.y*ml"):
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        for group in doc.get("groups", []):
+            names |= {rule["alert"] for rule in group.get("rules", []) if "alert" in rule}
+    return names
+
+
 def _check_metrics(markdown: str) -> None:
     missing = sorted(
         name for name in _gen().metric_names() if not re.search(rf"\b{name}(_total)?\b", markdown)
     )
     for name in missing:
         log.warning("%s does not document the series %s", METRICS_PAGE, name)
+    for alert in sorted(alert_names()):
+        if f"`{alert}`" not in markdown:
+            log.warning("%s does not document the alert %s", METRICS_PAGE, alert)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
