@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -38,6 +39,12 @@ from shared.metrics import PublisherMetrics, RoleMetrics
 from . import failures as fail
 
 log = logging.getLogger("ferry.outbox_publisher")
+
+#: An empty claim slower than this (s) walked many rows that all wait behind failing or
+#: set-aside rows (a long outage over a large backlog): the worker then rests ten times
+#: as long (at most the poll interval) before it claims again, rather than at every
+#: NOTIFY, so such claims take at most about a tenth of a database core per worker.
+SLOW_EMPTY_CLAIM = 0.1
 
 
 @dataclass
@@ -166,23 +173,12 @@ class OutboxPublisher:
             # Cleared before the claim, so a commit that lands during it is not missed.
             wakeup.clear()
             commits_before = self._commits
-            try:
-                count, failed, held_back = await self._publish_counted()
-            except DATABASE_ERRORS as exc:
-                self.stats.last_db_ok = False
-                self._count_error(type(exc).__name__)
-                log.warning("outbox batch failed: %s; retrying in %.1fs", exc, delay)
-                await _sleep_unless(stop, delay)
+            started = time.monotonic()
+            batch = await self._batch_or_rest(stop, delay)
+            if batch is None:
                 delay = min(delay * 2, self.retry_max)
                 continue
-            except Exception as exc:  # a bug or a surprise: never let it end the worker
-                self.stats.batch_errors += 1
-                self._count_error(type(exc).__name__)
-                log.exception("outbox batch raised %s; retrying in %.1fs", type(exc).__name__,
-                              delay)  # fmt: skip
-                await _sleep_unless(stop, delay)
-                delay = min(delay * 2, self.retry_max)
-                continue
+            count, failed, held_back = batch
             if failed:
                 await _sleep_unless(stop, delay)
                 delay = min(delay * 2, self.retry_max)
@@ -204,7 +200,10 @@ class OutboxPublisher:
                 # the poll), not after the next NOTIFY — a backlog has no new commits.
                 await self._wait_held_back(wakeup, stop, poll_interval, others_committed)
                 continue
-            if count < self.batch_size and not failed:
+            slow = time.monotonic() - started
+            if count == 0 and slow > SLOW_EMPTY_CLAIM:
+                await _sleep_unless(stop, min(slow * 10, poll_interval))
+            elif count < self.batch_size and not failed:
                 await _wait_listed(wakeup, self._idle, stop, timeout=poll_interval)
                 if (
                     self.linger
@@ -217,6 +216,22 @@ class OutboxPublisher:
                     # batches into batches. Otherwise the worker claims at once.
                     await asyncio.sleep(self.linger)
         self._wakeups.remove(wakeup)
+
+    async def _batch_or_rest(self, stop: asyncio.Event, delay: float) -> Batch | None:
+        """One batch; when it raises, log and count why and rest ``delay`` (None)."""
+        try:
+            return await self._publish_counted()
+        except DATABASE_ERRORS as exc:
+            self.stats.last_db_ok = False
+            self._count_error(type(exc).__name__)
+            log.warning("outbox batch failed: %s; retrying in %.1fs", exc, delay)
+        except Exception as exc:  # a bug or a surprise: never let it end the worker
+            self.stats.batch_errors += 1
+            self._count_error(type(exc).__name__)
+            log.exception("outbox batch raised %s; retrying in %.1fs", type(exc).__name__,
+                          delay)  # fmt: skip
+        await _sleep_unless(stop, delay)
+        return None
 
     async def _wait_held_back(
         self, wakeup: asyncio.Event, stop: asyncio.Event, poll_interval: float, committed: bool

@@ -55,23 +55,24 @@ def _backoff(prefix: str = "") -> str:
 #: The predicate of idx_outbox_failing (migrations/0008), word for word.
 _FAILING = "published_at IS NULL AND (publish_attempts <> 0 OR set_aside_at IS NOT NULL)"
 
+# A candidate must have no earlier row of its aggregate that is set aside or backing off:
+# one probe of idx_outbox_failing per row walked (small: only an aggregate's head is ever
+# attempted), whatever the planner's estimates — a materialized list of blocked
+# aggregates joined by a nested loop would turn quadratic in a long outage, when every
+# aggregate's head is backing off and the statistics have not caught up yet.
 _CLAIM = f"""
-WITH blocked AS MATERIALIZED (
-  SELECT aggregate_type, aggregate_id, min(seq) AS seq FROM outbox_events
-  WHERE {_FAILING}
-    AND (set_aside_at IS NOT NULL
-         OR coalesce(last_attempt_at, '-infinity') >= now() - {_backoff()})
-  GROUP BY aggregate_type, aggregate_id
-),
-cand AS (
+WITH cand AS (
   SELECT o.seq FROM outbox_events o
   WHERE o.published_at IS NULL AND o.set_aside_at IS NULL
     AND (o.publish_attempts = 0
          OR coalesce(o.last_attempt_at, '-infinity') < now() - {_backoff("o.")})
     AND NOT EXISTS (
-      SELECT 1 FROM blocked b
+      SELECT 1 FROM outbox_events b
       WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
-        AND b.seq < o.seq)
+        AND b.seq < o.seq
+        AND b.published_at IS NULL AND (b.publish_attempts <> 0 OR b.set_aside_at IS NOT NULL)
+        AND (b.set_aside_at IS NOT NULL
+             OR coalesce(b.last_attempt_at, '-infinity') >= now() - {_backoff("b.")}))
   ORDER BY o.seq
   LIMIT $1
   FOR UPDATE OF o SKIP LOCKED
