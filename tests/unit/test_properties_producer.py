@@ -71,6 +71,26 @@ def test_multibyte_payload_just_over_the_limit_is_refused_naming_limit_and_size(
     assert f"limit of {MAX_PAYLOAD_BYTES} bytes" in refused.reason
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    chars=st.lists(st.sampled_from(["a", "é", "Ж", "€", "😀"]), min_size=1, max_size=4),
+    slack=st.integers(min_value=-8, max_value=8),
+)
+def test_the_limit_is_exactly_the_utf8_bytes_of_the_payload(chars: list[str], slack: int) -> None:
+    unit = "".join(chars)
+    width = len(unit.encode())
+    base = unit * ((MAX_PAYLOAD_BYTES - FRAME) // width)  # at most the limit
+    name = base + "a" * slack if slack >= 0 else base[:slack]
+    size = FRAME + len(name.encode())
+    try:
+        _, statement = event_statement(CHANGE, **_event(payload={"model_id": "m1", "name": name}))
+    except OutboxValidationError as exc:
+        assert exc.code == "MESSAGE_TOO_LARGE" and size > MAX_PAYLOAD_BYTES
+        assert f"{size} bytes" in exc.reason
+    else:
+        assert size <= MAX_PAYLOAD_BYTES and len(_payload_arg(statement).encode()) == size
+
+
 @pytest.mark.parametrize(
     ("payload", "named"),
     [
