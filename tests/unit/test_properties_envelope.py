@@ -56,6 +56,7 @@ FIELDS = (
     "aggregate_id",
     "payload",
     "payload_digest",
+    "payload.title",  # inside the payload: a field the digest and the handler both read
 )
 
 
@@ -350,9 +351,14 @@ class _Raw:
 
 
 def _with_field(doc: dict[str, Any], field: str, value: Any) -> bytes:
-    if not isinstance(value, _Raw):
-        return json.dumps({**doc, field: value}, ensure_ascii=True).encode()
     marker = "\u0001MARK\u0001"
-    text = json.dumps({**doc, field: marker}, ensure_ascii=False)
+    placed = marker if isinstance(value, _Raw) else value
+    if field.startswith("payload."):
+        doc = {**doc, "payload": {**doc["payload"], field.removeprefix("payload."): placed}}
+    else:
+        doc = {**doc, field: placed}
+    if not isinstance(value, _Raw):
+        return json.dumps(doc, ensure_ascii=True).encode()
+    text = json.dumps(doc, ensure_ascii=False)
     quoted = re.escape(json.dumps(marker, ensure_ascii=False))
     return re.sub(quoted, lambda _: value.text, text).encode()
