@@ -43,7 +43,7 @@ from shared.adapters import dead_letters, inbox
 from shared.adapters.inbox import ClaimResult, InboxEntry
 from shared.adapters.postgres import CONNECTION_ERRORS, DATABASE_ERRORS, Conn
 from shared.domain.ack import Ack, DeadLetter, Decision, HandlerResponse, Nak, RetryPolicy, decide
-from shared.domain.envelope import Envelope, format_timestamp, identify
+from shared.domain.envelope import Envelope, Identified, format_timestamp, identify
 from shared.domain.errors import PoisonError
 from shared.domain.subjects import REPLAY_PREFIX
 from shared.metrics import ConsumerMetrics, RoleMetrics
@@ -149,37 +149,35 @@ class Delivery:
 def parse_delivery(msg: Msg, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Delivery:
     """Parse without raising: a defect is kept as ``poison`` for the dead-letter path.
 
-    A body over ``max_bytes`` is not even parsed: it is poison ``MESSAGE_TOO_LARGE``.
+    A body over ``max_bytes`` is not even parsed: it is poison ``MESSAGE_TOO_LARGE``. A
+    body that makes parsing raise is poison ``CONSUMER_ERROR``, keyed like an unparseable
+    one (its ``Nats-Msg-Id``, or its stream position), so the rest of its batch goes on.
     """
     meta = msg.metadata
-    size = len(msg.data)
-    if size > max_bytes:
-        found = identify(
-            b"",
+
+    def identified(data: bytes) -> Identified:
+        return identify(
+            data,
             subject=msg.subject,
             msg_id_header=(msg.headers or {}).get("Nats-Msg-Id"),
             stream=meta.stream,
             seq=meta.sequence.stream,
         )
-        too_large = PoisonError("MESSAGE_TOO_LARGE", f"{size} bytes exceeds {max_bytes}")
-        return Delivery(
-            msg, found.message_id, meta.num_delivered, meta.sequence.stream, None, too_large
-        )
-    found = identify(
-        msg.data,
-        subject=msg.subject,
-        msg_id_header=(msg.headers or {}).get("Nats-Msg-Id"),
-        stream=meta.stream,
-        seq=meta.sequence.stream,
-    )
-    return Delivery(
-        msg,
-        found.message_id,
-        meta.num_delivered,
-        meta.sequence.stream,
-        found.envelope,
-        found.poison,
-    )
+
+    size, problem = len(msg.data), None
+    if size > max_bytes:
+        problem = PoisonError("MESSAGE_TOO_LARGE", f"{size} bytes exceeds {max_bytes}")
+    else:
+        try:
+            found = identified(msg.data)
+        except Exception as exc:
+            log.error("could not parse a message: %r", exc, exc_info=exc)
+            detail = f"parsing raised {type(exc).__name__}: {exc}"[:500]
+            problem = PoisonError(CONSUMER_ERROR, detail)
+    if problem is not None:
+        found = Identified(identified(b"").message_id, None, problem)
+    seq = meta.sequence.stream
+    return Delivery(msg, found.message_id, meta.num_delivered, seq, found.envelope, found.poison)
 
 
 class InboxConsumer:

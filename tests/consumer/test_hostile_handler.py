@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from tests.consumer.conftest import (
     fast_durable,
     inbox_row,
     publish,
+    publish_raw,
 )
 from tests.consumer.hostile import (
     HostileHandler,
@@ -203,3 +205,31 @@ async def test_an_unexpected_error_for_one_message_dead_letters_it_and_the_rest_
     assert record["reasonCode"] == "CONSUMER_ERROR"
     assert "RuntimeError: a bug met by one message" in record["lastError"]
     assert [r["reason_code"] for r in await dead_letter_rows(world)] == ["CONSUMER_ERROR"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"message_id": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # deep nesting
+        b'{"message_id": 1' + b"0" * 5_000 + b"}",  # an integer of 5,000 digits
+        b'{"message_id": "\\ud800", "payload": {"x": "\\udfff"}}',  # lone surrogates
+    ],
+    ids=["deep", "huge-int", "surrogates"],
+)
+async def test_a_body_that_breaks_parsing_is_dead_lettered_and_its_batch_goes_on(
+    world: Env, nc: NATS, hostile: HostileHandler, body: bytes
+) -> None:
+    bad_id, good = str(uuid.uuid4()), [envelope() for _ in range(3)]
+    running = RunningConsumer(world, nc, hostile.url)
+    async with running:
+        await publish(nc, good[0])
+        await publish_raw(nc, good[0].subject, body, msg_id=bad_id)
+        for event in good[1:]:
+            await publish(nc, event)
+        await until_all(world, [e.message_id for e in good])
+        await until_all(world, [bad_id], "failed")
+        assert not running.task.done()
+    assert all(hostile.applied[e.message_id] == 1 for e in good)
+    assert hostile.calls.get(bad_id) is None
+    [record] = await dead_letters(nc)
+    assert record["message_id"] == bad_id and record["reasonCode"]
