@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -256,6 +257,15 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
 
 
+def _finite_float(text: str) -> float:
+    # 1e400 is valid JSON but no double: Python would read it as inf and write it on as
+    # "Infinity", which is not JSON at all.
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {_short(text)} is out of range for a double")
+    return value
+
+
 def parse_json_body(data: bytes) -> Any:
     """``data`` as strict JSON: UTF-8, RFC 8259, nested at most one level deeper than a
     payload may be, text that is valid Unicode; else :class:`PoisonError`
@@ -264,7 +274,7 @@ def parse_json_body(data: bytes) -> Any:
         data = bytes(data)
         text = data.decode("utf-8")
         # ValueError also covers integers over Python's 4,300-digit limit.
-        doc = json.loads(text, parse_constant=_refuse_constant)
+        doc = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, TypeError) as exc:
         raise PoisonError("MALFORMED_JSON", f"body is not JSON: {_short(str(exc), 200)}") from None
     except RecursionError:
