@@ -29,11 +29,8 @@ from typing import Any, TypeVar
 
 import asyncpg
 from nats.aio.msg import Msg
-from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import Error as NatsError
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
 from services.inbox_consumer.dispatch import HttpHandler
 from services.inbox_consumer.keepalive import KeepAlive
@@ -64,14 +61,9 @@ INBOX_RETRY_MAX = 5.0
 CONTENDED_DELAY = 1.0
 #: Pause before pulling again from a durable that was deleted under us.
 GONE_PAUSE = 5.0
-#: Answers to "is the durable back?" that mean: not yet (or cannot tell yet).
-STILL_GONE: tuple[type[BaseException], ...] = (
-    NotFoundError,
-    ConnectionClosedError,
-    NoRespondersError,
-    NatsTimeout,
-    OSError,
-)
+#: Answers to "is the durable back?" that mean: not yet (or cannot tell yet) — not found,
+#: no connection, no responders, a timeout, no stream leader (APIError 503).
+STILL_GONE: tuple[type[BaseException], ...] = (NatsError, OSError)
 #: Batches processed at once by default (see InboxConsumer.pipeline).
 DEFAULT_PIPELINE = 4
 #: Failures that leave a dead letter unwritten: the message is nak'ed and tried again.
