@@ -88,6 +88,10 @@ def parse_subject(subject: str) -> EventSubject:
         raise OutboxValidationError(
             "INVALID_SUBJECT", "subject", f"{_shown(subject)} has fewer than three tokens"
         )
+    if not all(parts):
+        raise OutboxValidationError(
+            "INVALID_SUBJECT", "subject", f"{_shown(subject)} has an empty token"
+        )
     match = _VERSION.match(parts[-1])
     if match is None:
         raise OutboxValidationError(

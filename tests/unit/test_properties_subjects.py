@@ -33,6 +33,8 @@ versions = st.integers(min_value=1, max_value=MAX_EVENT_VERSION)
         "sea.event.model_published.v" + "9" * 5000,
         "sea.event.model_published.v1001",
         "sea.event.model_published.v٣",
+        "sea.event..v1",  # was INVALID_OUTBOX (empty event type), not INVALID_SUBJECT
+        ".event.model_published.v1",
     ],
 )
 def test_trailing_newlines_huge_and_foreign_versions_are_refused(subject: str) -> None:
