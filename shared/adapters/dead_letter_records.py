@@ -16,10 +16,17 @@ would never be dead-lettered. Instead:
   The replayer replays from that row, so a by-reference record replays like any other.
 
 Every size here is a wire size: the UTF-8 bytes that go out.
+
+The ``dead_letters`` row keeps the record as ``jsonb``, which refuses U+0000 and lone
+surrogates. A payload holding either is stored exactly all the same — as base64 of its
+bytes (:func:`stored_record`) — and replayed byte for byte (:func:`replay_body`); other
+text (errors, history) is stored with a replacement character in their place
+(:func:`storable`).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -177,3 +184,54 @@ def _max_payload(js: JetStreamContext) -> int:
     nc = getattr(js, "_nc", None)
     value = getattr(nc, "max_payload", None)
     return int(value) if isinstance(value, int) and value > 0 else 1024 * 1024
+
+
+# --------------------------------------------------------------------------- the stored copy
+
+#: Keys of a payload stored as base64 (no envelope has only these two).
+STORED_AS = "stored_as"
+
+
+def _fits_jsonb(text: str) -> bool:
+    """JSON text PostgreSQL's jsonb accepts: no escaped NUL, no lone surrogate."""
+    if "\\u0000" in text:
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def storable(value: Any) -> Any:
+    """``value`` (JSON-like) as jsonb and text columns take it: NUL becomes U+FFFD, a lone
+    surrogate ``?``."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    if _fits_jsonb(text):
+        return value
+    cleaned = text.replace("\\u0000", "\\ufffd").encode("utf-8", "replace").decode()
+    return json.loads(cleaned)
+
+
+def stored_record(record: dict[str, Any]) -> str:
+    """The JSON text of ``record`` for the ``dead_letters.record`` column (jsonb)."""
+    text = json.dumps(record, ensure_ascii=False, default=str)
+    if _fits_jsonb(text):
+        return text
+    exact = json.dumps(record.get("payload"), ensure_ascii=False, separators=(",", ":"))
+    rest = storable({k: v for k, v in record.items() if k != "payload"})
+    rest["payload"] = {
+        STORED_AS: "base64",
+        "data": base64.b64encode(exact.encode("utf-8", "surrogatepass")).decode(),
+    }
+    return json.dumps(rest, ensure_ascii=False, default=str)
+
+
+def replay_body(record: dict[str, Any]) -> bytes | None:
+    """The bytes a replay publishes: the stored envelope, or None when there is none."""
+    payload = record.get("payload")
+    if isinstance(payload, dict) and set(payload) == {STORED_AS, "data"}:
+        body = base64.b64decode(payload["data"])
+        doc = json.loads(body.decode("utf-8", "surrogatepass"))
+        return body if isinstance(doc, dict) else None
+    return encode(payload) if isinstance(payload, dict) else None

@@ -28,7 +28,7 @@ import logging
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -152,9 +152,14 @@ async def record_dead_letter(
 ) -> Outcome:
     """Record ``failure`` once (see the module doc); ``already`` when another path did.
 
+    Text PostgreSQL cannot store (NUL, lone surrogates) never fails it: the payload is
+    kept exactly (:func:`~shared.adapters.dead_letter_records.stored_record`), other
+    text with a replacement character.
+
     ``dlq_stream`` names the dead-letter stream, whose max_msg_size then bounds the
     published record (:mod:`shared.adapters.dead_letter_records`).
     """
+    failure = _storable(failure)
     async with conn.transaction():
         row = await conn.fetchrow(_LOCK, failure.durable, failure.message_id)
         if row is not None and not _is_failed_replay(row, failure):
@@ -179,7 +184,7 @@ async def record_dead_letter(
                 failure.reason_code,
                 failure.last_error,
                 failure.attempts,
-                json.dumps(record, default=str),
+                dead_letter_records.stored_record(record),
                 failure.source,
                 status,
                 delay,
@@ -199,6 +204,18 @@ async def record_dead_letter(
         await _publish_record(js, spec, failure, record, generation, dlq_stream)
         await inbox.mark_dead_lettered(conn, failure.durable, _inbox_row(failure, spec, record))
     return "recorded"
+
+
+def _storable(failure: Failure) -> Failure:
+    """``failure`` with the text that goes into columns fit for PostgreSQL."""
+    clean = dead_letter_records.storable
+    return replace(
+        failure,
+        original_subject=clean(failure.original_subject),
+        last_error=clean(failure.last_error),
+        retry_history=clean(failure.retry_history),
+        history_entry=clean(failure.history_entry),
+    )
 
 
 def _is_failed_replay(row: Any, failure: Failure) -> bool:
@@ -259,7 +276,7 @@ def _insert_args(
         failure.reason_code,
         failure.last_error,
         failure.attempts,
-        json.dumps(record, default=str),
+        dead_letter_records.stored_record(record),
         spec.dead_letter_subject,
         failure.source,
         failure.traceparent,
@@ -429,7 +446,7 @@ async def replay(
                 f"{durable}/{message_id} is {row['status']}; replayable from: {', '.join(allowed)}"
             )
         record = json.loads(row["record"])
-        if not isinstance(record.get("payload"), dict):
+        if dead_letter_records.replay_body(record) is None:
             raise NoEnvelope(
                 f"{durable}/{message_id} has no parseable envelope to replay "
                 f"({record.get('reasonCode')}); discard it or republish it at the source"
@@ -481,7 +498,9 @@ async def _publish_replay(
     }
     if row["traceparent"]:
         headers["traceparent"] = row["traceparent"]
-    body = dead_letter_records.encode(record["payload"])  # UTF-8: the size it had
+    body = dead_letter_records.replay_body(record)  # UTF-8, byte for byte as stored
+    if body is None:
+        raise NoEnvelope(f"{durable}/{message_id} has no envelope to replay")
     subject = replay_subject(row["stream"], durable)
     # A replay starts a new trace, linked to the message's original one.
     with telemetry.publish_span(

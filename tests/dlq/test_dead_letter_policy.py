@@ -11,7 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.adapters.dead_letter_records import encode, fit, header_bytes
+from shared.adapters.dead_letter_records import (
+    encode,
+    fit,
+    header_bytes,
+    replay_body,
+    stored_record,
+)
 from shared.domain.dead_letter import (
     DurableProgress,
     dead_letter_record,
@@ -119,3 +125,21 @@ def test_whether_jetstream_may_still_deliver(
         )
         is expected
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=5), payloads, max_size=4), texts)
+def test_the_stored_copy_fits_jsonb_and_replays_the_payload_byte_for_byte(
+    payload: dict[str, Any], error: str
+) -> None:
+    stored = stored_record(_record(payload, [{"detail": error}], error))
+    assert "\\u0000" not in stored
+    stored.encode()  # no lone surrogate: PostgreSQL's jsonb takes it
+    body = replay_body(json.loads(stored))
+    assert body is not None
+    assert json.loads(body.decode("utf-8", "surrogatepass")) == payload
+
+
+def test_a_stored_copy_without_an_envelope_has_nothing_to_replay() -> None:
+    assert replay_body(json.loads(stored_record(_record("raw\x00text", [], "")))) is None
+    assert replay_body(json.loads(stored_record(_record(None, [], "")))) is None
