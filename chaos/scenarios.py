@@ -1,11 +1,13 @@
 """Three scenarios past the ordinary fault envelope (ISSUE 22), each small in CI and long
 in the soak (``python -m chaos.run --scenario NAME [--schedule soak]``):
 
-``long-outage``       every role's NATS link down long enough that outbox rows fail
-                      attempt after attempt (and, compressed in time, as many attempts as
-                      a 40-minute outage leaves: ``outbox_fast_forward``); then one
+``long-outage``       every role's NATS link down; then NATS silent (PubAcks later than
+                      the publish timeout) so outbox rows fail attempt after attempt, and,
+                      compressed in time, get as many attempts as a 40-minute outage
+                      leaves (``outbox_fast_forward``, past every attempt cap); then one
                       consumer's handler link down long enough that every delivery of
-                      the messages arriving meanwhile is spent.
+                      the messages arriving meanwhile is spent. Rows set aside
+                      PUBLISH_REFUSED are republished by the operator afterwards.
 ``hostile-handler``   a hostile front (:mod:`chaos.hostile_handler`) before each handler:
                       random 401/403/408/413/429/5xx, Retry-After of every kind,
                       non-UTF-8 and huge bodies, trickled answers, resets mid-body.
