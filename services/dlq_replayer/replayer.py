@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from uuid import UUID
 
 import asyncpg
+import nats.errors
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
@@ -50,6 +51,11 @@ ERRORS: tuple[type[BaseException], ...] = (
     NoStreamResponseError,
     APIError,
     NatsTimeout,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.NoServersError,
     OSError,
 )
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+import nats.errors
 from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
@@ -66,6 +67,11 @@ ERRORS: tuple[type[BaseException], ...] = (
     NoStreamResponseError,
     APIError,
     NatsTimeout,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.NoServersError,
     OSError,
 )
 #: Deliveries after which an advisory that fails in an unexpected way is terminated (it

@@ -17,6 +17,7 @@ from collections import Counter
 import pytest
 from nats.aio.client import Client as NATS
 
+from devstack.nats import NatsServer
 from tests.conftest import Env
 from tests.consumer.conftest import RunningConsumer, ScriptedHandler, envelope, publish
 from tests.dlq.support import (
@@ -85,3 +86,40 @@ async def test_replayer_finishes_every_replay_across_a_stream_outage(
     assert len(handler.calls) == 2 * len(events)  # the rejection and one replay each
     stored = await dead_letter_rows(world)
     assert sorted(r["replay_attempts"] for r in stored) == [1, 1, 1]  # no attempt spent twice
+
+
+async def test_router_and_replayer_ride_out_a_nats_restart(
+    world: Env, nc: NATS, handler: ScriptedHandler, nats_server: NatsServer
+) -> None:
+    exhausted = [envelope() for _ in range(4)]  # the router records these
+    rejected = [envelope() for _ in range(3)]  # the consumer records these; replayed
+    for event in exhausted:
+        handler.scripts[event.message_id] = [500] * 4
+    for event in rejected:
+        handler.scripts[event.message_id] = [422]
+    ids = [e.message_id for e in exhausted + rejected]
+    js = nc.jetstream()
+    async with RunningConsumer(world, nc, handler.url) as consumer:
+        await asyncio.gather(*(publish(nc, e) for e in exhausted + rejected))
+        await eventually(
+            lambda: true(consumer.stats.exhausted == 4 and consumer.stats.dead_lettered == 3),
+            timeout=60,
+            what="failures",
+        )
+    async with Roles(world, js) as roles:
+        router = roles.router()
+        replayer = roles.replayer(unconfirmed_after=0.5)
+        await asyncio.to_thread(nats_server.stop)
+        await asyncio.sleep(3.0)  # the roles keep trying against a server that is gone
+        await asyncio.to_thread(nats_server.start)  # same port, same store
+        await eventually(lambda: true(router.stats.recorded == 4), timeout=90, what="recorded")
+        assert roles.alive()
+        async with RunningConsumer(world, nc, handler.url):
+            await eventually(lambda: statuses_are(world, ids, "replayed"), timeout=90, what="all")
+        assert roles.alive() and replayer.stats.replayed == len(ids)
+    assert all(handler.applied[m] == 1 for m in ids)
+    stored = await dead_letter_rows(world)
+    assert sorted(str(r["message_id"]) for r in stored) == sorted(ids)
+    assert {(r["generation"], r["replay_attempts"]) for r in stored} == {(1, 1)}
+    records = [json.loads(r) for r in await raw_records(js)]
+    assert Counter(r["message_id"] for r in records) == Counter(ids)
