@@ -57,10 +57,12 @@ class KeepAlive:
         """Beat until cancelled."""
         while True:
             await asyncio.sleep(self.every)
-            await self.beat()
-            if extra is not None:
-                with contextlib.suppress(Exception):
+            try:
+                await self.beat()
+                if extra is not None:
                     await extra()
+            except Exception as exc:  # never let one bad beat stop the others for good
+                log.error("heartbeat round failed: %r", exc, exc_info=exc)
 
     async def beat(self) -> None:
         """One ``in_progress`` for every held message not yet settled."""
