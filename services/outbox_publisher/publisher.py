@@ -42,9 +42,10 @@ log = logging.getLogger("ferry.outbox_publisher")
 
 #: An empty claim slower than this (s) walked many rows that all wait behind failing or
 #: set-aside rows (a long outage over a large backlog): the worker then rests ten times
-#: as long (at most the poll interval) before it claims again, rather than at every
+#: as long (at most SLOW_EMPTY_REST_MAX s) before it claims again, rather than at every
 #: NOTIFY, so such claims take at most about a tenth of a database core per worker.
 SLOW_EMPTY_CLAIM = 0.1
+SLOW_EMPTY_REST_MAX = 10.0
 
 
 @dataclass
@@ -202,7 +203,7 @@ class OutboxPublisher:
                 continue
             slow = time.monotonic() - started
             if count == 0 and slow > SLOW_EMPTY_CLAIM:
-                await _sleep_unless(stop, min(slow * 10, poll_interval))
+                await _sleep_unless(stop, min(slow * 10, SLOW_EMPTY_REST_MAX))
             elif count < self.batch_size and not failed:
                 await _wait_listed(wakeup, self._idle, stop, timeout=poll_interval)
                 if (

@@ -57,9 +57,10 @@ _FAILING = "published_at IS NULL AND (publish_attempts <> 0 OR set_aside_at IS N
 
 # A candidate must have no earlier row of its aggregate that is set aside or backing off:
 # one probe of idx_outbox_failing per row walked (small: only an aggregate's head is ever
-# attempted), whatever the planner's estimates — a materialized list of blocked
-# aggregates joined by a nested loop would turn quadratic in a long outage, when every
-# aggregate's head is backing off and the statistics have not caught up yet.
+# attempted). ``OFFSET 0`` keeps the NOT EXISTS a per-row subplan: turned into an anti
+# join, the planner may materialize every failing row and rescan them per row walked —
+# quadratic in a long outage, when every aggregate's head backs off and the statistics
+# (taken while nothing failed) have not caught up.
 _CLAIM = f"""
 WITH cand AS (
   SELECT o.seq FROM outbox_events o
@@ -72,7 +73,8 @@ WITH cand AS (
         AND b.seq < o.seq
         AND b.published_at IS NULL AND (b.publish_attempts <> 0 OR b.set_aside_at IS NOT NULL)
         AND (b.set_aside_at IS NOT NULL
-             OR coalesce(b.last_attempt_at, '-infinity') >= now() - {_backoff("b.")}))
+             OR coalesce(b.last_attempt_at, '-infinity') >= now() - {_backoff("b.")})
+      OFFSET 0)
   ORDER BY o.seq
   LIMIT $1
   FOR UPDATE OF o SKIP LOCKED

@@ -185,6 +185,31 @@ async def test_rows_behind_a_backing_off_row_do_not_fill_the_claim(
     assert claimed.held_back == 0
 
 
+async def test_the_claim_probes_the_failing_index_once_per_row_whatever_the_statistics(
+    env: Env, sea_conn: asyncpg.Connection
+) -> None:
+    """Statistics taken while nothing failed, then every aggregate's head backing off (a
+    long outage): the claim still looks up each walked row's blockers in idx_outbox_failing
+    (an index condition per row), never a list of all failing rows rescanned per row —
+    which is quadratic in the backlog. Nothing is claimable, and nothing is locked."""
+    await insert_events(sea_conn, 2000, aggregates=200)
+    await sea_conn.execute("ANALYZE outbox_events")
+    await sea_conn.execute(
+        "UPDATE outbox_events SET publish_attempts = 30, publish_error = 'no PubAck', "
+        "last_attempt_at = now() + interval '1 hour' "
+        "WHERE seq IN (SELECT min(seq) FROM outbox_events GROUP BY aggregate_id)"
+    )
+    async with sea_conn.transaction():
+        plan = "\n".join(r[0] for r in await sea_conn.fetch(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + outbox._CLAIM, 500))  # fmt: skip
+    probe = "Index Cond: ((aggregate_type = o_1.aggregate_type) AND (aggregate_id = "
+    assert "Index Scan using idx_outbox_failing on outbox_events b" in plan, plan
+    assert probe in plan and "Index Searches: 1800" in plan, plan  # each row walked
+    assert "Materialize" not in plan and "Anti Join" not in plan, plan
+    async with sea_conn.transaction():
+        assert await outbox.claim(sea_conn, 500) == outbox.Claim([], 0)
+
+
 # ------------------------------------------------------------------ set-aside rows
 
 
