@@ -118,6 +118,13 @@ class Delivery:
         return self.msg.subject.startswith(REPLAY_PREFIX + ".")
 
     @property
+    def traceparent(self) -> str | None:
+        """The W3C traceparent header, when well-formed: anything else (a NUL, 10 kB) is
+        dropped here, before the inbox, the handler call or a dead letter refuses it."""
+        value = (self.msg.headers or {}).get("traceparent")
+        return value.strip() if value and telemetry.parse_traceparent(value) else None
+
+    @property
     def subject(self) -> str:
         """The event's own subject (a replay travels on the durable's replay subject)."""
         if self.replay and self.envelope is not None:
@@ -134,7 +141,7 @@ class Delivery:
             event_version=env.event_version if env else None,
             occurred_at=env.occurred_at if env else None,
             stream_seq=self.stream_seq,
-            traceparent=(self.msg.headers or {}).get("traceparent"),
+            traceparent=self.traceparent,
         )
 
 
@@ -401,7 +408,7 @@ class InboxConsumer:
         )
 
     def _log_fields(self, delivery: Delivery) -> contextlib.AbstractContextManager[None]:
-        traceparent = (delivery.msg.headers or {}).get("traceparent")
+        traceparent = delivery.traceparent
         return telemetry.log_fields(message_id=str(delivery.message_id), traceparent=traceparent)
 
     async def _traced_decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
@@ -543,7 +550,7 @@ class InboxConsumer:
 
     def _headers(self, delivery: Delivery) -> dict[str, str]:
         headers = {"Idempotency-Key": str(delivery.message_id)}
-        traceparent = (delivery.msg.headers or {}).get("traceparent")
+        traceparent = delivery.traceparent
         if traceparent:
             headers["traceparent"] = traceparent
         return headers
@@ -709,7 +716,7 @@ class InboxConsumer:
             event_type=env.event_type if env else None,
             event_version=env.event_version if env else None,
             occurred_at=env.occurred_at if env else None,
-            traceparent=(delivery.msg.headers or {}).get("traceparent"),
+            traceparent=delivery.traceparent,
             handler_status=status,
             history_entry=entry,
         )

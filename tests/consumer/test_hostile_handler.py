@@ -233,3 +233,26 @@ async def test_a_body_that_breaks_parsing_is_dead_lettered_and_its_batch_goes_on
     assert hostile.calls.get(bad_id) is None
     [record] = await dead_letters(nc)
     assert record["message_id"] == bad_id and record["reasonCode"]
+
+
+@pytest.mark.parametrize("traceparent", ["00-\x00-bad", "x" * 10_000, "00-zz-\u00e9"])
+async def test_an_invalid_traceparent_header_is_dropped_and_the_event_processed(
+    world: Env, nc: NATS, hostile: HostileHandler, traceparent: str
+) -> None:
+    odd, good = envelope(), [envelope() for _ in range(3)]
+    running = RunningConsumer(world, nc, hostile.url)
+    async with running:
+        await publish(nc, good[0])
+        await nc.jetstream().publish(
+            odd.subject,
+            odd.to_wire(),
+            headers={"Nats-Msg-Id": odd.message_id, "traceparent": traceparent},
+        )
+        for event in good[1:]:
+            await publish(nc, event)
+        await until_all(world, [e.message_id for e in [odd, *good]])
+        assert not running.task.done()
+    assert all(hostile.applied[e.message_id] == 1 for e in [odd, *good])
+    row = await inbox_row(world, odd.message_id)
+    assert row is not None and row["traceparent"] is None
+    assert await dead_letters(nc) == []
