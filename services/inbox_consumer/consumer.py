@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 from nats.aio.msg import Msg
@@ -33,12 +33,13 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
 from services.inbox_consumer.dispatch import HttpHandler
+from services.inbox_consumer.holding import Holder, merge_claims
 from services.inbox_consumer.keepalive import KeepAlive
 from services.inbox_consumer.puller import ConsumerGone, Puller
 from shared import telemetry
 from shared.adapters import dead_letters, inbox
 from shared.adapters.inbox import ClaimResult, InboxEntry
-from shared.adapters.postgres import CONNECTION_ERRORS, DATABASE_ERRORS, Conn
+from shared.adapters.postgres import DATABASE_ERRORS, Conn
 from shared.domain.ack import Ack, DeadLetter, Decision, HandlerResponse, Nak, RetryPolicy, decide
 from shared.domain.envelope import Envelope, Identified, format_timestamp, identify
 from shared.domain.errors import PoisonError
@@ -70,13 +71,8 @@ DEFAULT_PIPELINE = 4
 #: Any NATS error: no stream leader (NoStreamResponseError, APIError) while NATS
 #: restarts, a timeout, a closed connection.
 DEAD_LETTER_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, NatsError)
-#: Tries of a database write that fails with a server error (not a lost connection)
-#: before the message is given up to the safety net (nak with delay).
-WRITE_TRIES = 3
 #: The reason code of a message whose handling raised something unexpected.
 CONSUMER_ERROR = "CONSUMER_ERROR"
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -209,6 +205,10 @@ class InboxConsumer:
         self.heartbeat_every = max(spec.ack_wait / 3, 0.5)
         #: Heart-beats every message in hand until it is settled.
         self.keeper = KeepAlive(self.heartbeat_every)
+        #: Runs the inbox writes, holding through database outages.
+        longest = min(INBOX_RETRY_MAX, self.heartbeat_every)
+        self.holder = Holder(pool, first_pause=INBOX_RETRY_INITIAL, longest_pause=longest)
+        self.holder.on_failure = self._inbox_failed
         #: Pauses (s) while the handler refuses our credentials, doubling up to the second.
         self.auth_retry = (1.0, 30.0)
         self._stop = asyncio.Event()
@@ -226,7 +226,7 @@ class InboxConsumer:
         Up to :attr:`pipeline` batches are processed at once, so the handler is busy while
         the next batch is claimed in the inbox and the previous one is settled.
         """
-        self._stop = stop
+        self._stop = self.holder.stop = stop
         await self.js.consumer_info(self.spec.stream, self.durable)  # fails clearly if absent
         puller = Puller(
             self.js, stream=self.spec.stream, durable=self.durable, window=self.spec.batch_size
@@ -324,43 +324,43 @@ class InboxConsumer:
     async def _claim_holding(self, deliveries: list[Delivery]) -> ClaimResult | None:
         """Claim the batch; while the inbox is unreachable, hold it rather than nak it.
 
-        An unreachable inbox says nothing about the messages: nak'ing them would spend a
-        delivery per attempt and, over a long outage, exhaust max_deliver and dead-letter
-        healthy events. So the batch is held (the keeper heart-beats it, so JetStream
+        The batch is held (:mod:`.holding`; the keeper heart-beats it, so JetStream
         neither redelivers nor counts a delivery) and no more is fetched — back-pressure —
         until the database answers. Only a stop gives up: the batch is nak'ed for another
-        replica (or the next start) and None is returned.
+        replica (or the next start) and None is returned. A claim the database refuses
+        (not an outage) is retried one message at a time (:meth:`_claim_singly`).
         """
-        claim = await self._holding("claim the batch", lambda conn: self._claim(conn, deliveries))
+        try:
+            claim = await self.holder.run("claim the batch", self._claim_work(deliveries))
+        except asyncpg.PostgresError as exc:
+            claim = await self._claim_singly(deliveries, exc)
         if claim is None:
             for delivery in deliveries:
                 await self._nak(delivery.msg, CONTENDED_DELAY)
         return claim
 
-    async def _holding(self, what: str, write: Callable[[Conn], Awaitable[T]]) -> T | None:
-        """Run ``write``; while the database is unreachable, hold and try again.
-
-        The messages concerned stay alive meanwhile (the keeper), so an outage costs them
-        no delivery. A server error (not a lost connection) is tried :data:`WRITE_TRIES`
-        times and then raised. None when stopping with the database still away.
-        """
-        pause, tries = INBOX_RETRY_INITIAL, 0
-        while True:
+    async def _claim_singly(
+        self, deliveries: list[Delivery], exc: BaseException
+    ) -> ClaimResult | None:
+        """One row may be unstorable (a NUL in its subject): claim each message alone. One
+        refused alone is nak'ed with its back-off — it can be neither recorded nor
+        dead-lettered here; its exhaustion reaches the dlq-router — and the rest go on."""
+        log.warning("claim of %d refused (%r): claiming one by one", len(deliveries), exc)
+        claims = []
+        for delivery in deliveries:
             try:
-                async with self.pool.acquire() as conn:
-                    return await write(conn)
-            except DATABASE_ERRORS as exc:
-                tries += 1
-                self.stats.inbox_unavailable += 1
-                if not isinstance(exc, CONNECTION_ERRORS) and tries >= WRITE_TRIES:
-                    raise
-                if self._stop.is_set():
-                    log.warning("could not %s (%s) while stopping", what, exc)
-                    return None
-                log.warning("could not %s (%s): holding, again in %.1fs", what, exc, pause)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=pause)
-            pause = min(pause * 2, min(INBOX_RETRY_MAX, self.heartbeat_every))
+                one = await self.holder.run("claim one", self._claim_work([delivery]))
+            except asyncpg.PostgresError as refused:
+                self._unexpected("claim", refused, delivery)
+                await self._nak(delivery.msg, self.policy.delay(delivery.attempt))
+                continue
+            if one is None:
+                return None
+            claims.append(one)
+        return merge_claims(claims)
+
+    def _claim_work(self, deliveries: list[Delivery]) -> Callable[[Conn], Awaitable[ClaimResult]]:
+        return lambda conn: self._claim(conn, deliveries)
 
     async def _claim(self, conn: Conn, deliveries: list[Delivery]) -> ClaimResult:
         return await inbox.claim_batch(
@@ -573,7 +573,7 @@ class InboxConsumer:
             return True
 
         try:
-            return await self._holding(f"mark {len(processed)} processed", mark) is not None
+            return await self.holder.run(f"mark {len(processed)} processed", mark) is not None
         except DATABASE_ERRORS as exc:
             log.warning("could not mark %d processed: %s", len(processed), exc)
             return False
@@ -616,7 +616,7 @@ class InboxConsumer:
         tried again: nak'ing with the lease still held would make the redelivery a
         contended copy, which spends a delivery without calling the handler.
         """
-        await self._holding(
+        await self.holder.run(
             f"record the retry of {delivery.message_id}",
             lambda conn: inbox.mark_retrying(
                 conn,
@@ -728,6 +728,9 @@ class InboxConsumer:
     async def _nak(self, msg: Msg, delay: float) -> None:
         self.keeper.release([msg])
         await _quiet(msg.nak(delay=delay if math.isfinite(delay) and delay > 0 else 0.0))
+
+    def _inbox_failed(self) -> None:
+        self.stats.inbox_unavailable += 1
 
     def _ids(self, delivery: Delivery) -> dict[str, str]:
         return {"durable": self.durable, "message_id": str(delivery.message_id)}

@@ -256,3 +256,25 @@ async def test_an_invalid_traceparent_header_is_dropped_and_the_event_processed(
     row = await inbox_row(world, odd.message_id)
     assert row is not None and row["traceparent"] is None
     assert await dead_letters(nc) == []
+
+
+async def test_a_message_the_inbox_cannot_store_does_not_hold_back_its_batch(
+    world: Env, nc: NATS, hostile: HostileHandler
+) -> None:
+    # A NUL in a subject is stored by JetStream but refused by PostgreSQL: the claim of
+    # every batch holding it failed, and its batch-mates spent their deliveries with it.
+    good = [envelope() for _ in range(4)]
+    await publish(nc, good[0])
+    await publish_raw(nc, "vibespro.event.\x00", b"{}", msg_id=str(uuid.uuid4()))
+    for event in good[1:]:
+        await publish(nc, event)
+    running = RunningConsumer(world, nc, hostile.url)  # one batch: all five are waiting
+    async with running as consumer:
+        await until_all(world, [e.message_id for e in good])
+        assert not running.task.done()
+        errors = consumer.metrics.role.registry.get_sample_value(
+            "ferry_consumer_errors_total", {"durable": DURABLE, "stage": "claim"}
+        )
+    assert errors is not None and errors >= 1
+    assert all(hostile.attempts[e.message_id] == [1] for e in good)
+    assert all(hostile.applied[e.message_id] == 1 for e in good)
