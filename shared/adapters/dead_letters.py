@@ -38,28 +38,15 @@ from nats.js import JetStreamContext
 from shared import telemetry
 from shared.adapters import dead_letter_records, inbox
 from shared.adapters.postgres import Conn
-from shared.domain.dead_letter import dead_letter_record
+from shared.domain import dead_letter as policy
+from shared.domain.dead_letter import NOT_REPLAYABLE, dead_letter_record
 from shared.domain.envelope import format_timestamp
 from shared.domain.subjects import replay_subject
 from shared.topology import DurableSpec, ReplayLimits
 
 log = logging.getLogger("ferry.dead_letters")
 
-#: Reasons that are defects of the message's own bytes: replaying the same bytes cannot
-#: change the outcome, so even the automatic policy holds them for an operator.
-NOT_REPLAYABLE = frozenset(
-    {
-        "MALFORMED_JSON",
-        "MALFORMED_ENVELOPE",
-        "MISSING_FIELD",
-        "INVALID_FIELD",
-        "INVALID_SUBJECT",
-        "SUBJECT_MISMATCH",
-        "DIGEST_MISMATCH",
-        "SCHEMA_INVALID",
-        "MESSAGE_TOO_LARGE",
-    }
-)
+__all__ = ["NOT_REPLAYABLE", "Failure", "NoEnvelope", "NotReplayable", "record_dead_letter"]
 
 #: Statuses an operator may replay from, and those that are final.
 REPLAYABLE_STATUSES = ("dead", "held", "parked")
@@ -97,18 +84,15 @@ class Failure:
 def replay_delay(
     limits: ReplayLimits, replay_attempts: int, rng: random.Random | None = None
 ) -> float:
-    """Full-jitter exponential back-off before replay number ``replay_attempts + 1``."""
-    ceiling = min(limits.max_delay, limits.base_delay * 2.0**replay_attempts)
-    return (rng or random).uniform(0.0, ceiling)
+    """Full-jitter back-off before replay number ``replay_attempts + 1`` (domain policy)."""
+    return policy.replay_delay(limits.base_delay, limits.max_delay, replay_attempts, rng)
 
 
 def initial_status(spec: DurableSpec, reason_code: str, replay_attempts: int) -> str:
     """Where a new (or again) dead letter starts: dead (auto-replay), held, or parked."""
-    if spec.replay != "automatic" or reason_code in NOT_REPLAYABLE:
-        return "held"
-    if replay_attempts >= spec.replay_limits.max_attempts:
-        return "parked"
-    return "dead"
+    return policy.initial_status(
+        spec.replay, reason_code, replay_attempts, spec.replay_limits.max_attempts
+    )
 
 
 _LOCK = """

@@ -2,12 +2,49 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from shared.domain.envelope import format_timestamp
+
+#: Reasons that are defects of the message's own bytes: replaying the same bytes cannot
+#: change the outcome, so even the automatic policy holds them for an operator.
+NOT_REPLAYABLE = frozenset(
+    {
+        "MALFORMED_JSON",
+        "MALFORMED_ENVELOPE",
+        "MISSING_FIELD",
+        "INVALID_FIELD",
+        "INVALID_SUBJECT",
+        "SUBJECT_MISMATCH",
+        "DIGEST_MISMATCH",
+        "SCHEMA_INVALID",
+        "MESSAGE_TOO_LARGE",
+    }
+)
+
+
+def replay_delay(
+    base_delay: float, max_delay: float, replay_attempts: int, rng: random.Random | None = None
+) -> float:
+    """Full-jitter exponential back-off before replay number ``replay_attempts + 1``:
+    uniform in ``[0, min(max_delay, base_delay * 2**replay_attempts))``."""
+    ceiling = min(max_delay, base_delay * 2.0 ** min(replay_attempts, 64))
+    return (rng or random).uniform(0.0, ceiling)
+
+
+def initial_status(
+    replay_policy: str, reason_code: str, replay_attempts: int, max_attempts: int
+) -> str:
+    """Where a new (or again) dead letter starts: dead (auto-replay), held, or parked."""
+    if replay_policy != "automatic" or reason_code in NOT_REPLAYABLE:
+        return "held"
+    if replay_attempts >= max_attempts:
+        return "parked"
+    return "dead"
 
 
 def dead_letter_record(

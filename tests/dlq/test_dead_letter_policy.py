@@ -21,8 +21,10 @@ from shared.adapters.dead_letter_records import (
 from shared.domain.dead_letter import (
     DurableProgress,
     dead_letter_record,
+    initial_status,
     may_still_be_delivered,
     redelivery_horizon,
+    replay_delay,
 )
 from shared.topology import load_topology
 from tests.conftest import ROOT
@@ -143,3 +145,24 @@ def test_the_stored_copy_fits_jsonb_and_replays_the_payload_byte_for_byte(
 def test_a_stored_copy_without_an_envelope_has_nothing_to_replay() -> None:
     assert replay_body(json.loads(stored_record(_record("raw\x00text", [], "")))) is None
     assert replay_body(json.loads(stored_record(_record(None, [], "")))) is None
+
+
+@given(st.integers(0, 10**6), st.floats(0, 1e6), st.floats(0, 1e6))
+def test_replay_delay_stays_within_its_cap_whatever_the_attempt(
+    attempts: int, base: float, cap: float
+) -> None:
+    assert 0.0 <= replay_delay(base, cap, attempts) <= min(cap, base * 2.0**64)
+
+
+@pytest.mark.parametrize(
+    ("policy", "reason", "attempts", "expected"),
+    [
+        ("automatic", "MAX_DELIVERIES_EXCEEDED", 0, "dead"),
+        ("automatic", "DELIVERY_EXHAUSTED_UNREPORTED", 0, "dead"),
+        ("automatic", "SCHEMA_INVALID", 0, "held"),  # the same bytes cannot succeed
+        ("automatic", "HANDLER_REJECTED", 5, "parked"),  # replay cap reached
+        ("operator", "MAX_DELIVERIES_EXCEEDED", 0, "held"),
+    ],
+)
+def test_where_a_dead_letter_starts(policy: str, reason: str, attempts: int, expected: str) -> None:
+    assert initial_status(policy, reason, attempts, 5) == expected
