@@ -114,7 +114,7 @@ class RecordLimits:
     """The largest record body a dead-letter subject accepts, per dead-letter stream."""
 
     def __init__(self) -> None:
-        self._streams: dict[str, tuple[int, float]] = {}
+        self._streams: dict[tuple[str, str], tuple[int, float]] = {}
 
     async def limit(self, js: JetStreamContext, stream: str | None, headers: int) -> int:
         """Body bytes allowed: min(max_payload, the stream's max_msg_size) less headers."""
@@ -126,7 +126,8 @@ class RecordLimits:
         return max(ceiling - headers - HEADROOM, 0)
 
     async def _stream_limit(self, js: JetStreamContext, stream: str) -> int | None:
-        known = self._streams.get(stream)
+        key = (_server_id(js), stream)
+        known = self._streams.get(key)
         if known is not None and known[1] > time.monotonic():
             return known[0]
         try:
@@ -136,7 +137,7 @@ class RecordLimits:
             return None
         size = int(info.config.max_msg_size or -1)
         value = size if size > 0 else 2**62
-        self._streams[stream] = (value, time.monotonic() + LIMIT_TTL)
+        self._streams[key] = (value, time.monotonic() + LIMIT_TTL)
         return value
 
 
@@ -177,6 +178,12 @@ def _too_large(exc: Exception) -> bool:
     if isinstance(exc, MaxPayloadError):
         return True
     return isinstance(exc, APIError) and exc.err_code == MESSAGE_TOO_LARGE_CODE
+
+
+def _server_id(js: JetStreamContext) -> str:
+    """The server (cluster member) this connection talks to: limits are per deployment."""
+    info = getattr(getattr(js, "_nc", None), "_server_info", None)
+    return str(info.get("server_id", "")) if isinstance(info, dict) else ""
 
 
 def _max_payload(js: JetStreamContext) -> int:
