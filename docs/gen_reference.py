@@ -364,7 +364,7 @@ def ack_table_md() -> str:
 
 def not_replayable_md() -> str:
     """Reason codes the automatic replay holds for an operator."""
-    from shared.adapters.dead_letters import NOT_REPLAYABLE
+    from shared.domain.dead_letter import NOT_REPLAYABLE
 
     return ", ".join(f"`{code}`" for code in sorted(NOT_REPLAYABLE)) + "\n"
 
