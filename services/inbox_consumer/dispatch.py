@@ -16,7 +16,6 @@ invalid one is ignored, logged once per message.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -26,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from shared.domain.ack import HandlerFailure, HandlerResponse, Outcome
+from shared.domain.envelope import wire_json
 from shared.domain.retry_after import parse_retry_after
 from shared.domain.signing import sign
 
@@ -65,7 +65,7 @@ class HttpHandler:
 
     async def handle(self, body: dict[str, Any], headers: dict[str, str]) -> Outcome:
         """POST ``body``; return what happened."""
-        data = json.dumps(body, separators=(",", ":"), default=str).encode()
+        data = wire_json(body)
         headers = {**headers, "Content-Type": "application/json"}
         if self._secret is not None:
             headers.update(sign(self._secret, self.durable, data, time.time()))

@@ -39,6 +39,8 @@ from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
+from shared.domain.envelope import wire_json
+
 log = logging.getLogger("ferry.dead_letters")
 
 #: JetStream's error code for "message size exceeds maximum allowed" (stream max_msg_size).
@@ -56,10 +58,7 @@ ERROR_KEPT = 2000
 def encode(doc: Any) -> bytes:
     """``doc`` as compact UTF-8 JSON; ASCII escapes only for what UTF-8 cannot carry
     (lone surrogates), so nothing is ever refused."""
-    try:
-        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), default=str).encode()
-    except UnicodeEncodeError:
-        return json.dumps(doc, separators=(",", ":"), default=str).encode()
+    return wire_json(doc)
 
 
 def header_bytes(headers: dict[str, str]) -> int:

@@ -40,6 +40,17 @@ MAX_PAYLOAD_DEPTH = 64
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def wire_json(doc: Any) -> bytes:
+    """``doc`` as compact UTF-8 JSON, the form every body Ferry sends takes (sizes are wire
+    sizes: a Cyrillic letter is 2 bytes, not a 6-byte ``\\u`` escape). ASCII escapes only
+    when the text holds what UTF-8 cannot carry (a lone surrogate), so nothing is refused.
+    Values JSON has no form for are written as their ``str``."""
+    try:
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+    except UnicodeEncodeError:
+        return json.dumps(doc, separators=(",", ":"), default=str).encode()
+
+
 def canonical_json(value: Any) -> str:
     """Serialise ``value`` so equal documents give equal strings (sorted keys, no spaces).
 

@@ -10,6 +10,7 @@ message id: the independent record the tests count against.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -35,6 +36,8 @@ class HostileHandler:
         self.calls: dict[str, list[float]] = defaultdict(list)
         self.attempts: dict[str, list[int]] = defaultdict(list)
         self.applied: dict[str, int] = defaultdict(int)
+        #: Bytes of each call's body, as they came over the wire.
+        self.sizes: dict[str, list[int]] = defaultdict(list)
         #: While set and in the future, every call is answered by this instead.
         self.overloaded_until = 0.0
         self.overload: Answer | None = None
@@ -44,8 +47,10 @@ class HostileHandler:
         return f"http://127.0.0.1:{self.port}/handle"
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
+        raw = await request.read()
+        body = json.loads(raw)
         mid = body["message_id"]
+        self.sizes[mid].append(len(raw))
         self.calls[mid].append(time.monotonic())
         self.attempts[mid].append(body["delivery"]["attempt"])
         if self.overload is not None and time.monotonic() < self.overloaded_until:
