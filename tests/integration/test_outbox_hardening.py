@@ -496,3 +496,23 @@ async def test_a_batch_raising_the_unexpected_does_not_end_the_worker(
     assert publisher.stats.batch_errors == 3
     assert publisher.stats.errors_by_kind["KeyError"] == 3
     assert await _assert_stream_is_published_rows_in_order(nc, sea_conn) == len(ids)
+
+
+async def test_where_shows_a_set_aside_row_and_what_waits_behind_it(
+    env: Env, nc: NATS, sea_conn: asyncpg.Connection
+) -> None:
+    """``ferry where`` names the set-aside state of the row, and for a later row of its
+    aggregate, the row it waits behind."""
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
+    poison = await _insert_raw(sea_conn, "poison", f'{{"n": {HUGE_NUMBER}}}')
+    [behind] = await _insert_behind(sea_conn, "poison", 1)
+    async with Publisher(env, nc.jetstream()):
+        await eventually(lambda: _set_aside_count(sea_conn, 1), timeout=20, what="set aside")
+    seq = await sea_conn.fetchval("SELECT seq FROM outbox_events WHERE id = $1", poison)
+    shown = ferry(env, "where", str(poison))
+    assert shown.returncode == 0, shown.stderr
+    assert "SET ASIDE" in shown.stdout and "(PAYLOAD_INVALID)" in shown.stdout
+    assert "ferry outbox republish --context sea" in shown.stdout
+    waiting = ferry(env, "where", behind)
+    assert waiting.returncode == 0, waiting.stderr
+    assert f"waits behind outbox row #{seq} of its aggregate" in waiting.stdout
