@@ -588,6 +588,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="AT:KIND[:TARGET[:DURATION]]",
         help="a fault of the custom schedule (repeatable), e.g. 10:kill_nats",
     )
+    parser.add_argument(
+        "--scenario",
+        choices=("long-outage", "hostile-handler", "hostile-payloads"),
+        help="run one ISSUE 22 scenario instead (chaos.scenarios): small with --schedule ci,"
+        " long with --schedule soak",
+    )
     parser.add_argument("--seconds", type=float, help="length of the fault phase")
     parser.add_argument("--events", type=int, help="events to commit over the fault phase")
     parser.add_argument("--seed", type=int, help="seed of the plan (default: random, printed)")
@@ -601,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--fault goes with --schedule custom, and custom needs at least one --fault")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**9)
     run_dir = args.out or Path(tempfile.gettempdir()) / "ferry-chaos" / (
-        f"{args.schedule}-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+        f"{args.scenario or args.schedule}-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
@@ -619,6 +625,8 @@ def main(argv: list[str] | None = None) -> int:
         progress_every=args.progress,
         faults=tuple(args.fault),
     )
+    if args.scenario is not None:
+        return _main_scenario(config, args.scenario)
     try:
         result = asyncio.run(run_chaos(config))
     except KeyboardInterrupt:
@@ -637,6 +645,29 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(result.summary)
     print(f"\nreport: {run_dir}/report.json, summary.txt, timeline.txt, logs/")
+    return 0 if result.ok else 1
+
+
+def _main_scenario(config: RunConfig, scenario: str) -> int:
+    """``--scenario``: run it, print its results table; exit 0 when every invariant holds."""
+    from chaos.scenario_report import render_table
+    from chaos.scenarios import run_scenario  # it imports this module: imported late
+
+    if config.schedule not in ("ci", "soak"):
+        print("error: --scenario runs with --schedule ci or soak", file=sys.stderr)
+        return 2
+    try:
+        result = asyncio.run(run_scenario(config, scenario, config.schedule))
+    except KeyboardInterrupt:
+        print(f"interrupted (seed {config.seed}); logs in {config.run_dir}", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        print(f"scenario could not be set up (seed {config.seed}): {exc}", file=sys.stderr)
+        log.exception("setup failed")
+        return 2
+    print()
+    print(render_table(result))
+    print(f"\nreport: {config.run_dir}/scenario.json, scenario.txt, fates.json, logs/")
     return 0 if result.ok else 1
 
 

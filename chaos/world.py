@@ -21,7 +21,7 @@ import secrets
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,20 @@ ROLE_SETTINGS: dict[str, dict[str, str]] = {
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """What a scenario changes in the world: clocks, role settings, handler fronts."""
+
+    #: Set on every durable (see :data:`DURABLE_CLOCKS`).
+    clocks: dict[str, Any] = field(default_factory=lambda: dict(DURABLE_CLOCKS))
+    handler_timeout: str = HANDLER_TIMEOUT
+    #: Extra settings per role kind (``publisher``, ``consumer``, ``handler``, ``router``).
+    settings: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: durable -> ``python -m`` argv of a process put between its consumer and its
+    #: handler; it is given ``--port P --upstream URL`` and runs as role ``front-<durable>``.
+    fronts: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ProxyLink:
     """One proxied link of one role."""
 
@@ -95,20 +109,22 @@ class ProxyLink:
     upstream: str
 
 
-def chaos_topology_doc() -> dict[str, Any]:
+def chaos_topology_doc(tuning: Tuning | None = None) -> dict[str, Any]:
     """The shipped sea-vibespro topology with the chaos clocks on its durables."""
+    tuning = tuning or Tuning()
     doc: dict[str, Any] = yaml.safe_load(TOPOLOGY.read_text())
     for durable in doc["durables"].values():
-        durable.update(DURABLE_CLOCKS)
-        durable["handler"]["timeout"] = HANDLER_TIMEOUT
+        durable.update(tuning.clocks)
+        durable["handler"]["timeout"] = tuning.handler_timeout
     return doc
 
 
 class World:
     """Servers, proxies and roles of one run (see the module docstring)."""
 
-    def __init__(self, run_dir: Path, seed: int) -> None:
+    def __init__(self, run_dir: Path, seed: int, tuning: Tuning | None = None) -> None:
         self.run_dir, self.seed = run_dir, seed
+        self.tuning = tuning or Tuning()
         self.logs = run_dir / "logs"
         self.topology_path = run_dir / "topology.yaml"
         self.topology: Topology | None = None
@@ -119,6 +135,8 @@ class World:
         self.links: dict[str, ProxyLink] = {}
         self.roles: dict[str, Role] = {}
         self.handler_ports: dict[str, int] = {}
+        #: durable -> port of its front (see :class:`Tuning`).
+        self.front_ports: dict[str, int] = {}
         #: Per-durable secrets: consumers sign handler calls, handlers verify (as deployed).
         self.secrets: dict[str, str] = {}
         self._pg_base: Path | None = None
@@ -167,7 +185,7 @@ class World:
         self._plan_roles()
         for link in self.links.values():
             await asyncio.to_thread(self._create_proxy, link)
-        for kind in ("handler", "router", "publisher", "consumer"):
+        for kind in ("handler", "front", "router", "publisher", "consumer"):
             for role in self.roles_of(kind):
                 role.start()
 
@@ -203,7 +221,7 @@ class World:
                 raise outcome
 
     async def _prepare_topology(self) -> None:
-        self.topology_path.write_text(yaml.safe_dump(chaos_topology_doc()))
+        self.topology_path.write_text(yaml.safe_dump(chaos_topology_doc(self.tuning)))
         self.topology = load_topology(self.topology_path)
         require_clean_topology(self.topology, source=self.topology_path)
         for database in self.topology.databases():
@@ -225,7 +243,7 @@ class World:
     def _plan_roles(self) -> None:
         topo = self.topo
         # Every port at once: separate free_port() calls may hand out one port twice.
-        self._ports = iter(free_ports(3 * len(topo.durables) + 4 * len(topo.contexts) + 4))
+        self._ports = iter(free_ports(4 * len(topo.durables) + 4 * len(topo.contexts) + 4))
         self.secrets = {name: secrets.token_urlsafe(24) for name in topo.durables}
         targets = sorted({d.target for d in topo.durables.values()})
         for service in targets:
@@ -255,6 +273,8 @@ class World:
                     links=("nats", "pg"),
                 )
         for durable, spec in sorted(topo.durables.items()):
+            if durable in self.tuning.fronts:
+                self._add_front(durable, spec.target)
             self._add_role(
                 f"consumer-{durable}",
                 "consumer",
@@ -263,6 +283,14 @@ class World:
                 durables=frozenset({durable}),
                 handler_service=spec.target,
             )
+
+    def _add_front(self, durable: str, service: str) -> None:
+        """A process between ``durable``'s consumer and its handler (see :class:`Tuning`)."""
+        port = next(self._ports)
+        upstream = f"http://127.0.0.1:{self.handler_ports[service]}/handle"
+        argv = [*self.tuning.fronts[durable], "--port", str(port), "--upstream", upstream]
+        self._add_role(f"front-{durable}", "front", argv, links=(), durables=frozenset({durable}))
+        self.front_ports[durable] = port
 
     def _add_role(
         self,
@@ -280,6 +308,9 @@ class World:
             "pg": f"{pg.host}:{pg.port}",
             "handler": f"127.0.0.1:{self.handler_ports.get(handler_service or '', 0)}",
         }
+        front = self.front_ports.get(next(iter(durables), "")) if kind == "consumer" else None
+        if front is not None:
+            upstreams["handler"] = f"127.0.0.1:{front}"
         ports: dict[str, int] = {}
         for link_kind in links:
             link = ProxyLink(
@@ -287,16 +318,18 @@ class World:
             )
             self.links[link.name] = link
             ports[link_kind] = link.port
-        settings = dict(COMMON_SETTINGS, **ROLE_SETTINGS[kind])
+        settings = dict(COMMON_SETTINGS, **ROLE_SETTINGS.get(kind, {}))
+        settings.update(self.tuning.settings.get(kind, {}))
         settings["FERRY_TOPOLOGY"] = str(self.topology_path)
         settings["PYTHONPATH"] = str(ROOT)
         if "nats" in ports:
             settings["FERRY_NATS_URL"] = f"nats://127.0.0.1:{ports['nats']}"
-        databases = {
-            db: f"postgresql://postgres@127.0.0.1:{ports['pg']}/{db}"
-            for db in self.topo.databases()
-        }
-        settings["FERRY_DATABASES"] = json.dumps(databases)
+        if "pg" in ports:
+            databases = {
+                db: f"postgresql://postgres@127.0.0.1:{ports['pg']}/{db}"
+                for db in self.topo.databases()
+            }
+            settings["FERRY_DATABASES"] = json.dumps(databases)
         if "handler" in ports:
             settings["FERRY_HANDLER_URL"] = f"http://127.0.0.1:{ports['handler']}/handle"
         if kind == "consumer":

@@ -33,6 +33,7 @@ async def run(settings: ReplayerSettings, stop: asyncio.Event) -> int:
         js=nc.jetstream(),
         batch_size=settings.batch_size,
         metrics=ReplayerMetrics(metrics),
+        unconfirmed_after=settings.unconfirmed_after,
     )
     automatic = replayer.automatic() or ["none: every durable is operator-only"]
     log.info("replaying dead letters of %s (automatic: %s)", topology.name, ", ".join(automatic))

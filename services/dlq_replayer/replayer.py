@@ -22,14 +22,17 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from uuid import UUID
 
 import asyncpg
+import nats.errors
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
+from nats.js.errors import APIError, NoStreamResponseError
 
 from shared.adapters import dead_letters
-from shared.adapters.postgres import DATABASE_ERRORS
+from shared.adapters.postgres import DATABASE_ERRORS, Conn
 from shared.contracts.topology import Topology
 from shared.runtime.metrics import ReplayerMetrics, RoleMetrics
 
@@ -38,11 +41,21 @@ log = logging.getLogger("ferry.dlq_replayer")
 ACTOR = "dlq-replayer"
 #: Seconds after which a replay whose publish was never confirmed is published again.
 UNCONFIRMED_AFTER = 30.0
+#: Transient: the database or JetStream is down or has no stream leader. A replay whose
+#: publish fails stays 'replaying' and unconfirmed, its attempt counted once: the next
+#: scans publish it again under the same Nats-Msg-Id (republish_unconfirmed).
 ERRORS: tuple[type[BaseException], ...] = (
     *DATABASE_ERRORS,
     ConnectionClosedError,
     NoRespondersError,
+    NoStreamResponseError,
+    APIError,
     NatsTimeout,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.NoServersError,
     OSError,
 )
 
@@ -86,6 +99,8 @@ class ReplayerStats:
     republished: int = 0
     skipped: int = 0
     errors: int = 0
+    failed: int = 0
+    parked: int = 0
     replayed_by_durable: dict[str, int] = field(default_factory=dict)
 
 
@@ -100,8 +115,10 @@ class DlqReplayer:
         js: JetStreamContext,
         batch_size: int = 100,
         metrics: ReplayerMetrics | None = None,
+        unconfirmed_after: float = UNCONFIRMED_AFTER,
     ) -> None:
         self.topology, self.pools, self.js, self.batch_size = topology, pools, js, batch_size
+        self.unconfirmed_after = unconfirmed_after
         self.stats = ReplayerStats()
         self.metrics = metrics or ReplayerMetrics(RoleMetrics("dlq-replayer"))
         self.metrics.watch(self)
@@ -123,6 +140,9 @@ class DlqReplayer:
             except ERRORS as exc:
                 self.stats.errors += 1
                 log.warning("scan failed (%s); trying again", exc)
+            except Exception:  # one row's surprise must not end the replayer
+                self.stats.failed += 1
+                log.exception("scan failed unexpectedly; trying again")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)
 
@@ -136,13 +156,20 @@ class DlqReplayer:
             async with self.pools[database].acquire() as conn:
                 self.stats.settled += await dead_letters.settle_replayed(conn, durables)
                 for durable in durables:  # operator replays too: finishing, not deciding
-                    self.stats.republished += await dead_letters.republish_unconfirmed(
-                        conn, self.js, durable, older_than=UNCONFIRMED_AFTER
-                    )
+                    await self._republish(conn, durable)
         for durable in self.automatic():
             if stop.is_set():
                 return
             await self._replay_due(durable, stop)
+
+    async def _republish(self, conn: Conn, durable: str) -> None:
+        try:
+            self.stats.republished += await dead_letters.republish_unconfirmed(
+                conn, self.js, durable, older_than=self.unconfirmed_after
+            )
+        except ERRORS as exc:
+            self.stats.errors += 1
+            log.warning("republishing unconfirmed replays of %s failed (%s)", durable, exc)
 
     async def _replay_due(self, durable: str, stop: asyncio.Event) -> None:
         spec = self.topology.durables[durable]
@@ -163,9 +190,22 @@ class DlqReplayer:
                         automatic=True,
                         allowed=("dead",),
                     )
+                except dead_letters.NoEnvelope as exc:
+                    await self._park(conn, durable, message_id, str(exc))
+                    continue
                 except dead_letters.NotReplayable as exc:
                     self.stats.skipped += 1  # another replica took it, or it changed meanwhile
                     log.info("skipped: %s", exc)
+                    continue
+                except ERRORS as exc:
+                    # Marked 'replaying' (one attempt) and not confirmed: a later scan
+                    # publishes it again. The rest of the batch waits for the stream.
+                    self.stats.errors += 1
+                    log.warning("replay of %s/%s not published (%s)", durable, message_id, exc)
+                    return
+                except Exception:  # this row's own problem: log it, count it, go on
+                    self.stats.failed += 1
+                    log.exception("replay of %s/%s failed unexpectedly", durable, message_id)
                     continue
                 self.stats.replayed += 1
                 by = self.stats.replayed_by_durable
@@ -178,3 +218,18 @@ class DlqReplayer:
                         "replay_attempt": done.replay_attempt,
                     },
                 )
+
+    async def _park(self, conn: Conn, durable: str, message_id: UUID, why: str) -> None:
+        """A dead letter with nothing to replay: parked for an operator, not retried
+        every scan (it would hold the head of the due list for good)."""
+        parked = await dead_letters.set_status(
+            conn,
+            durable=durable,
+            message_id=message_id,
+            status="parked",
+            actor=ACTOR,
+            reason=f"nothing to replay automatically: {why}"[:500],
+        )
+        if parked:
+            self.stats.parked += 1
+            log.warning("parked %s/%s: %s", durable, message_id, why)

@@ -28,13 +28,21 @@ async def run(settings: RouterSettings, stop: asyncio.Event) -> int:
     nc = await nats.open(settings, f"{ROLE}:{topology.name}")
     metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
     router = DlqRouter(
-        topology=topology, pools=pools, js=nc.jetstream(), metrics=RouterMetrics(metrics)
+        topology=topology,
+        pools=pools,
+        js=nc.jetstream(),
+        metrics=RouterMetrics(metrics),
+        sweep_margin=settings.sweep_margin,
     )
     log.info("routing advisories of %s from %s", topology.name, topology.advisory_stream)
     try:
         return await serve(
             settings=settings,
-            work=lambda inner: router.run(inner, fetch_timeout=settings.fetch_timeout),
+            work=lambda inner: router.run(
+                inner,
+                fetch_timeout=settings.fetch_timeout,
+                sweep_interval=settings.sweep_interval or None,
+            ),
             checks={
                 "nats": lambda: nats.up,
                 "postgres": postgres_probes(pools),

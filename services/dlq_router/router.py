@@ -14,24 +14,32 @@ message_id) whichever path came first. It acks the advisory only once that is do
 
 * inbox row processed  → nothing to record (the final delivery succeeded late); ack;
 * inbox row leased     → the last delivery may still succeed; look again after the lease;
-* database or NATS down → nak with a delay; the advisory waits in its stream.
+* database or NATS down, or no stream leader → nak with a delay; the advisory waits in
+  its stream (it is acked only once settled, so nothing is lost);
+* an advisory it cannot use (not JSON, unknown durable) → logged, counted, terminated;
+  one that fails in an unexpected way → retried, then terminated after
+  ``GIVE_UP_AFTER`` tries. No advisory ever ends the router.
+
+Beside the advisories, the router sweeps for exhaustions no advisory reported
+(:mod:`.sweep`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+import nats.errors
 from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from shared.access.streams import ROUTER_DURABLE
 from shared.adapters import dead_letters, inbox
@@ -41,19 +49,34 @@ from shared.domain.envelope import SURROGATE_NAMESPACE, identify
 from shared.runtime.metrics import RoleMetrics, RouterMetrics
 from shared.telemetry import otel as telemetry
 
+from .advisory import MAX_DELIVER_TYPE, TERMINATED_TYPE, Advisory, InvalidAdvisory
+from .sweep import Sweep, dead_letter_stream
+
+__all__ = ["MAX_DELIVER_TYPE", "TERMINATED_TYPE", "Advisory", "DlqRouter", "InvalidAdvisory"]
+
 log = logging.getLogger("ferry.dlq_router")
 
-MAX_DELIVER_TYPE = "io.nats.jetstream.advisory.v1.max_deliver"
-TERMINATED_TYPE = "io.nats.jetstream.advisory.v1.terminated"
 #: Delays (seconds) before an advisory that could not be handled is offered again.
 RETRY_DELAYS = (1.0, 5.0, 15.0, 60.0)
+#: Transient: the database or JetStream is down or has no leader (a NATS restart, a
+#: stream being recreated). The advisory is nak'ed and comes back; nothing is lost.
 ERRORS: tuple[type[BaseException], ...] = (
     *DATABASE_ERRORS,
     ConnectionClosedError,
     NoRespondersError,
+    NoStreamResponseError,
+    APIError,
     NatsTimeout,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.NoServersError,
     OSError,
 )
+#: Deliveries after which an advisory that fails in an unexpected way is terminated (it
+#: stays in the advisory stream for inspection; the sweep still catches its message).
+GIVE_UP_AFTER = 10
 
 
 @dataclass
@@ -67,45 +90,9 @@ class RouterStats:
     waiting: int = 0
     errors: int = 0
     invalid: int = 0
+    failed: int = 0
     bound: bool = False
     recorded_by_reason: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Advisory:
-    """What a MAX_DELIVERIES or MSG_TERMINATED advisory says."""
-
-    kind: str  # "max_deliveries" | "terminated"
-    stream: str
-    durable: str
-    stream_seq: int
-    deliveries: int
-    reason: str
-
-    @classmethod
-    def parse(cls, data: bytes) -> Advisory:
-        """Parse an advisory body; ValueError names what is wrong."""
-        try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"advisory is not JSON: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise ValueError("advisory is not a JSON object")
-        kinds = {MAX_DELIVER_TYPE: "max_deliveries", TERMINATED_TYPE: "terminated"}
-        kind = kinds.get(str(doc.get("type")))
-        if kind is None:
-            raise ValueError(f"unexpected advisory type {doc.get('type')!r}")
-        try:
-            return cls(
-                kind=kind,
-                stream=str(doc["stream"]),
-                durable=str(doc["consumer"]),
-                stream_seq=int(doc["stream_seq"]),
-                deliveries=int(doc.get("deliveries") or 0),
-                reason=str(doc.get("reason") or ""),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"advisory lacks a usable field: {exc}") from exc
 
 
 class DlqRouter:
@@ -118,14 +105,60 @@ class DlqRouter:
         pools: dict[str, asyncpg.Pool],
         js: JetStreamContext,
         metrics: RouterMetrics | None = None,
+        sweep_margin: float = 300.0,
     ) -> None:
         self.topology, self.pools, self.js = topology, pools, js
         self.stats = RouterStats()
+        self.sweep = Sweep(
+            topology=topology,
+            pools=pools,
+            js=js,
+            margin=sweep_margin,
+            errors=ERRORS,
+            on_recorded=self._swept,
+        )
         self.metrics = metrics or RouterMetrics(RoleMetrics("dlq-router"))
         self.metrics.watch(self)
 
-    async def run(self, stop: asyncio.Event, *, fetch_timeout: float, batch: int = 50) -> None:
-        """Handle advisories until ``stop``; the batch in hand is finished first."""
+    async def run(
+        self,
+        stop: asyncio.Event,
+        *,
+        fetch_timeout: float,
+        batch: int = 50,
+        sweep_interval: float | None = None,
+    ) -> None:
+        """Handle advisories until ``stop``; the batch in hand is finished first. With
+        ``sweep_interval``, sweep for unreported exhaustions that often (:mod:`.sweep`)."""
+        sweeping = (
+            asyncio.create_task(self._sweep_every(sweep_interval, stop)) if sweep_interval else None
+        )
+        try:
+            await self._route_advisories(stop, fetch_timeout=fetch_timeout, batch=batch)
+        finally:
+            if sweeping is not None:
+                sweeping.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeping
+
+    async def _sweep_every(self, interval: float, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+            if stop.is_set():
+                return
+            try:
+                await self.sweep.run_once()
+            except Exception:  # one sweep's surprise must not end the router
+                self.sweep.stats.errors += 1
+                log.exception("sweep failed; next sweep tries again")
+
+    def _swept(self, durable: str, failure: dead_letters.Failure) -> None:
+        self.metrics.dead_lettered(durable, failure.reason_code, failure.source)
+
+    async def _route_advisories(
+        self, stop: asyncio.Event, *, fetch_timeout: float, batch: int
+    ) -> None:
         psub = await self.js.pull_subscribe_bind(
             durable=ROUTER_DURABLE, stream=self.topology.advisory_stream
         )
@@ -135,7 +168,7 @@ class DlqRouter:
                 msgs = await psub.fetch(batch, timeout=fetch_timeout)
             except NatsTimeout:
                 continue
-            except (ConnectionClosedError, NoRespondersError, OSError) as exc:
+            except (ConnectionClosedError, NoRespondersError, APIError, OSError) as exc:
                 log.warning("fetch failed: %s", exc)
                 await asyncio.sleep(0.5)
                 continue
@@ -162,7 +195,7 @@ class DlqRouter:
         self.stats.advisories += 1
         try:
             advisory = Advisory.parse(msg.data)
-        except ValueError as exc:
+        except InvalidAdvisory as exc:
             # Nothing in it can be recorded; keep it in the stream for inspection.
             self.stats.invalid += 1
             log.error("unusable advisory on %s (seq %s): %s", msg.subject, _seq(msg), exc)
@@ -173,13 +206,21 @@ class DlqRouter:
             log.error("advisory for %s, which is not in this topology", advisory.durable)
             await _quiet(msg.term())
             return
+        attempt = _delivered(msg)
         try:
             delay = await self._route(advisory)
         except ERRORS as exc:
             self.stats.errors += 1
-            attempt = msg.metadata.num_delivered
             delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS)) - 1]
             log.warning("could not record %s (%s); again in %.0fs", _key(advisory), exc, delay)
+        except Exception:  # this advisory's own problem: never the router's end
+            self.stats.failed += 1
+            if attempt >= GIVE_UP_AFTER:
+                log.exception("giving up on advisory %s after %d tries", _key(advisory), attempt)
+                await _quiet(msg.term())
+                return
+            delay = RETRY_DELAYS[min(attempt, len(RETRY_DELAYS)) - 1]
+            log.exception("advisory %s failed unexpectedly; again in %.0fs", _key(advisory), delay)
         if delay is None:
             await _quiet(msg.ack())
         else:
@@ -206,7 +247,13 @@ class DlqRouter:
                 self.stats.waiting += 1
                 return float(row["lease_left"] or 0.0) + 1.0
             failure = _failure(advisory, message_id, envelope, payload, subject, row, original)
-            outcome = await dead_letters.record_dead_letter(conn, self.js, failure, spec)
+            outcome = await dead_letters.record_dead_letter(
+                conn,
+                self.js,
+                failure,
+                spec,
+                dlq_stream=dead_letter_stream(self.topology, spec.dead_letter_subject),
+            )
         if outcome == "already":
             self.stats.already += 1
         else:
@@ -306,6 +353,13 @@ def _key(advisory: Advisory) -> str:
     return f"{advisory.durable} {advisory.stream}#{advisory.stream_seq}"
 
 
+def _delivered(msg: Msg) -> int:
+    try:
+        return max(int(msg.metadata.num_delivered), 1)
+    except (AttributeError, IndexError, ValueError, TypeError):  # not a JetStream delivery
+        return 1
+
+
 def _seq(msg: Msg) -> Any:
     try:
         return msg.metadata.sequence.stream
@@ -316,5 +370,5 @@ def _seq(msg: Msg) -> Any:
 async def _quiet(ack: Any) -> None:
     try:
         await ack
-    except (ConnectionClosedError, OSError, NatsTimeout) as exc:
+    except (ConnectionClosedError, OSError, NatsTimeout, APIError) as exc:
         log.warning("could not settle advisory: %s", exc)

@@ -9,13 +9,12 @@ never succeed.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared.domain.envelope import Envelope
+from shared.domain.envelope import Envelope, parse_json_body
 from shared.domain.errors import PoisonError
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -65,17 +64,9 @@ class CallIds:
     attempt: int | None
 
 
-def _refuse_constant(name: str) -> Any:
-    # Python's json accepts NaN and Infinity; JSON (and PostgreSQL's jsonb) does not.
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def decode_body(body: bytes) -> dict[str, Any]:
     """The body as a JSON object, or ``MALFORMED_JSON``/``MALFORMED_ENVELOPE``."""
-    try:
-        doc = json.loads(body, parse_constant=_refuse_constant)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise PoisonError("MALFORMED_JSON", f"body is not JSON: {exc}") from exc
+    doc = parse_json_body(body)  # strict: depth, huge numbers, NaN, surrogates → poison
     if not isinstance(doc, dict):
         raise PoisonError("MALFORMED_ENVELOPE", "body is JSON but not an object")
     return doc
@@ -98,8 +89,8 @@ def parse_request(body: bytes, headers: Mapping[str, str]) -> HandleRequest:
 def call_ids(body: bytes, headers: Mapping[str, str]) -> CallIds:
     """Best-effort id and attempt of a call that may be malformed (never raises)."""
     try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        doc = parse_json_body(body)
+    except PoisonError:
         doc = None
     if not isinstance(doc, dict):
         doc = {}

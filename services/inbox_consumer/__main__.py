@@ -16,8 +16,7 @@ from shared.contracts.events import accepted_events as registry_accepted
 from shared.contracts.lint import require_clean_topology
 from shared.contracts.topology import Topology
 from shared.domain.ack import RetryPolicy
-from shared.runtime.health import HealthServer
-from shared.runtime.lifecycle import EXIT_DRAIN_TIMEOUT, EXIT_OK, run_role
+from shared.runtime.lifecycle import run_role, serve
 from shared.runtime.logs import configure_logging
 from shared.runtime.metrics import ConsumerMetrics, RoleMetrics
 from shared.runtime.readiness import postgres_probe
@@ -79,36 +78,26 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
     consumer.max_message_bytes = settings.max_message_bytes
     consumer.pipeline = settings.pipeline
     consumer.linger = settings.linger
-    health = HealthServer(
-        host=settings.health_host,
-        port=settings.health_port or 0,
-        checks={
-            "nats": lambda: nats_up["connected"],
-            "postgres": postgres_probe(pool),
-            "durable": lambda: consumer.stats.bound,
-        },
-        metrics=metrics,
-    )
-    if settings.health_port:
-        await health.start()
-    inner_stop = asyncio.Event()
-    task = asyncio.create_task(consumer.run(inner_stop, fetch_timeout=settings.fetch_timeout))
     log.info("consuming %s from %s", settings.durable, spec.stream)
-    await asyncio.wait(
-        {task, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED
-    )
-    inner_stop.set()
-    code = EXIT_OK
     try:
-        await asyncio.wait_for(task, timeout=settings.drain_deadline + settings.fetch_timeout)
-    except TimeoutError:
-        code = EXIT_DRAIN_TIMEOUT  # unacked messages are redelivered after ack_wait
-    await health.stop()
-    await handler.close()
-    await nc.close()
-    await pool.close()
-    log.info("stopped", extra={"processed": consumer.stats.processed})
-    return code
+        # Unacked messages of a drain that times out are redelivered after ack_wait.
+        return await serve(
+            settings=settings,
+            work=lambda inner: consumer.run(inner, fetch_timeout=settings.fetch_timeout),
+            checks={
+                "nats": lambda: nats_up["connected"],
+                "postgres": postgres_probe(pool),
+                "durable": lambda: consumer.stats.bound,
+            },
+            stop=stop,
+            drain_deadline=settings.drain_deadline + settings.fetch_timeout,
+            metrics=metrics,
+        )
+    finally:
+        await handler.close()
+        await nc.close()
+        await pool.close()
+        log.info("stopped", extra={"processed": consumer.stats.processed})
 
 
 def main(argv: list[str] | None = None) -> int:

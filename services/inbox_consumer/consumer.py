@@ -20,28 +20,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
+import math
 import uuid
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 from nats.aio.msg import Msg
-from nats.errors import ConnectionClosedError, NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
+from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
 from services.inbox_consumer.dispatch import HttpHandler
+from services.inbox_consumer.holding import Holder, merge_claims
+from services.inbox_consumer.keepalive import KeepAlive
 from services.inbox_consumer.puller import ConsumerGone, Puller
 from shared.adapters import dead_letters, inbox
 from shared.adapters.inbox import ClaimResult, InboxEntry
-from shared.adapters.postgres import DATABASE_ERRORS
+from shared.adapters.postgres import DATABASE_ERRORS, Conn
 from shared.contracts.topology import DurableSpec
 from shared.domain.ack import Ack, DeadLetter, Decision, HandlerResponse, Nak, RetryPolicy, decide
-from shared.domain.envelope import Envelope, format_timestamp, identify
+from shared.domain.envelope import Envelope, Identified, format_timestamp, identify
 from shared.domain.errors import PoisonError
 from shared.domain.subjects import REPLAY_PREFIX
 from shared.runtime.metrics import ConsumerMetrics, RoleMetrics
@@ -62,23 +62,17 @@ INBOX_RETRY_MAX = 5.0
 CONTENDED_DELAY = 1.0
 #: Pause before pulling again from a durable that was deleted under us.
 GONE_PAUSE = 5.0
-#: Answers to "is the durable back?" that mean: not yet (or cannot tell yet).
-STILL_GONE: tuple[type[BaseException], ...] = (
-    NotFoundError,
-    ConnectionClosedError,
-    NoRespondersError,
-    NatsTimeout,
-    OSError,
-)
+#: Answers to "is the durable back?" that mean: not yet (or cannot tell yet) — not found,
+#: no connection, no responders, a timeout, no stream leader (APIError 503).
+STILL_GONE: tuple[type[BaseException], ...] = (NatsError, OSError)
 #: Batches processed at once by default (see InboxConsumer.pipeline).
 DEFAULT_PIPELINE = 4
 #: Failures that leave a dead letter unwritten: the message is nak'ed and tried again.
-DEAD_LETTER_ERRORS: tuple[type[BaseException], ...] = (
-    *DATABASE_ERRORS,
-    ConnectionClosedError,
-    NoRespondersError,
-    NatsTimeout,
-)
+#: Any NATS error: no stream leader (NoStreamResponseError, APIError) while NATS
+#: restarts, a timeout, a closed connection.
+DEAD_LETTER_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, NatsError)
+#: The reason code of a message whose handling raised something unexpected.
+CONSUMER_ERROR = "CONSUMER_ERROR"
 
 
 @dataclass
@@ -95,6 +89,7 @@ class ConsumerStats:
     contended: int = 0
     auth_refusals: int = 0
     inbox_unavailable: int = 0
+    consumer_errors: int = 0
     alerts: int = 0
     bound: bool = False
     retries_by_reason: dict[str, int] = field(default_factory=dict)
@@ -119,6 +114,13 @@ class Delivery:
         return self.msg.subject.startswith(REPLAY_PREFIX + ".")
 
     @property
+    def traceparent(self) -> str | None:
+        """The W3C traceparent header, when well-formed: anything else (a NUL, 10 kB) is
+        dropped here, before the inbox, the handler call or a dead letter refuses it."""
+        value = (self.msg.headers or {}).get("traceparent")
+        return value.strip() if value and telemetry.parse_traceparent(value) else None
+
+    @property
     def subject(self) -> str:
         """The event's own subject (a replay travels on the durable's replay subject)."""
         if self.replay and self.envelope is not None:
@@ -135,44 +137,42 @@ class Delivery:
             event_version=env.event_version if env else None,
             occurred_at=env.occurred_at if env else None,
             stream_seq=self.stream_seq,
-            traceparent=(self.msg.headers or {}).get("traceparent"),
+            traceparent=self.traceparent,
         )
 
 
 def parse_delivery(msg: Msg, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Delivery:
     """Parse without raising: a defect is kept as ``poison`` for the dead-letter path.
 
-    A body over ``max_bytes`` is not even parsed: it is poison ``MESSAGE_TOO_LARGE``.
+    A body over ``max_bytes`` is not even parsed: it is poison ``MESSAGE_TOO_LARGE``. A
+    body that makes parsing raise is poison ``CONSUMER_ERROR``, keyed like an unparseable
+    one (its ``Nats-Msg-Id``, or its stream position), so the rest of its batch goes on.
     """
     meta = msg.metadata
-    size = len(msg.data)
-    if size > max_bytes:
-        found = identify(
-            b"",
+
+    def identified(data: bytes) -> Identified:
+        return identify(
+            data,
             subject=msg.subject,
             msg_id_header=(msg.headers or {}).get("Nats-Msg-Id"),
             stream=meta.stream,
             seq=meta.sequence.stream,
         )
-        too_large = PoisonError("MESSAGE_TOO_LARGE", f"{size} bytes exceeds {max_bytes}")
-        return Delivery(
-            msg, found.message_id, meta.num_delivered, meta.sequence.stream, None, too_large
-        )
-    found = identify(
-        msg.data,
-        subject=msg.subject,
-        msg_id_header=(msg.headers or {}).get("Nats-Msg-Id"),
-        stream=meta.stream,
-        seq=meta.sequence.stream,
-    )
-    return Delivery(
-        msg,
-        found.message_id,
-        meta.num_delivered,
-        meta.sequence.stream,
-        found.envelope,
-        found.poison,
-    )
+
+    size, problem = len(msg.data), None
+    if size > max_bytes:
+        problem = PoisonError("MESSAGE_TOO_LARGE", f"{size} bytes exceeds {max_bytes}")
+    else:
+        try:
+            found = identified(msg.data)
+        except Exception as exc:
+            log.error("could not parse a message: %r", exc, exc_info=exc)
+            detail = f"parsing raised {type(exc).__name__}: {exc}"[:500]
+            problem = PoisonError(CONSUMER_ERROR, detail)
+    if problem is not None:
+        found = Identified(identified(b"").message_id, None, problem)
+    seq = meta.sequence.stream
+    return Delivery(msg, found.message_id, meta.num_delivered, seq, found.envelope, found.poison)
 
 
 class InboxConsumer:
@@ -203,13 +203,18 @@ class InboxConsumer:
         )
         self.metrics.watch(self)
         self.heartbeat_every = max(spec.ack_wait / 3, 0.5)
+        #: Heart-beats every message in hand until it is settled.
+        self.keeper = KeepAlive(self.heartbeat_every)
+        #: Runs the inbox writes, holding through database outages.
+        longest = min(INBOX_RETRY_MAX, self.heartbeat_every)
+        self.holder = Holder(pool, first_pause=INBOX_RETRY_INITIAL, longest_pause=longest)
+        self.holder.on_failure = self._inbox_failed
         #: Pauses (s) while the handler refuses our credentials, doubling up to the second.
         self.auth_retry = (1.0, 30.0)
         self._stop = asyncio.Event()
         self.max_message_bytes = DEFAULT_MAX_MESSAGE_BYTES
         #: Batches in process at once; their messages all count against max_ack_pending.
         self.pipeline = DEFAULT_PIPELINE
-        self._crash: BaseException | None = None
         self._puller: Puller | None = None
         #: Seconds a batch waits, after its first message, for the ones right behind it —
         #: only while another batch is in process (see :meth:`run`).
@@ -221,7 +226,7 @@ class InboxConsumer:
         Up to :attr:`pipeline` batches are processed at once, so the handler is busy while
         the next batch is claimed in the inbox and the previous one is settled.
         """
-        self._stop = stop
+        self._stop = self.holder.stop = stop
         await self.js.consumer_info(self.spec.stream, self.durable)  # fails clearly if absent
         puller = Puller(
             self.js, stream=self.spec.stream, durable=self.durable, window=self.spec.batch_size
@@ -231,10 +236,9 @@ class InboxConsumer:
         self.stats.bound = True
         telemetry.set_log_fields(durable=self.durable)
         busy: set[asyncio.Task[None]] = set()
+        beating = asyncio.create_task(self.keeper.run(extra=puller.keep_alive))
         try:
             while not stop.is_set():
-                if self._crash is not None:
-                    raise self._crash
                 if len(busy) >= self.pipeline:
                     await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
                     continue
@@ -276,15 +280,30 @@ class InboxConsumer:
                 await asyncio.wait(busy)
             for msg in await puller.stop():  # arrived, never handed out: let others have it
                 await self._nak(msg, 0.0)
+            beating.cancel()
 
     def _batch_done(self, task: asyncio.Task[None], busy: set[asyncio.Task[None]]) -> None:
-        """Forget a finished batch; keep an unexpected failure to end :meth:`run` with."""
+        """Forget a finished batch (:meth:`process_batch` settles its own failures)."""
         busy.discard(task)
-        if not task.cancelled() and task.exception() is not None and self._crash is None:
-            self._crash = task.exception()
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            self._unexpected("batch", exc)
 
     async def process_batch(self, msgs: list[Msg]) -> None:
-        """Record, dispatch and settle one fetched batch."""
+        """Record, dispatch and settle one fetched batch; its messages are kept alive
+        until settled. Whatever escapes for the batch nak's what is left of it."""
+        self.keeper.hold(msgs)
+        try:
+            await self._process_batch(msgs)
+        except Exception as exc:
+            self._unexpected("batch", exc)
+            for msg in msgs:
+                if not msg.is_acked:
+                    await self._nak(msg, self.policy.delay(_attempt(msg)))
+        finally:
+            self.keeper.release(msgs)
+
+    async def _process_batch(self, msgs: list[Msg]) -> None:
         unique: dict[uuid.UUID, Delivery] = {}
         for msg in msgs:
             delivery = parse_delivery(msg, self.max_message_bytes)
@@ -305,49 +324,59 @@ class InboxConsumer:
     async def _claim_holding(self, deliveries: list[Delivery]) -> ClaimResult | None:
         """Claim the batch; while the inbox is unreachable, hold it rather than nak it.
 
-        An unreachable inbox says nothing about the messages: nak'ing them would spend a
-        delivery per attempt and, over a long outage, exhaust max_deliver and dead-letter
-        healthy events. So the batch is held (heart-beating, so JetStream neither
-        redelivers nor counts a delivery) and no more is fetched — back-pressure — until
-        the database answers. Only a stop gives up: the batch is nak'ed for another
-        replica (or the next start) and None is returned.
+        The batch is held (:mod:`.holding`; the keeper heart-beats it, so JetStream
+        neither redelivers nor counts a delivery) and no more is fetched — back-pressure —
+        until the database answers. Only a stop gives up: the batch is nak'ed for another
+        replica (or the next start) and None is returned. A claim the database refuses
+        (not an outage) is retried one message at a time (:meth:`_claim_singly`).
         """
-        pause = INBOX_RETRY_INITIAL
-        while True:
-            try:
-                return await self._claim(deliveries)
-            except DATABASE_ERRORS as exc:
-                self.stats.inbox_unavailable += 1
-                if self._stop.is_set():
-                    log.warning("inbox unavailable (%s) while stopping: batch nak'ed", exc)
-                    for delivery in deliveries:
-                        await self._nak(delivery.msg, CONTENDED_DELAY)
-                    return None
-                log.warning("inbox unavailable (%s): holding the batch, again in %.1fs", exc, pause)
+        try:
+            claim = await self.holder.run("claim the batch", self._claim_work(deliveries))
+        except asyncpg.PostgresError as exc:
+            claim = await self._claim_singly(deliveries, exc)
+        if claim is None:
             for delivery in deliveries:
-                await _quiet(delivery.msg.in_progress())
-            if self._puller is not None:
-                await self._puller.keep_alive()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=pause)
-            pause = min(pause * 2, min(INBOX_RETRY_MAX, self.heartbeat_every))
+                await self._nak(delivery.msg, CONTENDED_DELAY)
+        return claim
 
-    async def _claim(self, deliveries: list[Delivery]) -> ClaimResult:
-        async with self.pool.acquire() as conn:
-            return await inbox.claim_batch(
-                conn,
-                durable=self.durable,
-                owner=self.owner,
-                lease_seconds=self.lease_seconds,
-                entries=[d.entry() for d in deliveries],
-            )
+    async def _claim_singly(
+        self, deliveries: list[Delivery], exc: BaseException
+    ) -> ClaimResult | None:
+        """One row may be unstorable (a NUL in its subject): claim each message alone. One
+        refused alone is nak'ed with its back-off — it can be neither recorded nor
+        dead-lettered here; its exhaustion reaches the dlq-router — and the rest go on."""
+        log.warning("claim of %d refused (%r): claiming one by one", len(deliveries), exc)
+        claims = []
+        for delivery in deliveries:
+            try:
+                one = await self.holder.run("claim one", self._claim_work([delivery]))
+            except asyncpg.PostgresError as refused:
+                self._unexpected("claim", refused, delivery)
+                await self._nak(delivery.msg, self.policy.delay(delivery.attempt))
+                continue
+            if one is None:
+                return None
+            claims.append(one)
+        return merge_claims(claims)
+
+    def _claim_work(self, deliveries: list[Delivery]) -> Callable[[Conn], Awaitable[ClaimResult]]:
+        return lambda conn: self._claim(conn, deliveries)
+
+    async def _claim(self, conn: Conn, deliveries: list[Delivery]) -> ClaimResult:
+        return await inbox.claim_batch(
+            conn,
+            durable=self.durable,
+            owner=self.owner,
+            lease_seconds=self.lease_seconds,
+            entries=[d.entry() for d in deliveries],
+        )
 
     async def _settle_unclaimed(
         self, unique: dict[uuid.UUID, Delivery], claim: ClaimResult
     ) -> None:
         for mid in claim.final:
             self.stats.duplicates += 1
-            await _quiet(unique[mid].msg.ack())
+            await self._ack(unique[mid].msg)
         for mid, lease_left in claim.leased.items():
             self.stats.contended += 1
             await self._nak(unique[mid].msg, lease_left + CONTENDED_DELAY)
@@ -379,13 +408,21 @@ class InboxConsumer:
         )
 
     def _log_fields(self, delivery: Delivery) -> contextlib.AbstractContextManager[None]:
-        traceparent = (delivery.msg.headers or {}).get("traceparent")
+        traceparent = delivery.traceparent
         return telemetry.log_fields(message_id=str(delivery.message_id), traceparent=traceparent)
 
     async def _traced_decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
-        """:meth:`_decide` inside the delivery's span (the handler call is its child)."""
+        """:meth:`_decide` inside the delivery's span (the handler call is its child).
+
+        Whatever it raises for this one message becomes its dead letter (CONSUMER_ERROR,
+        replayable once the cause is fixed); the rest of the batch goes on.
+        """
         with telemetry.current(delivery.span), self._log_fields(delivery):
-            return await self._decide(delivery)
+            try:
+                return await self._decide(delivery)
+            except Exception as exc:
+                self._unexpected("decide", exc, delivery)
+                return DeadLetter(CONSUMER_ERROR, f"{type(exc).__name__}: {exc}"[:500]), None
 
     @contextlib.contextmanager
     def _settling(self, delivery: Delivery, decision: Decision) -> Iterator[None]:
@@ -463,32 +500,23 @@ class InboxConsumer:
                 outcome.status,
                 extra={"durable": self.durable, "message_id": str(delivery.message_id)},
             )
-            await self._pause_with_heartbeat(delivery, pause)
+            with contextlib.suppress(TimeoutError):  # the keeper heart-beats meanwhile
+                await asyncio.wait_for(self._stop.wait(), timeout=pause)
             pause = min(pause * 2, longest)
             outcome = await self._call_with_heartbeat(delivery, envelope)
         return outcome
 
-    async def _pause_with_heartbeat(self, delivery: Delivery, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=min(left, self.heartbeat_every))
-            await _quiet(delivery.msg.in_progress())
-
     async def _call_with_heartbeat(self, delivery: Delivery, envelope: Envelope) -> Any:
-        call = asyncio.create_task(
-            self._timed(
-                self.handler.handle(self._request_body(delivery, envelope), self._headers(delivery))
-            )
+        """Call the handler; the keeper heart-beats the message during the call, unless
+        the durable turned heartbeats off (the lint then requires timeout < ack_wait)."""
+        call = self._timed(
+            self.handler.handle(self._request_body(delivery, envelope), self._headers(delivery))
         )
         self.stats.handler_calls += 1
-        if not self.spec.heartbeats:  # the lint then requires handler timeout < ack_wait
+        if self.spec.heartbeats:
             return await call
-        while True:
-            done, _ = await asyncio.wait({call}, timeout=self.heartbeat_every)
-            if done:
-                return call.result()
-            await _quiet(delivery.msg.in_progress())
+        with self.keeper.paused(delivery.msg):
+            return await call
 
     async def _timed(self, call: Awaitable[Any]) -> Any:
         """Await the handler call, counting its answer and timing it."""
@@ -522,33 +550,47 @@ class InboxConsumer:
 
     def _headers(self, delivery: Delivery) -> dict[str, str]:
         headers = {"Idempotency-Key": str(delivery.message_id)}
-        traceparent = (delivery.msg.headers or {}).get("traceparent")
+        traceparent = delivery.traceparent
         if traceparent:
             headers["traceparent"] = traceparent
         return headers
 
     async def _settle(self, results: list[tuple[Delivery, tuple[Decision, int | None]]]) -> None:
         processed = {d.message_id: s or 200 for d, (dec, s) in results if isinstance(dec, Ack)}
-        try:
-            async with self.pool.acquire() as conn:
-                await inbox.mark_processed(conn, self.durable, processed)
-        except DATABASE_ERRORS as exc:
-            # The handler applied them; the redelivery will get 409 and be marked then.
-            log.warning(
-                "could not mark %d processed (%s); they will be redelivered", len(processed), exc
-            )
-            processed = {}
+        if processed and not await self._mark_processed(processed):
+            processed = {}  # left unacked: the redelivery will get 409 and be marked then
         for delivery, (decision, status) in results:
-            with self._settling(delivery, decision):
-                if isinstance(decision, Ack):
-                    if delivery.message_id in processed:
-                        self.stats.processed += 1
-                        await _quiet(delivery.msg.ack())
-                        self.metrics.processed(_occurred_at(delivery))
-                elif isinstance(decision, Nak):
-                    await self._retry(delivery, decision, status)
-                else:
-                    await self._dead_letter(delivery, decision, status)
+            try:
+                await self._settle_one(delivery, decision, status, processed)
+            except Exception as exc:
+                self._unexpected("settle", exc, delivery)
+                if not delivery.msg.is_acked:
+                    await self._nak(delivery.msg, self.policy.delay(delivery.attempt))
+
+    async def _mark_processed(self, processed: dict[uuid.UUID, int]) -> bool:
+        async def mark(conn: Conn) -> bool:
+            await inbox.mark_processed(conn, self.durable, processed)
+            return True
+
+        try:
+            return await self.holder.run(f"mark {len(processed)} processed", mark) is not None
+        except DATABASE_ERRORS as exc:
+            log.warning("could not mark %d processed: %s", len(processed), exc)
+            return False
+
+    async def _settle_one(
+        self, delivery: Delivery, decision: Decision, status: int | None, processed: Any
+    ) -> None:
+        with self._settling(delivery, decision):
+            if isinstance(decision, Ack):
+                if delivery.message_id in processed:
+                    self.stats.processed += 1
+                    await self._ack(delivery.msg)
+                    self.metrics.processed(_occurred_at(delivery))
+            elif isinstance(decision, Nak):
+                await self._retry(delivery, decision, status)
+            else:
+                await self._dead_letter(delivery, decision, status)
 
     async def _retry(self, delivery: Delivery, decision: Nak, status: int | None) -> None:
         self.stats.retries += 1
@@ -562,20 +604,30 @@ class InboxConsumer:
                 extra={"durable": self.durable, "message_id": str(delivery.message_id)},
             )
         entry = _history(delivery, status, reason, decision.reason)
-        try:
-            async with self.pool.acquire() as conn:
-                await inbox.mark_retrying(
-                    conn,
-                    self.durable,
-                    delivery.message_id,
-                    error=decision.reason,
-                    status=status,
-                    reason_code=reason,
-                    history_entry=entry,
-                )
-        except DATABASE_ERRORS as exc:
-            log.warning("could not record retry of %s: %s", delivery.message_id, exc)
+        await self._release(delivery, decision.reason, status, reason, entry)
         await self._nak(delivery.msg, decision.delay)
+
+    async def _release(
+        self, delivery: Delivery, error: str, status: int | None, reason: str, entry: Any
+    ) -> None:
+        """Record the failed attempt and release the lease before the nak.
+
+        While the database is unreachable the message is held (kept alive) and the write
+        tried again: nak'ing with the lease still held would make the redelivery a
+        contended copy, which spends a delivery without calling the handler.
+        """
+        await self.holder.run(
+            f"record the retry of {delivery.message_id}",
+            lambda conn: inbox.mark_retrying(
+                conn,
+                self.durable,
+                delivery.message_id,
+                error=error,
+                status=status,
+                reason_code=reason,
+                history_entry=entry,
+            ),
+        )
 
     async def _dead_letter(
         self, delivery: Delivery, decision: DeadLetter, status: int | None
@@ -596,9 +648,12 @@ class InboxConsumer:
                     self.spec,
                 )
         except DEAD_LETTER_ERRORS as exc:
-            log.warning(
-                "dead-lettering %s failed (%s); it will be redelivered", delivery.message_id, exc
-            )
+            # No stream leader (a NATS restart), the database away...: nothing written.
+            self.metrics.consumer_error("dead_letter")
+            detail = f"dead letter not written: {type(exc).__name__}: {exc}"
+            log.warning("%s; it will be redelivered", detail, extra=self._ids(delivery))
+            entry = _history(delivery, status, decision.reason_code, detail)
+            await self._release(delivery, detail, status, decision.reason_code, entry)
             await self._nak(delivery.msg, self.policy.delay(delivery.attempt))
             return
         self.stats.dead_lettered += 1
@@ -615,6 +670,7 @@ class InboxConsumer:
         )
         # term, not ack: JetStream will not redeliver it, and its MSG_TERMINATED advisory
         # reaches the dlq-router, which finds the record and leaves it alone.
+        self.keeper.release([delivery.msg])
         await _quiet(delivery.msg.term())
 
     async def _exhausted(
@@ -628,19 +684,7 @@ class InboxConsumer:
         consumer alike.
         """
         self.stats.exhausted += 1
-        try:
-            async with self.pool.acquire() as conn:
-                await inbox.mark_retrying(
-                    conn,
-                    self.durable,
-                    delivery.message_id,
-                    error=decision.detail,
-                    status=status,
-                    reason_code=decision.reason_code,
-                    history_entry=entry,
-                )
-        except DATABASE_ERRORS as exc:
-            log.warning("could not record last attempt of %s: %s", delivery.message_id, exc)
+        await self._release(delivery, decision.detail, status, decision.reason_code, entry)
         log.warning(
             "deliveries exhausted; the dlq-router records it",
             extra={"durable": self.durable, "message_id": str(delivery.message_id)},
@@ -672,13 +716,32 @@ class InboxConsumer:
             event_type=env.event_type if env else None,
             event_version=env.event_version if env else None,
             occurred_at=env.occurred_at if env else None,
-            traceparent=(delivery.msg.headers or {}).get("traceparent"),
+            traceparent=delivery.traceparent,
             handler_status=status,
             history_entry=entry,
         )
 
+    async def _ack(self, msg: Msg) -> None:
+        self.keeper.release([msg])
+        await _quiet(msg.ack())
+
     async def _nak(self, msg: Msg, delay: float) -> None:
-        await _quiet(msg.nak(delay=delay))
+        self.keeper.release([msg])
+        await _quiet(msg.nak(delay=delay if math.isfinite(delay) and delay > 0 else 0.0))
+
+    def _inbox_failed(self) -> None:
+        self.stats.inbox_unavailable += 1
+
+    def _ids(self, delivery: Delivery) -> dict[str, str]:
+        return {"durable": self.durable, "message_id": str(delivery.message_id)}
+
+    def _unexpected(self, stage: str, exc: BaseException, delivery: Delivery | None = None) -> None:
+        """Something raised that the consumer does not expect: log and count it; the
+        caller settles the message(s) concerned and the role goes on."""
+        self.stats.consumer_errors += 1
+        self.metrics.consumer_error(stage)
+        extra = self._ids(delivery) if delivery is not None else {"durable": self.durable}
+        log.error("unexpected error (%s): %r", stage, exc, exc_info=exc, extra=extra)
 
 
 def _raw_body(data: bytes) -> Any:
@@ -723,9 +786,17 @@ def _history(delivery: Delivery, status: int | None, reason: str, detail: str) -
     }
 
 
+def _attempt(msg: Msg) -> int:
+    """The delivery count of a message (1 when its metadata cannot be read)."""
+    try:
+        return int(msg.metadata.num_delivered)
+    except Exception:
+        return 1
+
+
 async def _quiet(ack: Any) -> None:
     """Send an ack/nak/in_progress; a lost one only causes a redelivery the inbox absorbs."""
     try:
         await ack
-    except (ConnectionClosedError, OSError, NatsTimeout) as exc:
+    except (NatsError, OSError) as exc:
         log.warning("could not send ack/nak: %s", exc)

@@ -4,22 +4,39 @@ One pooled keep-alive session per process. Every failure to get an answer become
 :class:`HandlerFailure`; every answer a :class:`HandlerResponse`. Nothing raises.
 With a secret, every request is signed (:mod:`shared.domain.signing`) over the exact
 bytes sent.
+
+Once the status line and headers are in, the status is the handler's answer; the body
+is only its detail, read best-effort: at most :data:`BODY_READ_LIMIT` bytes, decoded as
+UTF-8 with replacement characters and cut to :data:`DETAIL_LIMIT` characters. A body
+that is not UTF-8, huge, reset mid-way or trickled past the timeout changes the detail,
+never the outcome. ``Retry-After`` is read by :mod:`shared.domain.retry_after`; an
+invalid one is ignored, logged once per message.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import time
+from collections import OrderedDict
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 
 from shared.domain.ack import HandlerFailure, HandlerResponse, Outcome
+from shared.domain.envelope import wire_json
+from shared.domain.retry_after import parse_retry_after
 from shared.domain.signing import sign
+
+log = logging.getLogger("ferry.inbox_consumer")
 
 #: How much of the handler's error body is kept (for last_error and dead letters).
 DETAIL_LIMIT = 500
+#: Most bytes of a handler's body read (4 per character covers any UTF-8 detail).
+BODY_READ_LIMIT = 4 * DETAIL_LIMIT
+#: Message ids remembered as already warned about an invalid Retry-After.
+WARNED_LIMIT = 4096
 
 
 class HttpHandler:
@@ -40,6 +57,7 @@ class HttpHandler:
             connector=aiohttp.TCPConnector(limit=connections, keepalive_timeout=30),
             timeout=aiohttp.ClientTimeout(total=timeout),
         )
+        self._warned: OrderedDict[str, None] = OrderedDict()
 
     async def close(self) -> None:
         """Close the pooled connections."""
@@ -47,7 +65,7 @@ class HttpHandler:
 
     async def handle(self, body: dict[str, Any], headers: dict[str, str]) -> Outcome:
         """POST ``body``; return what happened."""
-        data = json.dumps(body, separators=(",", ":"), default=str).encode()
+        data = wire_json(body)
         headers = {**headers, "Content-Type": "application/json"}
         if self._secret is not None:
             headers.update(sign(self._secret, self.durable, data, time.time()))
@@ -55,23 +73,49 @@ class HttpHandler:
             async with self._session.post(
                 self.url, data=data, headers=headers, allow_redirects=False
             ) as resp:
-                text = await resp.text()
-                return HandlerResponse(
-                    resp.status, _retry_after(resp.headers.get("Retry-After")), text[:DETAIL_LIMIT]
-                )
+                retry_after = self._retry_after(resp, headers.get("Idempotency-Key", ""))
+                detail = await _detail(resp)
+                return HandlerResponse(resp.status, retry_after, detail)
         except TimeoutError:
             return HandlerFailure("timeout", f"no answer within {self.timeout}s")
         except (aiohttp.ClientError, OSError) as exc:
-            return HandlerFailure("unreachable", f"{type(exc).__name__}: {exc}"[:DETAIL_LIMIT])
+            return HandlerFailure("unreachable", _bounded(f"{type(exc).__name__}: {exc}"))
         except asyncio.CancelledError:
             raise
 
+    def _retry_after(self, resp: aiohttp.ClientResponse, message_id: str) -> float | None:
+        """The header's seconds; an invalid value is ignored (logged once per message)."""
+        raw = resp.headers.get("Retry-After")
+        seconds = parse_retry_after(raw, now=datetime.now(UTC))
+        if raw is not None and seconds is None and message_id not in self._warned:
+            self._warned[message_id] = None
+            if len(self._warned) > WARNED_LIMIT:
+                self._warned.popitem(last=False)
+            log.warning(
+                "handler sent an invalid Retry-After %s (HTTP %s); the back-off ladder applies",
+                _bounded(repr(raw), 80),
+                resp.status,
+                extra={"durable": self.durable, "message_id": message_id},
+            )
+        return seconds
 
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (the HTTP-date form is treated as absent)."""
-    if value is None:
-        return None
+
+async def _detail(resp: aiohttp.ClientResponse) -> str:
+    """The head of the body, decoded safely; what went wrong reading it, if anything."""
+    head = b""
     try:
-        return max(float(value), 0.0)
-    except ValueError:
-        return None
+        while len(head) < BODY_READ_LIMIT:
+            chunk = await resp.content.read(BODY_READ_LIMIT - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        text = head.decode("utf-8", "replace")
+        return _bounded(f"{text} [body unreadable: {type(exc).__name__}]".lstrip())
+    return _bounded(head.decode("utf-8", "replace"))
+
+
+def _bounded(text: str, limit: int = DETAIL_LIMIT) -> str:
+    """At most ``limit`` characters, without NUL (PostgreSQL text and jsonb refuse it)."""
+    text = text.replace("\x00", "\ufffd")
+    return text if len(text) <= limit else text[: limit - 1] + "…"

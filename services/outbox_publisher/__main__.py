@@ -12,8 +12,7 @@ from shared.adapters.notify import listen
 from shared.adapters.postgres import create_pool_when_up
 from shared.contracts.lint import PublisherTiming, require_clean_topology
 from shared.domain.errors import ConfigurationError
-from shared.runtime.health import HealthServer
-from shared.runtime.lifecycle import EXIT_DRAIN_TIMEOUT, EXIT_OK, run_role
+from shared.runtime.lifecycle import run_role, serve
 from shared.runtime.logs import configure_logging
 from shared.runtime.metrics import PublisherMetrics, RoleMetrics
 from shared.runtime.settings import PublisherSettings
@@ -63,44 +62,43 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
         retry_initial=settings.retry_initial,
         retry_max=settings.retry_max,
         metrics=publisher_metrics,
+        max_publish_attempts=settings.max_publish_attempts,
+        max_message_bytes=context.stream.max_msg_size,
     )
     publisher.linger = settings.linger
-    health = HealthServer(
-        host=settings.health_host,
-        port=settings.health_port or 0,
-        checks={
-            "nats": lambda: nats_up["connected"],
-            "postgres": lambda: publisher.stats.last_db_ok,
-        },
-        metrics=metrics,
-    )
-    if settings.health_port:
-        await health.start()
     listener_stop = asyncio.Event()
     listener = asyncio.create_task(listen(dsn, "ferry_outbox", publisher.notify, listener_stop))
+    log.info("publishing context %s into %s", settings.context, context.stream.name)
+    try:
+        # At the drain deadline the workers are cancelled, rolling back their claims.
+        return await serve(
+            settings=settings,
+            work=lambda inner: _workers(publisher, inner, settings),
+            checks={
+                "nats": lambda: nats_up["connected"],
+                "postgres": lambda: publisher.stats.last_db_ok,
+            },
+            stop=stop,
+            drain_deadline=settings.drain_deadline,
+            metrics=metrics,
+        )
+    finally:
+        listener_stop.set()
+        await asyncio.gather(listener, return_exceptions=True)
+        await nc.close()
+        await pool.close()
+        log.info("stopped", extra={"published": publisher.stats.published})
+
+
+async def _workers(
+    publisher: OutboxPublisher, stop: asyncio.Event, settings: PublisherSettings
+) -> None:
+    """``settings.concurrency`` workers until ``stop``, each finishing its batch in flight."""
     workers = [
-        asyncio.create_task(publisher.run_worker(stop, poll_interval=settings.poll_interval))
+        publisher.run_worker(stop, poll_interval=settings.poll_interval)
         for _ in range(settings.concurrency)
     ]
-    log.info("publishing context %s into %s", settings.context, context.stream.name)
-    await stop.wait()
-    code = await _drain(workers, settings.drain_deadline)
-    listener_stop.set()
-    await asyncio.gather(listener, return_exceptions=True)
-    await health.stop()
-    await nc.close()
-    await pool.close()
-    log.info("stopped", extra={"published": publisher.stats.published})
-    return code
-
-
-async def _drain(workers: list[asyncio.Task[None]], deadline: float) -> int:
-    """Let in-flight batches finish; cancel (rolling back their claims) at the deadline."""
-    _, pending = await asyncio.wait(workers, timeout=deadline)
-    for task in pending:
-        task.cancel()
     await asyncio.gather(*workers, return_exceptions=True)
-    return EXIT_DRAIN_TIMEOUT if pending else EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,10 @@ acknowledged rows published and the failed ones failed, commit. Rows of one aggr
 are published in waves, so a failed publish never lets a later event of the same
 aggregate overtake it. A crash anywhere before the commit leaves the rows unpublished;
 they are published again with the same ``Nats-Msg-Id`` and JetStream drops the copy.
+
+No row stops the publisher: whatever one row's build or publish raises is recorded on
+that row (see :mod:`.failures` for when it is set aside), and whatever a batch raises is
+logged, counted and retried after a back-off.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -23,7 +28,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from shared.adapters import outbox
-from shared.adapters.outbox import OutboxRow
+from shared.adapters.outbox import Failure, OutboxRow
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.domain.envelope import Envelope, payload_digest
 from shared.domain.pacing import ArrivalGap
@@ -31,7 +36,16 @@ from shared.domain.subjects import event_subject
 from shared.runtime.metrics import PublisherMetrics, RoleMetrics
 from shared.telemetry import otel as telemetry
 
+from . import failures as fail
+
 log = logging.getLogger("ferry.outbox_publisher")
+
+#: An empty claim slower than this (s) walked many rows that all wait behind failing or
+#: set-aside rows (a long outage over a large backlog): the worker then rests ten times
+#: as long (at most SLOW_EMPTY_REST_MAX s) before it claims again, rather than at every
+#: NOTIFY, so such claims take at most about a tenth of a database core per worker.
+SLOW_EMPTY_CLAIM = 0.1
+SLOW_EMPTY_REST_MAX = 10.0
 
 
 @dataclass
@@ -41,6 +55,9 @@ class PublisherStats:
     published: int = 0
     duplicates: int = 0
     publish_errors: int = 0
+    #: Rows this process set aside, and batches that raised something unexpected.
+    set_aside: int = 0
+    batch_errors: int = 0
     batches: int = 0
     #: Claims that found rows held back behind another worker's batch, and waits for such
     #: rows that another worker's commit ended (rather than the poll).
@@ -79,7 +96,8 @@ def build_message(
 
 
 class Batch(NamedTuple):
-    """One batch's outcome: rows claimed to publish, of them failed, and held back."""
+    """One batch's outcome: rows claimed to publish, of them failed (or set aside), and held
+    back."""
 
     claimed: int
     failed: int
@@ -102,11 +120,16 @@ class OutboxPublisher:
         retry_initial: float = 0.2,
         retry_max: float = 5.0,
         metrics: PublisherMetrics | None = None,
+        max_publish_attempts: int = 20,
+        max_message_bytes: int | None = None,
     ) -> None:
         self.pool, self.js = pool, js
         self.context, self.namespace, self.stream = context, namespace, stream
         self.batch_size, self.publish_timeout = batch_size, publish_timeout
         self.retry_initial, self.retry_max = retry_initial, retry_max
+        #: Refusals after which a row is set aside; the stream's max_msg_size (None: the
+        #: server's answer decides).
+        self.max_publish_attempts, self.max_message_bytes = max_publish_attempts, max_message_bytes
         self.stats = PublisherStats()
         self.metrics = metrics or PublisherMetrics(
             RoleMetrics("outbox-publisher"), context=context, stream=stream
@@ -151,15 +174,12 @@ class OutboxPublisher:
             # Cleared before the claim, so a commit that lands during it is not missed.
             wakeup.clear()
             commits_before = self._commits
-            try:
-                count, failed, held_back = await self._publish_counted()
-            except DATABASE_ERRORS as exc:
-                self.stats.last_db_ok = False
-                self._count_error(type(exc).__name__)
-                log.warning("outbox batch failed: %s; retrying in %.1fs", exc, delay)
-                await _sleep_unless(stop, delay)
+            started = time.monotonic()
+            batch = await self._batch_or_rest(stop, delay)
+            if batch is None:
                 delay = min(delay * 2, self.retry_max)
                 continue
+            count, failed, held_back = batch
             if failed:
                 await _sleep_unless(stop, delay)
                 delay = min(delay * 2, self.retry_max)
@@ -181,7 +201,10 @@ class OutboxPublisher:
                 # the poll), not after the next NOTIFY — a backlog has no new commits.
                 await self._wait_held_back(wakeup, stop, poll_interval, others_committed)
                 continue
-            if count < self.batch_size and not failed:
+            slow = time.monotonic() - started
+            if count == 0 and slow > SLOW_EMPTY_CLAIM:
+                await _sleep_unless(stop, min(slow * 10, SLOW_EMPTY_REST_MAX))
+            elif count < self.batch_size and not failed:
                 await _wait_listed(wakeup, self._idle, stop, timeout=poll_interval)
                 if (
                     self.linger
@@ -194,6 +217,22 @@ class OutboxPublisher:
                     # batches into batches. Otherwise the worker claims at once.
                     await asyncio.sleep(self.linger)
         self._wakeups.remove(wakeup)
+
+    async def _batch_or_rest(self, stop: asyncio.Event, delay: float) -> Batch | None:
+        """One batch; when it raises, log and count why and rest ``delay`` (None)."""
+        try:
+            return await self._publish_counted()
+        except DATABASE_ERRORS as exc:
+            self.stats.last_db_ok = False
+            self._count_error(type(exc).__name__)
+            log.warning("outbox batch failed: %s; retrying in %.1fs", exc, delay)
+        except Exception as exc:  # a bug or a surprise: never let it end the worker
+            self.stats.batch_errors += 1
+            self._count_error(type(exc).__name__)
+            log.exception("outbox batch raised %s; retrying in %.1fs", type(exc).__name__,
+                          delay)  # fmt: skip
+        await _sleep_unless(stop, delay)
+        return None
 
     async def _wait_held_back(
         self, wakeup: asyncio.Event, stop: asyncio.Event, poll_interval: float, committed: bool
@@ -228,10 +267,13 @@ class OutboxPublisher:
                 rows = claimed.rows
                 self.stats.last_db_ok = True
                 published: list[int] = []
-                failures: dict[int, str] = {}
+                failures: dict[int, Failure] = {}
+                set_aside: dict[int, str] = {}
                 if rows:
                     published, failures = await self.publish_rows(rows)
-                    await outbox.mark_failed(conn, failures)
+                    set_aside = await outbox.mark_failed(
+                        conn, failures, max_attempts=self.max_publish_attempts
+                    )
                 await outbox.mark_published_and_commit(conn, published)
                 committed = True
             finally:
@@ -246,10 +288,27 @@ class OutboxPublisher:
         self.stats.batches += 1
         self.stats.published += len(published)
         self.stats.publish_errors += len(failures)
+        if set_aside:
+            self._report_set_aside(rows, failures, set_aside)
         return Batch(len(rows), len(failures), claimed.held_back)
 
-    async def publish_rows(self, rows: list[OutboxRow]) -> tuple[list[int], dict[int, str]]:
-        """Publish ``rows`` in per-aggregate waves; return (published seqs, failed seq → error).
+    def _report_set_aside(
+        self, rows: list[OutboxRow], failures: dict[int, Failure], set_aside: dict[int, str]
+    ) -> None:
+        self.stats.set_aside += len(set_aside)
+        self.metrics.rows_set_aside(Counter(set_aside.values()))
+        for row in rows:
+            if row.seq in set_aside:
+                log.error(
+                    "outbox row set aside (%s): seq %d, id %s, %s %s/%s v%d: %s; its "
+                    "aggregate's later rows wait behind it (ferry outbox list --failed)",
+                    set_aside[row.seq], row.seq, row.id, row.aggregate_type, row.aggregate_id,
+                    row.event_type, row.event_version, failures[row.seq].error,
+                    extra={"reason_code": set_aside[row.seq], "message_id": str(row.id)},
+                )  # fmt: skip
+
+    async def publish_rows(self, rows: list[OutboxRow]) -> tuple[list[int], dict[int, Failure]]:
+        """Publish ``rows`` in per-aggregate waves; return (published seqs, failed seq → why).
 
         A row whose predecessor in its aggregate failed is not attempted at all: it stays
         pending, unmarked, behind the failed one.
@@ -258,7 +317,7 @@ class OutboxPublisher:
         for row in rows:
             queues.setdefault(row.aggregate, deque()).append(row)
         published: list[int] = []
-        failures: dict[int, str] = {}
+        failures: dict[int, Failure] = {}
         while queues:
             wave = [queue[0] for queue in queues.values()]
             results = await self._publish_wave(wave)
@@ -274,28 +333,22 @@ class OutboxPublisher:
                     del queues[row.aggregate]
         return published, failures
 
-    async def _publish_wave(self, wave: list[OutboxRow]) -> list[str | None]:
-        """Publish every row of ``wave`` pipelined; None for success, else the error text."""
+    async def _publish_wave(self, wave: list[OutboxRow]) -> list[Failure | None]:
+        """Publish every row of ``wave`` pipelined; None for success, else why it failed."""
         futures: list[asyncio.Future[PubAck] | None] = []
-        errors: list[str | None] = []
+        errors: list[Failure | None] = []
         spans: list[telemetry.Span | None] = []
         for row in wave:
             span = None
+            future, error = None, None
             try:
-                subject, body, headers = build_message(
-                    row, namespace=self.namespace, context=self.context
-                )
-                span = self._send_span(row, subject, headers)
-                future = await self.js.publish_async(
-                    subject, body, headers=headers, stream=self.stream
-                )
-                self.metrics.time_send(future)
-                futures.append(future)
-                errors.append(None)
+                span, future, error = await self._send(row)
             except Exception as exc:  # any failure is recorded on the row, never raised
-                self.metrics.send_failed(type(exc).__name__)
-                futures.append(None)
-                errors.append(f"{type(exc).__name__}: {exc}")
+                error = fail.of_publish(exc)
+            if error is not None:
+                self.metrics.send_failed(error.kind)
+            futures.append(future)
+            errors.append(error)
             spans.append(span)
         live = [f for f in futures if f is not None]
         if live:
@@ -307,8 +360,28 @@ class OutboxPublisher:
             for fut, err in zip(futures, errors, strict=True)
         ]
         for span, outcome in zip(spans, outcomes, strict=True):
-            telemetry.end_span(span, outcome)
+            telemetry.end_span(span, outcome.error if outcome else None)
         return outcomes
+
+    async def _send(
+        self, row: OutboxRow
+    ) -> tuple[telemetry.Span | None, asyncio.Future[PubAck] | None, Failure | None]:
+        """Build ``row``'s message, check its wire size and publish it (not awaiting the
+        PubAck); a row that cannot be built or is too large is not sent."""
+        try:
+            subject, body, headers = build_message(
+                row, namespace=self.namespace, context=self.context
+            )
+        except Exception as exc:  # RecursionError, ValueError, … whatever the row holds
+            return None, None, fail.unbuildable(exc)
+        if self.max_message_bytes is not None:
+            size = fail.wire_size(body, {**headers, "Nats-Expected-Stream": self.stream})
+            if size > self.max_message_bytes:
+                return None, None, fail.too_large(size, self.max_message_bytes)
+        span = self._send_span(row, subject, headers)
+        future = await self.js.publish_async(subject, body, headers=headers, stream=self.stream)
+        self.metrics.time_send(future)
+        return span, future, None
 
     def _send_span(
         self, row: OutboxRow, subject: str, headers: dict[str, str]
@@ -335,14 +408,14 @@ class OutboxPublisher:
         telemetry.inject(headers, span)
         return span
 
-    def _outcome(self, future: asyncio.Future[PubAck]) -> str | None:
+    def _outcome(self, future: asyncio.Future[PubAck]) -> Failure | None:
         if future.cancelled():
             self._count_error("timeout")
-            return f"no PubAck within {self.publish_timeout}s"
+            return fail.no_puback(self.publish_timeout)
         exc = future.exception()
         if exc is not None:
             self._count_error(type(exc).__name__)
-            return f"{type(exc).__name__}: {exc}"
+            return fail.of_publish(exc)
         if future.result().duplicate:
             self.stats.duplicates += 1
         return None

@@ -4,7 +4,8 @@ One login per process role (:mod:`shared.access.identities`), derived from the t
 
 ==========================  ================================================================
 outbox-publisher-{ctx}      its context's database: read ``outbox_events`` and mark rows
-                            (UPDATE of the four publish columns only; no INSERT, no DELETE)
+                            (UPDATE of the publish and set-aside columns only; no INSERT,
+                            no DELETE), ``outbox_actions`` (insert: the rows it sets aside)
 producer-{ctx}              INSERT of the SDS-047 columns of ``outbox_events`` (never
                             ``published_at``), nothing else
 inbox-consumer-{durable}    its target's database: its own rows of ``inbox_messages`` and
@@ -53,7 +54,10 @@ from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError
 
 #: Columns the publisher updates when it marks a row published or failed.
-OUTBOX_MARK_COLUMNS = ("published_at", "publish_attempts", "publish_error", "last_attempt_at")
+OUTBOX_MARK_COLUMNS = (
+    "published_at", "publish_attempts", "publish_error", "last_attempt_at",
+    "set_aside_at", "set_aside_reason",
+)  # fmt: skip
 #: Columns a producer may write (SDS-047's, plus trace context); the rest are defaults.
 OUTBOX_INSERT_COLUMNS = (
     "id",
@@ -73,7 +77,7 @@ KPI_TABLES = ("kpi_windows", "kpi_reasons", "kpi_watermarks", "kpi_runs")
 #: Tables holding one durable's rows, guarded by row-level security on ``durable``.
 PER_DURABLE_TABLES = ("inbox_messages", "dead_letters", "dead_letter_actions")
 #: Every table of the migrations that a grant here may touch.
-FERRY_TABLES = ("outbox_events", *PER_DURABLE_TABLES, *KPI_TABLES)
+FERRY_TABLES = ("outbox_events", "outbox_actions", *PER_DURABLE_TABLES, *KPI_TABLES)
 #: Handler services that record events in their own outbox while handling one
 #: (services/handlers/contexts/module_f.py forwards lane E→F into lane F→G).
 FORWARDING_HANDLERS = frozenset({"module_f"})
@@ -142,7 +146,10 @@ def role_access(identity: Identity, topology: Topology) -> list[RoleAccess]:
         database = topology.contexts[of].database
         if kind == "outbox-publisher":
             mark = ("SELECT", _columns("UPDATE", OUTBOX_MARK_COLUMNS))
-            return [RoleAccess(identity, database, (TableAccess("outbox_events", mark),))]
+            # outbox_actions: the audit of the rows it sets aside.
+            audit = TableAccess("outbox_actions", ("INSERT",))
+            mine: tuple[TableAccess, ...] = (TableAccess("outbox_events", mark), audit)
+            return [RoleAccess(identity, database, mine)]
         if kind == "producer":
             return [RoleAccess(identity, database, (_outbox_insert(),))]
         own: tuple[TableAccess, ...] = (_outbox_insert(),) if of in FORWARDING_HANDLERS else ()

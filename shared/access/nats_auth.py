@@ -13,7 +13,9 @@ exactly the subjects its nats-py calls use, and nothing else:
     and publishes its dead-letter subject.
 ``dlq-router-{topology}``
     pulls and acks the topology's advisory durable (``dlq_router``), reads the original
-    messages of the topology's streams by sequence and publishes its dead-letter subjects.
+    messages of the topology's streams by sequence and publishes its dead-letter subjects;
+    reads the info of the topology's durables (its sweep) and dead-letter streams (their
+    max_msg_size).
 ``dlq-replayer-{topology}``
     publishes only the replay subjects of its topology's durables
     (``ferry.replay.{STREAM}.{durable}``).
@@ -100,6 +102,10 @@ def permissions_of(identity: Identity, topology: Topology) -> Permissions | None
             *_durable_api(topology.advisory_stream, ROUTER_DURABLE),
             *sorted({_stream_read(spec.stream) for _, spec in durables}),
             *sorted({spec.dead_letter_subject for _, spec in durables}),
+            # The sweep reads each durable's progress; records are sized to each
+            # dead-letter stream's max_msg_size.
+            *(f"$JS.API.CONSUMER.INFO.{spec.stream}.{name}" for name, spec in durables),
+            *(f"$JS.API.STREAM.INFO.{s.name}" for s in topology.dead_letter_streams),
         ]
         return Permissions(_unique(publish), reply)
     if identity.kind == "dlq-replayer":

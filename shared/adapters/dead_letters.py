@@ -24,45 +24,35 @@ a replay of something a handler already applied is answered 409 and processed on
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
 
 from nats.js import JetStreamContext
 
-from shared.adapters import inbox
+from shared.adapters import dead_letter_records, inbox
 from shared.adapters.postgres import Conn
 from shared.contracts.topology import DurableSpec, ReplayLimits
-from shared.domain.dead_letter import dead_letter_record
+from shared.domain import dead_letter as policy
+from shared.domain.dead_letter import NOT_REPLAYABLE, dead_letter_record
 from shared.domain.envelope import format_timestamp
 from shared.domain.subjects import replay_subject
 from shared.telemetry import otel as telemetry
 
-#: Reasons that are defects of the message's own bytes: replaying the same bytes cannot
-#: change the outcome, so even the automatic policy holds them for an operator.
-NOT_REPLAYABLE = frozenset(
-    {
-        "MALFORMED_JSON",
-        "MALFORMED_ENVELOPE",
-        "MISSING_FIELD",
-        "INVALID_FIELD",
-        "INVALID_SUBJECT",
-        "SUBJECT_MISMATCH",
-        "DIGEST_MISMATCH",
-        "SCHEMA_INVALID",
-        "MESSAGE_TOO_LARGE",
-    }
-)
+log = logging.getLogger("ferry.dead_letters")
+
+__all__ = ["NOT_REPLAYABLE", "Failure", "NoEnvelope", "NotReplayable", "record_dead_letter"]
 
 #: Statuses an operator may replay from, and those that are final.
 REPLAYABLE_STATUSES = ("dead", "held", "parked")
 FINAL_STATUSES = ("replayed", "discarded")
 
-Source = Literal["consumer", "advisory:max_deliveries", "advisory:terminated"]
+Source = Literal["consumer", "advisory:max_deliveries", "advisory:terminated", "sweep"]
 Outcome = Literal["recorded", "already"]
 
 
@@ -94,18 +84,15 @@ class Failure:
 def replay_delay(
     limits: ReplayLimits, replay_attempts: int, rng: random.Random | None = None
 ) -> float:
-    """Full-jitter exponential back-off before replay number ``replay_attempts + 1``."""
-    ceiling = min(limits.max_delay, limits.base_delay * 2.0**replay_attempts)
-    return (rng or random).uniform(0.0, ceiling)
+    """Full-jitter back-off before replay number ``replay_attempts + 1`` (domain policy)."""
+    return policy.replay_delay(limits.base_delay, limits.max_delay, replay_attempts, rng)
 
 
 def initial_status(spec: DurableSpec, reason_code: str, replay_attempts: int) -> str:
     """Where a new (or again) dead letter starts: dead (auto-replay), held, or parked."""
-    if spec.replay != "automatic" or reason_code in NOT_REPLAYABLE:
-        return "held"
-    if replay_attempts >= spec.replay_limits.max_attempts:
-        return "parked"
-    return "dead"
+    return policy.initial_status(
+        spec.replay, reason_code, replay_attempts, spec.replay_limits.max_attempts
+    )
 
 
 _LOCK = """
@@ -140,9 +127,23 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb)
 
 
 async def record_dead_letter(
-    conn: Conn, js: JetStreamContext, failure: Failure, spec: DurableSpec
+    conn: Conn,
+    js: JetStreamContext,
+    failure: Failure,
+    spec: DurableSpec,
+    *,
+    dlq_stream: str | None = None,
 ) -> Outcome:
-    """Record ``failure`` once (see the module doc); ``already`` when another path did."""
+    """Record ``failure`` once (see the module doc); ``already`` when another path did.
+
+    Text PostgreSQL cannot store (NUL, lone surrogates) never fails it: the payload is
+    kept exactly (:func:`~shared.adapters.dead_letter_records.stored_record`), other
+    text with a replacement character.
+
+    ``dlq_stream`` names the dead-letter stream, whose max_msg_size then bounds the
+    published record (:mod:`shared.adapters.dead_letter_records`).
+    """
+    failure = _storable(failure)
     async with conn.transaction():
         row = await conn.fetchrow(_LOCK, failure.durable, failure.message_id)
         if row is not None and not _is_failed_replay(row, failure):
@@ -167,7 +168,7 @@ async def record_dead_letter(
                 failure.reason_code,
                 failure.last_error,
                 failure.attempts,
-                json.dumps(record, default=str),
+                dead_letter_records.stored_record(record),
                 failure.source,
                 status,
                 delay,
@@ -184,17 +185,34 @@ async def record_dead_letter(
                     f"replay cap of {spec.replay_limits.max_attempts} reached",
                     {},
                 )
-        await _publish_record(js, spec, failure, record, generation)
+        await _publish_record(js, spec, failure, record, generation, dlq_stream)
         await inbox.mark_dead_lettered(conn, failure.durable, _inbox_row(failure, spec, record))
     return "recorded"
 
 
+def _storable(failure: Failure) -> Failure:
+    """``failure`` with the text that goes into columns fit for PostgreSQL."""
+    clean = dead_letter_records.storable
+    return replace(
+        failure,
+        original_subject=clean(failure.original_subject),
+        last_error=clean(failure.last_error),
+        retry_history=clean(failure.retry_history),
+        history_entry=clean(failure.history_entry),
+    )
+
+
 def _is_failed_replay(row: Any, failure: Failure) -> bool:
-    """A replay of this row was published and this failure is of that replay, not older."""
+    """A replay of this row is in flight and this failure is of that replay, not older.
+
+    A replay is published into the stream of the failure it repeats, so its sequence is
+    always greater than the recorded one (``stream_seq``, which the replay never changes);
+    a late advisory for the recorded delivery (or an earlier one) is never greater.
+    """
     return bool(
         row["status"] == "replaying"
         and failure.stream_seq is not None
-        and failure.stream_seq >= (row["stream_seq"] or 0)
+        and failure.stream_seq > (row["stream_seq"] or 0)
     )
 
 
@@ -242,7 +260,7 @@ def _insert_args(
         failure.reason_code,
         failure.last_error,
         failure.attempts,
-        json.dumps(record, default=str),
+        dead_letter_records.stored_record(record),
         spec.dead_letter_subject,
         failure.source,
         failure.traceparent,
@@ -257,6 +275,7 @@ async def _publish_record(
     failure: Failure,
     record: dict[str, Any],
     generation: int,
+    dlq_stream: str | None,
 ) -> None:
     headers = {
         "Nats-Msg-Id": f"{failure.durable}:{failure.message_id}:{generation}",
@@ -271,9 +290,14 @@ async def _publish_record(
         headers=headers,
         extra={"ferry.reason_code": failure.reason_code, "ferry.durable": failure.durable},
     ):
-        await js.publish(
-            spec.dead_letter_subject, json.dumps(record, default=str).encode(), headers=headers
+        fitted = await dead_letter_records.publish(
+            js, spec.dead_letter_subject, record, headers, stream=dlq_stream
         )
+        if fitted.by_reference:
+            log.info(
+                "dead-letter record keeps the payload by reference",
+                extra={"durable": failure.durable, "message_id": str(failure.message_id)},
+            )
 
 
 def _inbox_row(
@@ -357,7 +381,7 @@ WHERE durable = $1 AND message_id = $2
 
 _PUBLISHED = """
 UPDATE dead_letters
-SET stream_seq = $4, replay_published_at = clock_timestamp(), updated_at = clock_timestamp()
+SET replay_stream_seq = $4, replay_published_at = clock_timestamp(), updated_at = clock_timestamp()
 WHERE durable = $1 AND message_id = $2 AND status = 'replaying' AND replay_attempts = $3
 """
 
@@ -373,6 +397,10 @@ WHERE durable = $1 AND status = 'replaying' AND replay_published_at IS NULL
 
 class NotReplayable(Exception):
     """The dead letter is missing, final, or has no envelope to replay."""
+
+
+class NoEnvelope(NotReplayable):
+    """The dead letter keeps no parseable envelope: only an operator can settle it."""
 
 
 async def replay(
@@ -402,8 +430,8 @@ async def replay(
                 f"{durable}/{message_id} is {row['status']}; replayable from: {', '.join(allowed)}"
             )
         record = json.loads(row["record"])
-        if not isinstance(record.get("payload"), dict):
-            raise NotReplayable(
+        if dead_letter_records.replay_body(record) is None:
+            raise NoEnvelope(
                 f"{durable}/{message_id} has no parseable envelope to replay "
                 f"({record.get('reasonCode')}); discard it or republish it at the source"
             )
@@ -454,7 +482,9 @@ async def _publish_replay(
     }
     if row["traceparent"]:
         headers["traceparent"] = row["traceparent"]
-    body = json.dumps(record["payload"], separators=(",", ":")).encode()
+    body = dead_letter_records.replay_body(record)  # UTF-8, byte for byte as stored
+    if body is None:
+        raise NoEnvelope(f"{durable}/{message_id} has no envelope to replay")
     subject = replay_subject(row["stream"], durable)
     # A replay starts a new trace, linked to the message's original one.
     with telemetry.publish_span(

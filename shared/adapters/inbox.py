@@ -294,3 +294,53 @@ async def purge_batch(conn: Conn, durable: str, before: datetime, limit: int) ->
 async def purgeable(conn: Conn, durable: str, before: datetime) -> int:
     """How many of ``durable``'s rows :func:`purge_batch` would delete, in all."""
     return int(await conn.fetchval(_PURGEABLE, durable, before))
+
+
+# The dlq-router's sweep (exhaustion never reported): rows without a final outcome that
+# nobody touched for ``horizon`` seconds and hold no live lease. ``replayed`` tells the
+# sweep a replay's deliveries were counted on the row too. A row reopened for a replay
+# whose delivery has not arrived yet (its sequence is still the dead letter's) is the
+# replayer's business, not the sweep's.
+_UNREPORTED = """
+SELECT i.message_id, i.stream_seq, i.attempts, d.message_id IS NOT NULL AS replayed
+FROM inbox_messages AS i
+LEFT JOIN dead_letters AS d ON d.durable = i.durable AND d.message_id = i.message_id
+WHERE i.durable = $1 AND i.status IN ('received', 'processing', 'retrying')
+  AND i.updated_at < clock_timestamp() - $2 * interval '1 second'
+  AND (i.lease_until IS NULL OR i.lease_until < clock_timestamp())
+  AND i.stream_seq IS NOT NULL
+  AND NOT (d.status IS NOT NULL AND d.status = 'replaying'
+           AND i.stream_seq <= coalesce(d.stream_seq, 0))
+ORDER BY i.updated_at
+LIMIT $3
+"""
+
+# The same conditions, re-checked under the row's lock; SKIP LOCKED lets another router
+# replica's sweep pass over the rows this one holds.
+_LOCK_UNREPORTED = """
+SELECT message_id, subject, stream_seq, attempts, last_error, handler_status, reason_code,
+       retry_history, event_type, event_version, occurred_at, traceparent
+FROM inbox_messages
+WHERE durable = $1 AND message_id = $2 AND status IN ('received', 'processing', 'retrying')
+  AND updated_at < clock_timestamp() - $3 * interval '1 second'
+  AND (lease_until IS NULL OR lease_until < clock_timestamp())
+FOR UPDATE SKIP LOCKED
+"""
+
+
+async def unreported(conn: Conn, durable: str, horizon: float, limit: int) -> list[dict[str, Any]]:
+    """Candidates for the sweep, stalest first (see ``_UNREPORTED``)."""
+    return [dict(r) for r in await conn.fetch(_UNREPORTED, durable, horizon, limit)]
+
+
+async def lock_unreported(
+    conn: Conn, durable: str, message_id: UUID, horizon: float
+) -> dict[str, Any] | None:
+    """Lock one candidate if it still qualifies and no other sweep holds it (in a
+    transaction); the row, or None."""
+    row = await conn.fetchrow(_LOCK_UNREPORTED, durable, message_id, horizon)
+    if row is None:
+        return None
+    doc = dict(row)
+    doc["retry_history"] = json.loads(doc["retry_history"]) if doc["retry_history"] else []
+    return doc

@@ -9,12 +9,18 @@ Claiming is the heart of the publisher's guarantees:
   connection, and its rows are claimed again;
 * a row is published only when no earlier row of its aggregate is still pending
   outside this claim, so per-aggregate order holds across replicas;
-* a row that failed waits out an exponential back-off (by ``last_attempt_at``) so a
-  row the stream refuses cannot spin, while its aggregate's later rows wait behind it.
+* a row that failed waits out an exponential back-off (by ``last_attempt_at``, its
+  exponent capped so no attempt count overflows it) so a row the stream refuses cannot
+  spin, while its aggregate's later rows wait behind it;
+* a row that cannot be published is *set aside* (``set_aside_at``): never claimed again
+  until an operator republishes it, its aggregate's later rows still behind it;
+* rows behind a backing-off or set-aside row are not candidates at all, so they never
+  fill a claim's ``LIMIT``: other aggregates are never starved.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,18 +31,53 @@ from shared.adapters.postgres import Conn
 
 #: Longest back-off between attempts of one failing row.
 ROW_RETRY_CAP_SECONDS = 60
+#: The back-off's exponent stops here: 0.1 s * 2^10 is past the cap already, and power()
+#: of a larger count (47 is enough) overflows an interval.
+_BACKOFF_EXPONENT_CAP = 10
+#: publish_attempts is an INT: it stops counting one short of its largest value.
+_ATTEMPTS_CEILING = 2**31 - 2
 
+#: Reason codes of set-aside rows.
+PAYLOAD_INVALID = "PAYLOAD_INVALID"
+MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
+PUBLISH_REFUSED = "PUBLISH_REFUSED"
+
+
+def _backoff(prefix: str = "") -> str:
+    """The back-off of a failed row, for its columns as ``{prefix}publish_attempts``."""
+    attempts = f"LEAST(GREATEST({prefix}publish_attempts, 0), {_BACKOFF_EXPONENT_CAP})"
+    return (
+        f"LEAST(interval '100 milliseconds' * power(2, {attempts}), "
+        f"interval '{ROW_RETRY_CAP_SECONDS} seconds')"
+    )
+
+
+#: The predicate of idx_outbox_failing (migrations/0008), word for word.
+_FAILING = "published_at IS NULL AND (publish_attempts <> 0 OR set_aside_at IS NOT NULL)"
+
+# A candidate must have no earlier row of its aggregate that is set aside or backing off:
+# one probe of idx_outbox_failing per row walked (small: only an aggregate's head is ever
+# attempted). ``OFFSET 0`` keeps the NOT EXISTS a per-row subplan: turned into an anti
+# join, the planner may materialize every failing row and rescan them per row walked —
+# quadratic in a long outage, when every aggregate's head backs off and the statistics
+# (taken while nothing failed) have not caught up.
 _CLAIM = f"""
 WITH cand AS (
-  SELECT seq FROM outbox_events
-  WHERE published_at IS NULL
-    AND (publish_attempts = 0
-         OR last_attempt_at < now() - LEAST(
-              interval '100 milliseconds' * power(2, publish_attempts),
-              interval '{ROW_RETRY_CAP_SECONDS} seconds'))
-  ORDER BY seq
+  SELECT o.seq FROM outbox_events o
+  WHERE o.published_at IS NULL AND o.set_aside_at IS NULL
+    AND (o.publish_attempts = 0
+         OR coalesce(o.last_attempt_at, '-infinity') < now() - {_backoff("o.")})
+    AND NOT EXISTS (
+      SELECT 1 FROM outbox_events b
+      WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
+        AND b.seq < o.seq
+        AND b.published_at IS NULL AND (b.publish_attempts <> 0 OR b.set_aside_at IS NOT NULL)
+        AND (b.set_aside_at IS NOT NULL
+             OR coalesce(b.last_attempt_at, '-infinity') >= now() - {_backoff("b.")})
+      OFFSET 0)
+  ORDER BY o.seq
   LIMIT $1
-  FOR UPDATE SKIP LOCKED
+  FOR UPDATE OF o SKIP LOCKED
 )
 SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
        o.payload::text AS payload, o.occurred_at, o.correlation_id, o.causation_id,
@@ -53,22 +94,44 @@ FROM outbox_events o JOIN cand c ON c.seq = o.seq
 ORDER BY o.seq
 """
 
-_MARK_PUBLISHED = """
+_MARK_PUBLISHED = f"""
 UPDATE outbox_events
-SET published_at = now(), publish_attempts = publish_attempts + 1,
+SET published_at = now(), publish_attempts = LEAST(publish_attempts, {_ATTEMPTS_CEILING}) + 1,
     publish_error = NULL, last_attempt_at = now()
 WHERE seq = ANY($1::bigint[])
 """
 
-_MARK_FAILED = """
-UPDATE outbox_events
-SET publish_attempts = publish_attempts + 1, publish_error = $2, last_attempt_at = now()
-WHERE seq = ANY($1::bigint[])
+# $3: a reason code to set the rows aside at once; $4: the failure counts towards the cap
+# $5 (a refusal; an outage never sets a row aside). Set-asides are audited in one go.
+_MARK_FAILED = f"""
+WITH marked AS (
+  UPDATE outbox_events
+  SET publish_attempts = LEAST(publish_attempts, {_ATTEMPTS_CEILING}) + 1,
+      publish_error = $2, last_attempt_at = now(),
+      set_aside_reason = CASE
+        WHEN $3::text IS NOT NULL THEN $3::text
+        WHEN $4::boolean AND publish_attempts >= $5::int - 1 THEN '{PUBLISH_REFUSED}'
+      END,
+      set_aside_at = CASE
+        WHEN $3::text IS NOT NULL OR ($4::boolean AND publish_attempts >= $5::int - 1)
+        THEN now()
+      END
+  WHERE seq = ANY($1::bigint[])
+  RETURNING id, seq, set_aside_reason, publish_attempts
+),
+audited AS (
+  INSERT INTO outbox_actions (event_id, seq, action, actor, reason, details)
+  SELECT id, seq, 'set_aside', 'outbox-publisher', set_aside_reason,
+         jsonb_build_object('error', $2::text, 'attempts', publish_attempts)
+  FROM marked WHERE set_aside_reason IS NOT NULL
+)
+SELECT seq, set_aside_reason FROM marked WHERE set_aside_reason IS NOT NULL
 """
 
 _BACKLOG = """
 SELECT count(*) AS count, min(occurred_at) AS oldest_at,
        count(*) FILTER (WHERE publish_error IS NOT NULL) AS failing,
+       count(*) FILTER (WHERE set_aside_at IS NOT NULL) AS set_aside,
        max(publish_attempts) AS max_attempts
 FROM outbox_events WHERE published_at IS NULL
 """
@@ -102,13 +165,31 @@ class Claim:
     """What one claim locked: the rows to publish, and how many wait behind others.
 
     ``held_back`` counts candidates whose aggregate has an earlier row still pending
-    outside this claim — in another worker's batch being published, or failing. They are
-    locked with the claim but not published; the caller should claim again once that
-    earlier row is settled (another worker's commit), not wait for new commits.
+    outside this claim — in another worker's batch being published. They are locked with
+    the claim but not published; the caller should claim again once that earlier row is
+    settled (another worker's commit), not wait for new commits. (Rows behind a failing or
+    set-aside row are not candidates, so they are not counted here.)
     """
 
     rows: list[OutboxRow]
     held_back: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why one row's publish failed, and what that means for the row.
+
+    ``set_aside``: a reason code when the row can never be published as it is (set it
+    aside at once). ``outage``: the failure says nothing about the row (JetStream did not
+    answer); such attempts never set a row aside, however many. Otherwise the failure is
+    a refusal, and a row refused ``max_attempts`` times is set aside (PUBLISH_REFUSED).
+    """
+
+    error: str
+    set_aside: str | None = None
+    outage: bool = False
+    #: What failed, for metrics: an exception's type name, or ``MessageTooLarge``.
+    kind: str = ""
 
 
 async def claim(conn: Conn, limit: int) -> Claim:
@@ -145,17 +226,34 @@ async def mark_published_and_commit(conn: Conn, seqs: list[int]) -> None:
     await conn.execute(f"{marked}; COMMIT")
 
 
-async def mark_failed(conn: Conn, failures: dict[int, str]) -> None:
-    """Record failed attempts; one UPDATE per distinct error text."""
-    by_error: dict[str, list[int]] = defaultdict(list)
-    for seq, error in failures.items():
-        by_error[error[:2000]].append(seq)
-    for error, seqs in by_error.items():
-        await conn.execute(_MARK_FAILED, seqs, error)
+async def mark_failed(
+    conn: Conn, failures: dict[int, Failure], *, max_attempts: int
+) -> dict[int, str]:
+    """Record failed attempts, setting rows aside as :class:`Failure` says; one UPDATE per
+    distinct failure. Returns the rows set aside now: seq → reason code."""
+    by_failure: dict[Failure, list[int]] = defaultdict(list)
+    for seq, failure in failures.items():
+        error = _storable(failure.error)
+        by_failure[Failure(error, failure.set_aside, failure.outage)].append(seq)
+    set_aside: dict[int, str] = {}
+    for failure, seqs in by_failure.items():
+        for record in await conn.fetch(
+            _MARK_FAILED, seqs, failure.error, failure.set_aside, not failure.outage,
+            max_attempts,
+        ):  # fmt: skip
+            set_aside[record["seq"]] = record["set_aside_reason"]
+    return set_aside
+
+
+def _storable(text: str) -> str:
+    """``text`` as PostgreSQL ``text`` can hold it: no NUL, no lone surrogate, bounded —
+    an error message quoting odd input must not fail the statement recording it."""
+    safe = text[:2000].encode("utf-8", "backslashreplace").decode("utf-8")
+    return safe.replace("\x00", "\\x00")
 
 
 async def backlog(conn: Conn) -> dict[str, Any]:
-    """QRY-050: unpublished count and oldest occurred_at (plus failing rows)."""
+    """QRY-050: unpublished count and oldest occurred_at (plus failing and set-aside rows)."""
     row = await conn.fetchrow(_BACKLOG)
     assert row is not None
     oldest = row["oldest_at"]
@@ -163,8 +261,88 @@ async def backlog(conn: Conn) -> dict[str, Any]:
         "count": row["count"],
         "oldest_at": oldest.isoformat() if oldest else None,
         "failing": row["failing"],
+        "set_aside": row["set_aside"],
         "max_attempts": row["max_attempts"] or 0,
     }
+
+
+# ----------------------------------------------------------------- set-aside rows
+
+_SET_ASIDE = f"""
+SELECT s.seq, s.id, s.aggregate_type, s.aggregate_id, s.event_type, s.event_version,
+       s.publish_attempts AS attempts, s.publish_error AS last_error,
+       s.set_aside_reason AS reason, s.set_aside_at,
+       (SELECT count(*) FROM outbox_events w
+        WHERE w.published_at IS NULL AND w.aggregate_type = s.aggregate_type
+          AND w.aggregate_id = s.aggregate_id AND w.seq > s.seq) AS waiting
+FROM outbox_events s
+WHERE s.{_FAILING} AND s.set_aside_at IS NOT NULL
+ORDER BY s.seq
+LIMIT $1
+"""
+
+_LOCK_SET_ASIDE = f"""
+SELECT id, seq, publish_attempts, publish_error, set_aside_reason, set_aside_at
+FROM outbox_events
+WHERE {_FAILING} AND set_aside_at IS NOT NULL AND ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
+ORDER BY seq
+FOR UPDATE
+"""
+
+_REPUBLISH = """
+UPDATE outbox_events
+SET set_aside_at = NULL, set_aside_reason = NULL, publish_attempts = 0,
+    publish_error = NULL, last_attempt_at = NULL
+WHERE seq = ANY($1::bigint[])
+"""
+
+_ACTION = """
+INSERT INTO outbox_actions (event_id, seq, action, actor, reason, details)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb)
+"""
+
+
+async def set_aside_rows(conn: Conn, limit: int = 1000) -> list[dict[str, Any]]:
+    """Set-aside rows, oldest first, each with how many rows of its aggregate wait behind it."""
+    return [dict(record) for record in await conn.fetch(_SET_ASIDE, limit)]
+
+
+async def republish(
+    conn: Conn, ids: list[UUID] | None, *, actor: str, reason: str
+) -> list[dict[str, Any]]:
+    """Make set-aside rows (``ids``, or all when None) pending again, attempts 0, and audit
+    each; wake the publisher. Returns the rows as they were. Rows not set aside are left
+    alone (not returned)."""
+    if not reason.strip():
+        raise ValueError("a republish needs a reason")
+    async with conn.transaction():
+        rows = [dict(r) for r in await conn.fetch(_LOCK_SET_ASIDE, ids)]
+        if not rows:
+            return []
+        await conn.execute(_REPUBLISH, [row["seq"] for row in rows])
+        await conn.executemany(
+            _ACTION,
+            [(row["id"], row["seq"], "republish", actor, reason, _details(row)) for row in rows],
+        )
+        await conn.execute("SELECT pg_notify('ferry_outbox', '')")
+    return rows
+
+
+def _details(row: dict[str, Any]) -> str:
+    return json.dumps(
+        {
+            "was": row["set_aside_reason"],
+            "set_aside_at": row["set_aside_at"].isoformat(),
+            "attempts": row["publish_attempts"],
+            "last_error": (row["publish_error"] or "")[:500],
+        }
+    )
+
+
+async def actions(conn: Conn, event_id: UUID) -> list[dict[str, Any]]:
+    """The audit of one outbox row, oldest first."""
+    query = "SELECT * FROM outbox_actions WHERE event_id = $1 ORDER BY at, id"
+    return [dict(r) for r in await conn.fetch(query, event_id)]
 
 
 # Retention (``ferry purge``): published rows older than the context's outbox_retention.

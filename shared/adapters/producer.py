@@ -24,6 +24,7 @@ from typing import Any, NotRequired, TypedDict, Unpack
 
 from shared.adapters.postgres import Conn, Statement, with_ctes
 from shared.contracts.events import check_outgoing
+from shared.domain.envelope import MAX_PAYLOAD_DEPTH, json_defect
 from shared.domain.errors import OutboxValidationError
 from shared.domain.subjects import validate_event_type, validate_event_version
 from shared.telemetry.otel import create_span
@@ -55,9 +56,24 @@ class EventFields(TypedDict):
     tracestate: NotRequired[str | None]
 
 
+#: Largest ``aggregate_type`` / ``aggregate_id`` (UTF-8 bytes): with the payload limit
+#: below, it keeps the whole envelope inside the stream's max_msg_size.
+MAX_KEY_BYTES = 1024
+
+
 def _require_text(name: str, value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise OutboxValidationError("INVALID_OUTBOX", name, "must be a non-empty string")
+    defect = json_defect(value, where=name, forbid_nul=True)
+    if defect is not None:
+        raise OutboxValidationError("INVALID_OUTBOX", name, defect)
+    size = len(value.encode())
+    if size > MAX_KEY_BYTES:
+        raise OutboxValidationError(
+            "MESSAGE_TOO_LARGE",
+            name,
+            f"{size} bytes (UTF-8) exceeds the limit of {MAX_KEY_BYTES} bytes",
+        )
     return value
 
 
@@ -84,25 +100,36 @@ def _check_occurred_at(occurred_at: datetime | None) -> datetime | None:
     return occurred_at
 
 
-def _check_declared(event_type: str, version: int, payload_json: str, context: str | None) -> None:
-    # Validated as it will be read (JSON), so e.g. a tuple is checked as the array it becomes.
-    check_outgoing(event_type, version, json.loads(payload_json), context=context)
+def _check_declared(event_type: str, version: int, payload: object, context: str | None) -> None:
+    check_outgoing(event_type, version, payload, context=context)
 
 
-#: Largest payload (JSON bytes) the producer accepts: the default stream max_msg_size
-#: (1 MiB) minus room for the envelope's other fields.
+#: Largest payload the producer accepts, in UTF-8 bytes of compact JSON: exactly the bytes
+#: the payload takes in the envelope on the wire. The default stream max_msg_size (1 MiB)
+#: minus room for the envelope's other fields (at most a few KiB: ids, timestamps, the
+#: subject, the digest, two keys of at most ``MAX_KEY_BYTES``).
 MAX_PAYLOAD_BYTES = 1024 * 1024 - 64 * 1024
 
 
-def _payload_json(payload: object) -> str:
+def _payload_json(payload: object) -> tuple[str, object]:
+    """The payload as the JSON text stored and sent, and as it will be read back."""
     if not isinstance(payload, dict):
         raise OutboxValidationError("INVALID_OUTBOX", "payload", "must be a JSON object (a dict)")
     try:
         text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        # Checked as it will be read (JSON), so e.g. a tuple is checked as the array it becomes.
+        decoded = json.loads(text)
     except (TypeError, ValueError) as exc:
         raise OutboxValidationError(
             "INVALID_OUTBOX", "payload", f"not JSON-serialisable: {exc}"
         ) from exc
+    except RecursionError:
+        raise OutboxValidationError(
+            "INVALID_OUTBOX", "payload", f"nested deeper than {MAX_PAYLOAD_DEPTH} levels"
+        ) from None
+    defect = json_defect(decoded, forbid_nul=True)
+    if defect is not None:
+        raise OutboxValidationError("INVALID_OUTBOX", "payload", defect)
     size = len(text.encode())
     if size > MAX_PAYLOAD_BYTES:
         # Refused here, where the caller can still act, rather than by the stream later,
@@ -110,10 +137,10 @@ def _payload_json(payload: object) -> str:
         raise OutboxValidationError(
             "MESSAGE_TOO_LARGE",
             "payload",
-            f"{size} bytes of JSON exceeds the limit of {MAX_PAYLOAD_BYTES} "
+            f"{size} bytes of JSON (UTF-8) exceeds the limit of {MAX_PAYLOAD_BYTES} bytes "
             "(the envelope must fit the stream's max_msg_size, 1 MiB by default)",
         )
-    return text
+    return text, decoded
 
 
 async def record_event(
@@ -227,13 +254,13 @@ def _checked_row(
     )
     checked_type = validate_event_type(event_type)
     checked_version = validate_event_version(event_version)
-    payload_json = _payload_json(payload)
+    payload_json, decoded = _payload_json(payload)
     checked_at = _check_occurred_at(occurred_at)
     links = (
         _optional_uuid("correlation_id", correlation_id),
         _optional_uuid("causation_id", causation_id),
     )
-    _check_declared(checked_type, checked_version, payload_json, context)
+    _check_declared(checked_type, checked_version, decoded, context)
     with create_span(
         event_type=checked_type,
         event_version=checked_version,

@@ -22,6 +22,7 @@ from shared.domain.ports import (
     DeadLetterStore,
     InboxDelivery,
     InboxStore,
+    OutboxFailure,
     OutboxStore,
 )
 
@@ -35,8 +36,11 @@ class PostgresOutboxStore(OutboxStore[Conn]):
     async def mark_published(self, conn: Conn, seqs: Sequence[int]) -> None:
         await outbox.mark_published(conn, list(seqs))
 
-    async def mark_failed(self, conn: Conn, failures: Mapping[int, str]) -> None:
-        await outbox.mark_failed(conn, dict(failures))
+    async def mark_failed(
+        self, conn: Conn, failures: Mapping[int, OutboxFailure], *, max_attempts: int
+    ) -> dict[int, str]:
+        rows = {seq: _failure(f) for seq, f in failures.items()}
+        return await outbox.mark_failed(conn, rows, max_attempts=max_attempts)
 
     async def backlog(self, conn: Conn) -> dict[str, Any]:
         return await outbox.backlog(conn)
@@ -88,6 +92,12 @@ class PostgresInboxStore(InboxStore[Conn]):
 
     async def backlog(self, conn: Conn, durable: str) -> dict[str, Any]:
         return await inbox.backlog(conn, durable)
+
+
+def _failure(failure: OutboxFailure) -> outbox.Failure:
+    if isinstance(failure, outbox.Failure):
+        return failure
+    return outbox.Failure(failure.error, failure.set_aside, failure.outage)
 
 
 def _entry(delivery: InboxDelivery) -> inbox.InboxEntry:

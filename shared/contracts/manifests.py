@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
@@ -47,7 +46,7 @@ from pydantic import (
 )
 
 from shared.contracts.lint import Problem
-from shared.contracts.topology import EventSpec, Topology, subject_matches
+from shared.contracts.topology import EventSpec, Topology, load_yaml_mapping, subject_matches
 from shared.domain.errors import ConfigurationError
 from shared.domain.subjects import MAX_EVENT_VERSION, SNAKE_CASE
 
@@ -264,14 +263,7 @@ def _label(path: Path, root: Path | None) -> str:
 
 
 def _load_file(path: Path, label: str) -> ManifestFile:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigurationError(f"{label}: cannot read manifest: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigurationError(f"{label}: not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigurationError(f"{label}: the top level must be a mapping")
+    raw = load_yaml_mapping(path, label, "manifest")
     try:
         return ManifestFile.model_validate(raw)
     except ValidationError as exc:

@@ -12,18 +12,22 @@ handler outcome                    decision
 400, 413, 415, other 4xx           DeadLetter HANDLER_BAD_REQUEST (will never succeed)
 401, 403                           Nak + alert: credentials/config are wrong, not the message
 404, 405                           Nak: route missing, typically mid-rollout
-408, 425, 429, 5xx                 Nak, honouring Retry-After (capped)
+408, 425, 429, 5xx                 Nak, honouring Retry-After (see below)
 3xx                                Nak: Ferry does not follow redirects; fix the URL
 timeout, connection refused/reset  Nak
 any Nak at attempt >= max_deliver  DeadLetter MAX_DELIVERIES_EXCEEDED, then ack
 =================================  ===============================================
 
 A Nak carries an explicit delay from the durable's back-off ladder (JetStream's
-BackOff list does not apply to naks).
+BackOff list does not apply to naks). A handler's Retry-After can lengthen it, never
+shorten it: the delay is ``max(ladder step, min(Retry-After, retry_after_cap))``, so
+``Retry-After: 0`` cannot spend every delivery in milliseconds. Every delay is finite
+and ≥ 0 whatever the inputs (a nak with ``nan`` raises in the client).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 #: Statuses that mean the handler applied the event (or had already).
@@ -63,9 +67,22 @@ class RetryPolicy:
     #: Longest Retry-After honoured; a handler cannot park a message for a day.
     retry_after_cap: float = 600.0
 
+    def __post_init__(self) -> None:
+        if not self.backoff or not all(_usable(step) for step in self.backoff):
+            raise ValueError(f"backoff must be finite delays >= 0, got {self.backoff!r}")
+        if not _usable(self.retry_after_cap):
+            raise ValueError(f"retry_after_cap must be finite and >= 0: {self.retry_after_cap}")
+
     def delay(self, attempt: int) -> float:
         """Back-off before the delivery after ``attempt`` (1-based)."""
         return self.backoff[min(max(attempt, 1), len(self.backoff)) - 1]
+
+    def retry_delay(self, attempt: int, retry_after: float | None) -> float:
+        """The ladder's step, lengthened (never shortened) by a capped Retry-After."""
+        step = self.delay(attempt)
+        if retry_after is None or not _usable(retry_after):
+            return step
+        return max(step, min(retry_after, self.retry_after_cap))
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +135,10 @@ def _first_decision(outcome: Outcome, *, attempt: int, policy: RetryPolicy) -> D
         return DeadLetter("HANDLER_REJECTED", outcome.detail or "handler answered 422")
     if 400 <= status < 500 and status not in RETRYABLE_4XX:
         return DeadLetter("HANDLER_BAD_REQUEST", f"handler answered {status}: {outcome.detail}")
-    delay = policy.delay(attempt)
-    if outcome.retry_after is not None:
-        delay = min(max(outcome.retry_after, 0.0), policy.retry_after_cap)
+    delay = policy.retry_delay(attempt, outcome.retry_after)
     reason = f"handler answered {status}"
     return Nak(delay, reason, alert=status in CONFIG_4XX or 300 <= status < 400)
+
+
+def _usable(seconds: float) -> bool:
+    return math.isfinite(seconds) and seconds >= 0

@@ -1,12 +1,19 @@
-"""Human-friendly durations and sizes used in topology files (``120s``, ``7d``, ``10GB``)."""
+"""Human-friendly durations and sizes used in topology files (``120s``, ``7d``, ``10GB``).
+
+Both parsers return a value or raise :class:`~shared.domain.errors.MalformedInput` (a
+``ValueError``) naming the input: never an overflow, an infinity or a NaN.
+"""
 
 from __future__ import annotations
 
+import math
 import re
 
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
+from shared.domain.errors import MalformedInput
+
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-_SIZE = re.compile(r"^\s*([0-9]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"\s*([0-9]+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*", re.IGNORECASE)
 _SIZE_UNITS = {
     "b": 1,
     "kb": 1000,
@@ -18,29 +25,57 @@ _SIZE_UNITS = {
     "gib": 1024**3,
     "tib": 1024**4,
 }
+#: Longest duration accepted: 100 years. Longer is a typo, and would overflow a
+#: ``timedelta`` or JetStream's int64 nanoseconds.
+MAX_DURATION = 100 * 365 * 86400.0
+#: Largest size accepted: JetStream's limits are signed 64-bit integers.
+MAX_SIZE = 2**63 - 1
+#: Digits a size may have before its unit (``MAX_SIZE`` has 19).
+_MAX_SIZE_DIGITS = len(str(MAX_SIZE))
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def parse_duration(value: object) -> float:
     """Seconds from ``1.5``, ``"500ms"``, ``"120s"``, ``"2m"``, ``"7d"``."""
     if isinstance(value, bool):
-        raise ValueError("a duration must be a number of seconds or a string like '120s'")
+        raise MalformedInput("a duration must be a number of seconds or a string like '120s'")
     if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str) and (match := _DURATION.match(value)):
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise MalformedInput(f"{_shown(value)} is longer than 100 years") from None
+    elif isinstance(value, str) and (match := _DURATION.fullmatch(value)):
         seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
     else:
-        raise ValueError(f"{value!r} is not a duration (use e.g. 500ms, 30s, 2m, 7d)")
+        raise MalformedInput(f"{_shown(value)} is not a duration (use e.g. 500ms, 30s, 2m, 7d)")
+    if math.isnan(seconds):
+        raise MalformedInput(f"{_shown(value)} is not a number")
     if seconds < 0:
-        raise ValueError(f"{value!r} is negative")
+        raise MalformedInput(f"{_shown(value)} is negative")
+    if seconds > MAX_DURATION:
+        raise MalformedInput(f"{_shown(value)} is longer than 100 years")
     return seconds
 
 
 def parse_size(value: object) -> int:
     """Bytes from ``1024``, ``"10GB"`` (decimal) or ``"1GiB"`` (binary)."""
     if isinstance(value, bool):
-        raise ValueError("a size must be a number of bytes or a string like '10GB'")
+        raise MalformedInput("a size must be a number of bytes or a string like '10GB'")
     if isinstance(value, int):
-        return value
-    if isinstance(value, str) and (match := _SIZE.match(value)):
-        return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()]
-    raise ValueError(f"{value!r} is not a size (use e.g. 512MB, 10GB)")
+        size = value
+    elif isinstance(value, str) and (match := _SIZE.fullmatch(value)):
+        digits = match.group(1).lstrip("0") or "0"
+        if len(digits) > _MAX_SIZE_DIGITS:
+            raise MalformedInput(f"{_shown(value)} exceeds the largest size, {MAX_SIZE} bytes")
+        size = int(digits) * _SIZE_UNITS[(match.group(2) or "b").lower()]
+    else:
+        raise MalformedInput(f"{_shown(value)} is not a size (use e.g. 512MB, 10GB)")
+    if size < 0:
+        raise MalformedInput(f"{_shown(value)} is negative")
+    if size > MAX_SIZE:
+        raise MalformedInput(f"{_shown(value)} exceeds the largest size, {MAX_SIZE} bytes")
+    return size

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.domain.errors import OutboxValidationError, PoisonError
+from shared.domain.errors import MalformedInput, OutboxValidationError, PoisonError
 from shared.domain.subjects import parse_subject
 
 #: Fields a well-formed envelope must carry; the rest are optional.
@@ -31,8 +33,30 @@ REQUIRED_FIELDS = (
 )
 
 
+#: Deepest payload accepted: objects and arrays nested at most this many levels. The
+#: producer refuses a deeper one; on the wire an envelope nesting deeper is poison
+#: (unbounded nesting ends in a ``RecursionError`` somewhere down the line).
+MAX_PAYLOAD_DEPTH = 64
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def wire_json(doc: Any) -> bytes:
+    """``doc`` as compact UTF-8 JSON, the form every body Ferry sends takes (sizes are wire
+    sizes: a Cyrillic letter is 2 bytes, not a 6-byte ``\\u`` escape). ASCII escapes only
+    when the text holds what UTF-8 cannot carry (a lone surrogate), so nothing is refused.
+    Values JSON has no form for are written as their ``str``."""
+    try:
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+    except UnicodeEncodeError:
+        return json.dumps(doc, separators=(",", ":"), default=str).encode()
+
+
 def canonical_json(value: Any) -> str:
-    """Serialise ``value`` so equal documents give equal strings (sorted keys, no spaces)."""
+    """Serialise ``value`` so equal documents give equal strings (sorted keys, no spaces).
+
+    UTF-8 text, not ASCII escapes: the payload digest has always been taken over these
+    characters encoded as UTF-8 (so digests of stored rows and records stay as they are).
+    """
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -41,17 +65,103 @@ def payload_digest(payload: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
+def json_defect(
+    value: Any,
+    *,
+    where: str = "payload",
+    max_depth: int = MAX_PAYLOAD_DEPTH,
+    forbid_nul: bool = False,
+    check_text: bool = True,
+) -> str | None:
+    """What makes decoded JSON ``value`` unfit to travel as UTF-8 JSON, or ``None``.
+
+    Nesting deeper than ``max_depth`` (``value`` itself is level 1), a string (key or
+    value) with a lone surrogate, which no UTF-8 encoder can write, and with
+    ``forbid_nul`` a NUL character, which PostgreSQL (``jsonb``, ``text``) cannot store
+    (``check_text=False`` checks the nesting only). Walked without recursion, so any
+    depth is measured safely; the answer names the first offending path.
+    """
+    # Paths are kept as (parent, step) links and spelled out only for the answer.
+    stack: list[tuple[Any, Any, int]] = [(value, None, 1)]
+    while stack:
+        node, path, depth = stack.pop()
+        if isinstance(node, str):
+            problem = _text_defect(node, forbid_nul)
+            if problem:
+                return f"{_spell(where, path)}: {problem}"
+            continue
+        if not isinstance(node, dict | list):
+            continue
+        if depth > max_depth:
+            return f"{_spell(where, path)}: nested deeper than {max_depth} levels"
+        items = enumerate(node) if isinstance(node, list) else node.items()
+        for step, item in items:
+            problem = _text_defect(step, forbid_nul) if check_text else ""
+            if problem:
+                return f"{_spell(where, path)}: key {_shown(step)}: {problem}"
+            if isinstance(item, dict | list) or (check_text and isinstance(item, str)):
+                stack.append((item, (path, step), depth + 1))
+    return None
+
+
+def _spell(where: str, path: Any) -> str:
+    steps: list[str] = []
+    while path is not None:
+        path, step = path
+        steps.append(f"[{step}]" if isinstance(step, int) else f".{_short(step)}")
+    return where + "".join(reversed(steps))
+
+
+def _text_defect(text: object, forbid_nul: bool) -> str:
+    if not isinstance(text, str):
+        return ""  # a list index
+    if forbid_nul and "\x00" in text:
+        return "text contains NUL (U+0000), which PostgreSQL cannot store"
+    if not text.isascii() and _LONE_SURROGATE.search(text):
+        return "text is not valid Unicode (a lone surrogate)"
+    return ""
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _shown(value: object) -> str:
+    """A peer's value for an error message: repr (escapes NULs and surrogates), truncated."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def format_timestamp(moment: datetime) -> str:
-    """RFC 3339 in UTC with microseconds and a ``Z``."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """RFC 3339 in UTC with microseconds and a ``Z`` (years below 1000 keep four digits)."""
+    text = moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds")
+    return text + "Z"
+
+
+#: RFC 3339 date-time (§5.6), with a space allowed for the ``T`` as its note permits.
+_RFC3339 = re.compile(
+    r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})",
+    re.ASCII,
+)
 
 
 def parse_timestamp(text: str) -> datetime:
-    """Parse an RFC 3339 timestamp; naive ones are refused because they are ambiguous."""
-    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    if moment.tzinfo is None:
-        raise ValueError(f"{text!r} has no time zone")
-    return moment
+    """Parse an RFC 3339 timestamp into an aware datetime in UTC.
+
+    Naive ones are refused because they are ambiguous; fractions beyond microseconds are
+    cut. Raises :class:`MalformedInput` (a ``ValueError``) naming the text, nothing else.
+    """
+    match = _RFC3339.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise MalformedInput(f"{_shown(text)} is not an RFC 3339 time with a zone")
+    day, clock, fraction, zone = match.groups()
+    micros = (fraction or "").ljust(6, "0")[:6]
+    offset = "+00:00" if zone in ("Z", "z") else zone
+    try:
+        moment = datetime.fromisoformat(f"{day}T{clock}.{micros}{offset}")
+        return moment.astimezone(UTC)
+    except (ValueError, OverflowError) as exc:
+        raise MalformedInput(f"{_shown(text)}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,17 +208,21 @@ class Envelope:
     @classmethod
     def from_wire(cls, data: bytes, *, nats_subject: str | None = None) -> Envelope:
         """Parse and check a message body; raise :class:`PoisonError` naming the defect."""
-        try:
-            doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PoisonError("MALFORMED_JSON", f"body is not JSON: {exc}") from exc
+        doc = parse_json_body(data)
         if not isinstance(doc, dict):
             raise PoisonError("MALFORMED_ENVELOPE", "body is JSON but not an object")
-        return cls.from_dict(doc, nats_subject=nats_subject)
+        return cls._from_sound_doc(doc, nats_subject=nats_subject)
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], *, nats_subject: str | None = None) -> Envelope:
         """Build from a decoded document; see :meth:`from_wire`."""
+        defect = json_defect(doc, where="envelope", max_depth=MAX_PAYLOAD_DEPTH + 1)
+        if defect is not None:
+            raise PoisonError("MALFORMED_JSON", defect)
+        return cls._from_sound_doc(doc, nats_subject=nats_subject)
+
+    @classmethod
+    def _from_sound_doc(cls, doc: dict[str, Any], *, nats_subject: str | None) -> Envelope:
         missing = [name for name in REQUIRED_FIELDS if doc.get(name) in (None, "")]
         if missing:
             raise PoisonError("MISSING_FIELD", f"envelope lacks {', '.join(missing)}")
@@ -121,10 +235,10 @@ class Envelope:
             aggregate_type=_str_field(doc, "aggregate_type"),
             aggregate_id=_str_field(doc, "aggregate_id"),
             payload=_payload_field(doc),
-            context=str(doc.get("context") or ""),
+            context=_optional_str(doc, "context"),
             correlation_id=_optional_uuid(doc, "correlation_id"),
             causation_id=_optional_uuid(doc, "causation_id"),
-            payload_digest=str(doc.get("payload_digest") or ""),
+            payload_digest=_optional_str(doc, "payload_digest"),
         )
         envelope.check(nats_subject=nats_subject)
         return envelope
@@ -138,16 +252,56 @@ class Envelope:
         if (parsed.event_type, parsed.version) != (self.event_type, self.event_version):
             raise PoisonError(
                 "SUBJECT_MISMATCH",
-                f"subject {self.subject!r} disagrees with event_type/event_version "
-                f"{self.event_type!r}/{self.event_version}",
+                f"subject {_shown(self.subject)} disagrees with event_type/event_version "
+                f"{_shown(self.event_type)}/{_shown(self.event_version)}",
             )
         if nats_subject is not None and nats_subject != self.subject:
             raise PoisonError(
                 "SUBJECT_MISMATCH",
-                f"delivered on {nats_subject!r} but the envelope says {self.subject!r}",
+                f"delivered on {_shown(nats_subject)} but the envelope says {_shown(self.subject)}",
             )
         if self.payload_digest and self.payload_digest != payload_digest(self.payload):
             raise PoisonError("DIGEST_MISMATCH", "payload_digest does not match the payload")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    # 1e400 is valid JSON but no double: Python would read it as inf and write it on as
+    # "Infinity", which is not JSON at all.
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {_short(text)} is out of range for a double")
+    return value
+
+
+def parse_json_body(data: bytes) -> Any:
+    """``data`` as strict JSON: UTF-8, RFC 8259, nested at most one level deeper than a
+    payload may be, text that is valid Unicode; else :class:`PoisonError`
+    (``MALFORMED_JSON``) naming the defect."""
+    try:
+        data = bytes(data)
+        text = data.decode("utf-8")
+        # ValueError also covers integers over Python's 4,300-digit limit.
+        doc = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except (ValueError, TypeError) as exc:
+        raise PoisonError("MALFORMED_JSON", f"body is not JSON: {_short(str(exc), 200)}") from None
+    except RecursionError:
+        raise PoisonError(
+            "MALFORMED_JSON", f"body nests deeper than {MAX_PAYLOAD_DEPTH + 1} levels"
+        ) from None
+    # Cheap tests first: UTF-8 cannot carry a surrogate, only a \\uD8xx escape can; and
+    # fewer brackets than levels cannot nest too deep. Most bodies need no walk at all.
+    escaped = b"\\ud" in data or b"\\uD" in data
+    if escaped or data.count(b"[") + data.count(b"{") > MAX_PAYLOAD_DEPTH + 1:
+        defect = json_defect(
+            doc, where="body", max_depth=MAX_PAYLOAD_DEPTH + 1, check_text=escaped
+        )
+        if defect is not None:
+            raise PoisonError("MALFORMED_JSON", defect)
+    return doc
 
 
 def _str_field(doc: dict[str, Any], name: str) -> str:
@@ -157,12 +311,16 @@ def _str_field(doc: dict[str, Any], name: str) -> str:
     return value
 
 
+def _optional_str(doc: dict[str, Any], name: str) -> str:
+    return "" if doc.get(name) in (None, "") else _str_field(doc, name)
+
+
 def _uuid_field(doc: dict[str, Any], name: str) -> str:
     value = _str_field(doc, name)
     try:
         return str(uuid.UUID(value))
     except ValueError as exc:
-        raise PoisonError("INVALID_FIELD", f"{name} {value!r} is not a UUID") from exc
+        raise PoisonError("INVALID_FIELD", f"{name} {_shown(value)} is not a UUID") from exc
 
 
 def _optional_uuid(doc: dict[str, Any], name: str) -> str | None:
@@ -172,16 +330,18 @@ def _optional_uuid(doc: dict[str, Any], name: str) -> str | None:
 def _version_field(doc: dict[str, Any]) -> int:
     value = doc["event_version"]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PoisonError("INVALID_FIELD", f"event_version must be a positive integer: {value!r}")
+        raise PoisonError(
+            "INVALID_FIELD", f"event_version must be a positive integer: {_shown(value)}"
+        )
     return value
 
 
 def _timestamp_field(doc: dict[str, Any]) -> datetime:
-    value = doc["occurred_at"]
+    value = _str_field(doc, "occurred_at")
     try:
-        return parse_timestamp(str(value))
-    except ValueError as exc:
-        raise PoisonError("INVALID_FIELD", f"occurred_at {value!r}: {exc}") from exc
+        return parse_timestamp(value)
+    except MalformedInput as exc:
+        raise PoisonError("INVALID_FIELD", f"occurred_at: {exc}") from exc
 
 
 def _payload_field(doc: dict[str, Any]) -> dict[str, Any]:

@@ -33,6 +33,13 @@ class PoisonError(FerryError):
         self.detail = detail
 
 
+class MalformedInput(FerryError, ValueError):
+    """Text from outside (a peer, a file, an operator) that does not parse as the value it
+    must be: a timestamp, a duration, a size. A ``ValueError`` too, so validators that
+    turn ``ValueError`` into their own report (pydantic) keep doing so.
+    """
+
+
 class OutboxValidationError(FerryError, ValueError):
     """An event was refused by the producer API before anything was written.
 

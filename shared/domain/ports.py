@@ -56,6 +56,21 @@ class OutboxClaim(Protocol):
     def held_back(self) -> int: ...
 
 
+class OutboxFailure(Protocol):
+    """Why one row's publish failed (the adapter's ``outbox.Failure``).
+
+    ``set_aside``: a reason code when the row can never be published as it is;
+    ``outage``: the failure says nothing about the row (JetStream did not answer).
+    """
+
+    @property
+    def error(self) -> str: ...
+    @property
+    def set_aside(self) -> str | None: ...
+    @property
+    def outage(self) -> bool: ...
+
+
 class OutboxStore(Protocol[ConnT_contra]):
     """The outbox of one context: rows written with the state, published once each.
 
@@ -71,7 +86,10 @@ class OutboxStore(Protocol[ConnT_contra]):
     * ``mark_published`` takes rows out of every later claim; marking a row twice, or no
       row, is harmless (**idempotent**);
     * ``mark_failed`` keeps a row pending but makes it wait out a back-off before it is
-      claimed again (a row the stream refuses cannot spin);
+      claimed again (a row the stream refuses cannot spin); a row whose failure names a
+      ``set_aside`` reason, or that the stream refused ``max_attempts`` times, is set
+      aside: never claimed again (nor does it hold back its aggregate's later rows'
+      claim candidates), and returned with its reason; an outage never sets a row aside;
     * ``backlog`` counts the pending rows (``count``, ``failing``, ``oldest_at``).
     """
 
@@ -83,8 +101,10 @@ class OutboxStore(Protocol[ConnT_contra]):
         """The rows ``seqs`` are in the stream: never claimed again."""
         ...
 
-    async def mark_failed(self, conn: ConnT_contra, failures: Mapping[int, str]) -> None:
-        """One failed attempt per row (its error text kept), back-off before the next."""
+    async def mark_failed(
+        self, conn: ConnT_contra, failures: Mapping[int, OutboxFailure], *, max_attempts: int
+    ) -> Mapping[int, str]:
+        """One failed attempt per row (its error kept); the rows set aside now, with why."""
         ...
 
     async def backlog(self, conn: ConnT_contra) -> Mapping[str, Any]:

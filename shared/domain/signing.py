@@ -15,16 +15,22 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Mapping
+
+from shared.domain.errors import FerryError
 
 DURABLE_HEADER = "Ferry-Durable"
 TIMESTAMP_HEADER = "Ferry-Timestamp"
 SIGNATURE_HEADER = "Ferry-Signature"
 #: Seconds a signature stays acceptable either side of the handler's clock.
 DEFAULT_TOLERANCE = 300.0
+#: Unix seconds as the signer writes them: ASCII digits only (``int()`` would also take
+#: "+1_700", " 17 " or other scripts' digits, and a thousand digits it cannot subtract).
+_UNIX_SECONDS = re.compile(r"[0-9]{1,15}")
 
 
-class SignatureError(Exception):
+class SignatureError(FerryError):
     """Why a request's signature is refused (safe to return to the caller: no secret in it)."""
 
 
@@ -69,16 +75,18 @@ def verify(
         raise SignatureError(f"unsigned request: missing {', '.join(missing)}")
     secret = secrets.get(durable)
     if secret is None:
-        raise SignatureError(f"no secret for durable {durable!r}")
-    try:
-        timestamp = int(stamp)
-    except ValueError:
-        raise SignatureError(f"{TIMESTAMP_HEADER} {stamp[:40]!r} is not Unix seconds") from None
+        raise SignatureError(f"no secret for durable {durable[:40]!r}")
+    if not _UNIX_SECONDS.fullmatch(stamp):
+        raise SignatureError(f"{TIMESTAMP_HEADER} {stamp[:40]!r} is not Unix seconds")
+    timestamp = int(stamp)
     skew = now - timestamp
     if abs(skew) > tolerance:
         raise SignatureError(
             f"stale request: signed {skew:+.0f}s from now, tolerance is {tolerance:.0f}s"
         )
-    if not hmac.compare_digest(given, signature(secret, timestamp, durable, body)):
+    # compare_digest refuses non-ASCII text with a TypeError: such a value cannot match.
+    if not given.isascii() or not hmac.compare_digest(
+        given, signature(secret, timestamp, durable, body)
+    ):
         raise SignatureError("signature does not match the body")
     return durable

@@ -12,11 +12,21 @@ from dataclasses import dataclass
 
 from shared.domain.errors import OutboxValidationError
 
-SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
-NAMESPACE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*$")
-_VERSION = re.compile(r"^v([1-9][0-9]*)$")
+# ``\Z``, not ``$``: ``$`` also matches before a trailing newline, which let
+# "vibe_created\n" through as snake_case.
+SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*\Z")
+NAMESPACE = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*\Z")
+_VERSION = re.compile(r"^v([1-9][0-9]*)\Z")
 #: A version beyond this is almost certainly a bug (a timestamp, a counter).
 MAX_EVENT_VERSION = 1000
+#: Digits of the largest version: a longer one is refused before it becomes an int (a
+#: version of 5,000 digits would exceed Python's int-from-text limit).
+_MAX_VERSION_DIGITS = len(str(MAX_EVENT_VERSION))
+
+
+def _shown(value: str) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +49,7 @@ def validate_event_type(event_type: object) -> str:
         raise OutboxValidationError(
             "INVALID_SUBJECT",
             "event_type",
-            f"{event_type!r} is not snake_case (lower-case words joined by '_')",
+            f"{_shown(event_type)} is not snake_case (lower-case words joined by '_')",
         )
     return event_type
 
@@ -50,31 +60,48 @@ def validate_event_version(version: object) -> int:
         raise OutboxValidationError("INVALID_SUBJECT", "event_version", "must be an integer")
     if not 1 <= version <= MAX_EVENT_VERSION:
         raise OutboxValidationError(
-            "INVALID_SUBJECT", "event_version", f"{version} is outside 1..{MAX_EVENT_VERSION}"
+            "INVALID_SUBJECT",
+            "event_version",
+            f"{version if abs(version) < 10**12 else 'a huge number'} is outside "
+            f"1..{MAX_EVENT_VERSION}",
         )
     return version
 
 
 def event_subject(namespace: str, event_type: str, version: int) -> EventSubject:
     """Build the subject of an event, validating every part."""
-    if not NAMESPACE.match(namespace):
+    if not isinstance(namespace, str) or not NAMESPACE.match(namespace):
         raise OutboxValidationError(
-            "INVALID_SUBJECT", "namespace", f"{namespace!r} is not a dotted lower-case namespace"
+            "INVALID_SUBJECT",
+            "namespace",
+            f"{_shown(str(namespace))} is not a dotted lower-case namespace",
         )
     return EventSubject(namespace, validate_event_type(event_type), validate_event_version(version))
 
 
 def parse_subject(subject: str) -> EventSubject:
     """Split ``a.b.event_type.vN`` into parts; raise ``INVALID_SUBJECT`` if it breaks the rule."""
+    if not isinstance(subject, str):
+        raise OutboxValidationError("INVALID_SUBJECT", "subject", "must be a string")
     parts = subject.split(".")
     if len(parts) < 3:
         raise OutboxValidationError(
-            "INVALID_SUBJECT", "subject", f"{subject!r} has fewer than three tokens"
+            "INVALID_SUBJECT", "subject", f"{_shown(subject)} has fewer than three tokens"
+        )
+    if not all(parts):
+        raise OutboxValidationError(
+            "INVALID_SUBJECT", "subject", f"{_shown(subject)} has an empty token"
         )
     match = _VERSION.match(parts[-1])
     if match is None:
         raise OutboxValidationError(
-            "INVALID_SUBJECT", "subject", f"{subject!r} does not end in .v<n>"
+            "INVALID_SUBJECT", "subject", f"{_shown(subject)} does not end in .v<n>"
+        )
+    if len(match.group(1)) > _MAX_VERSION_DIGITS:
+        raise OutboxValidationError(
+            "INVALID_SUBJECT",
+            "subject",
+            f"{_shown(subject)}: version is outside 1..{MAX_EVENT_VERSION}",
         )
     return event_subject(".".join(parts[:-2]), parts[-2], int(match.group(1)))
 

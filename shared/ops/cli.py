@@ -3,6 +3,7 @@
     ferry migrate                 create and migrate every context database
     ferry provision [--check]     create/update streams and consumers; --check only reports
     ferry outbox-backlog CONTEXT  QRY-050: unpublished count and oldest occurred_at
+    ferry outbox list|republish   outbox rows set aside by the publisher (shared/ops/outbox.py)
     ferry inbox-backlog DURABLE   QRY-051: unprocessed count and oldest received_at
     ferry purge [SCOPE]           delete rows past their retention (shared/ops/purge.py)
     ferry dlq ...                 dead letters: list, show, replay, park, discard, export
@@ -31,6 +32,7 @@ from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import connect, migrate_database, redact
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
 from shared.ops import access as access_cli
+from shared.ops import outbox as outbox_cli
 from shared.ops import registry as registry_cli
 from shared.ops.dlq import add_dlq_commands, check_key
 from shared.ops.purge import add_purge_command
@@ -133,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     inb.add_argument("durable", nargs="?", help="one durable (default: all)")
     inb.set_defaults(func=cmd_inbox_backlog)
     add_dlq_commands(sub)
+    outbox_cli.add_commands(sub)
     add_where_command(sub)
     add_purge_command(sub)
     for p in (migrate, prov, out, inb):

@@ -46,8 +46,12 @@ SCAN_SLACK = timedelta(seconds=30)
 _OUTBOX = """
 SELECT seq, aggregate_type, aggregate_id, event_type, event_version, occurred_at, recorded_at,
        published_at, publish_attempts, publish_error, last_attempt_at, correlation_id,
-       causation_id, traceparent
-FROM outbox_events WHERE id = $1
+       causation_id, traceparent, set_aside_at, set_aside_reason,
+       (SELECT min(b.seq) FROM outbox_events b
+        WHERE b.published_at IS NULL AND b.seq < o.seq
+          AND b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
+          AND (b.publish_attempts <> 0 OR b.set_aside_at IS NOT NULL)) AS behind_seq
+FROM outbox_events o WHERE id = $1
 """
 
 _INBOX = """
@@ -344,10 +348,22 @@ def _render_outbox(outbox: dict[str, Any] | None) -> list[str]:
             f"         published {outbox['published_at']} after "
             f"{outbox['publish_attempts']} attempt(s)"
         )
+    elif outbox.get("set_aside_at") is not None:
+        state = (
+            f"         SET ASIDE {outbox['set_aside_at']} ({outbox['set_aside_reason']}) after "
+            f"{outbox['publish_attempts']} attempt(s): {outbox['publish_error']}; an operator "
+            f"republishes it with ferry outbox republish --context {outbox['context']} "
+            f"--id ID --reason ..."
+        )
     else:
         state = f"         NOT PUBLISHED yet: {outbox['publish_attempts']} attempt(s)"
         if outbox["publish_error"]:
             state += f", last error: {outbox['publish_error']}"
+        if outbox.get("behind_seq") is not None:
+            state += (
+                f"; waits behind outbox row #{outbox['behind_seq']} of its aggregate, "
+                "failing or set aside (ferry outbox list --failed)"
+            )
     return [head, state]
 
 

@@ -217,6 +217,20 @@ class PublisherMetrics:
             ["context"],
             registry=reg,
         ).labels(context)
+        self._set_aside_now = Gauge(
+            "ferry_outbox_set_aside",
+            "Outbox rows set aside (cannot be published; their aggregate's later rows wait "
+            "behind them) until an operator republishes them: ferry outbox list --failed.",
+            ["context"],
+            registry=reg,
+        ).labels(context)
+        self._set_aside = Counter(
+            "ferry_outbox_rows_set_aside",
+            "Outbox rows this publisher set aside, by reason code (PAYLOAD_INVALID, "
+            "MESSAGE_TOO_LARGE, PUBLISH_REFUSED).",
+            ["context", "reason"],
+            registry=reg,
+        )
 
     def time_send(self, future: asyncio.Future[Any]) -> None:
         """Count and time one pipelined publish when its PubAck (or failure) arrives."""
@@ -259,6 +273,11 @@ class PublisherMetrics:
         """One failed publish or batch."""
         self._errors.labels(self.context, kind).inc()
 
+    def rows_set_aside(self, by_reason: Mapping[str, int]) -> None:
+        """Rows just set aside (after commit), by reason code."""
+        for reason, count in by_reason.items():
+            self._set_aside.labels(self.context, reason).inc(count)
+
     def watch_outbox(self, pool: Any) -> None:
         """Refresh the QRY-050 gauges from ``pool`` at scrape time."""
         async def refresh() -> None:
@@ -267,6 +286,7 @@ class PublisherMetrics:
             self._backlog.set(doc["count"])
             self._oldest.set(_age(doc["oldest_at"]))
             self._failing.set(doc["failing"])
+            self._set_aside_now.set(doc["set_aside"])
 
         self.role.add_refresher("outbox", refresh)
 
@@ -339,6 +359,14 @@ class ConsumerMetrics:
             ["durable"],
             registry=reg,
         ).labels(durable)
+        self._errors = Counter(
+            "ferry_consumer_errors",
+            "Messages the consumer could not settle as decided and nak'ed or dead-lettered "
+            "instead (stage: dead_letter = record not written, e.g. no stream leader; "
+            "decide/settle/batch = an unexpected exception).",
+            ["durable", "stage"],
+            registry=reg,
+        )
 
     def batch_fetched(self, messages: int) -> None:
         """One batch of ``messages`` handed over by the puller."""
@@ -368,6 +396,10 @@ class ConsumerMetrics:
     def dead_lettered(self, reason: str) -> None:
         """A dead letter this consumer recorded (direct path)."""
         self._dead_letters.labels(self.durable, reason, "consumer").inc()
+
+    def consumer_error(self, stage: str) -> None:
+        """A message whose settlement failed at ``stage`` (it was nak'ed or dead-lettered)."""
+        self._errors.labels(self.durable, stage).inc()
 
     def watch(self, consumer: Any) -> None:
         """Export ``consumer.stats`` and refresh backlog and lag from its pool and js."""
@@ -492,8 +524,9 @@ class RouterMetrics:
         self._dead_letters.labels(durable, reason, source).inc()
 
     def watch(self, router: Any) -> None:
-        """Export ``router.stats``."""
+        """Export ``router.stats`` and its sweep's."""
         self.role.add_collector(lambda: router_families(router.stats))
+        self.role.add_collector(lambda: sweep_families(router.sweep.stats))
 
 
 def router_families(stats: Any) -> list[Metric]:
@@ -505,6 +538,7 @@ def router_families(stats: Any) -> list[Metric]:
         "waiting": stats.waiting,
         "error": stats.errors,
         "invalid": stats.invalid,
+        "failed": stats.failed,
     }
     bound = GaugeMetricFamily(
         "ferry_dlq_router_bound", "1 once bound to the advisory durable.", labels=[]
@@ -513,11 +547,32 @@ def router_families(stats: Any) -> list[Metric]:
     return [
         _counter(
             "ferry_dlq_router_advisories",
-            "MAX_DELIVERIES / MSG_TERMINATED advisories handled, by outcome.",
+            "MAX_DELIVERIES / MSG_TERMINATED advisories handled, by outcome (error: retried "
+            "later; invalid: unusable, terminated; failed: unexpected, retried then terminated).",
             ["outcome"],
             {(k,): v for k, v in outcomes.items()},
         ),
         bound,
+    ]
+
+
+def sweep_families(stats: Any) -> list[Metric]:
+    """The router's sweep for unreported exhaustions, as Prometheus families."""
+    return [
+        _counter(
+            "ferry_dlq_router_sweep",
+            "Sweep for exhaustions no advisory reported: sweeps run, rows dead-lettered "
+            "(DELIVERY_EXHAUSTED_UNREPORTED), rows left because JetStream may still deliver "
+            "them, rows another path had recorded, errors.",
+            ["outcome"],
+            {
+                ("sweep",): stats.sweeps,
+                ("recorded",): stats.recorded,
+                ("still_pending",): stats.still_pending,
+                ("already",): stats.already,
+                ("error",): stats.errors,
+            },
+        )
     ]
 
 
@@ -582,13 +637,16 @@ def replayer_families(stats: Any) -> list[Metric]:
         _counter(
             "ferry_dlq_replayer_events",
             "Replayer work by kind: replays settled as replayed, replays republished after "
-            "an unconfirmed publish, entries skipped (taken by another replica), errors, scans.",
+            "an unconfirmed publish, entries skipped (taken by another replica), entries "
+            "parked (nothing to replay), errors (retried), failures (unexpected), scans.",
             ["kind"],
             {
                 ("settled",): stats.settled,
                 ("republished",): stats.republished,
                 ("skipped",): stats.skipped,
+                ("parked",): stats.parked,
                 ("error",): stats.errors,
+                ("failed",): stats.failed,
                 ("scan",): stats.scans,
             },
         ),

@@ -66,7 +66,10 @@ class CommonSettings(BaseSettings):
 
     def stream_caps(self) -> Caps:
         """The caps provisioning applies over the topology."""
-        size = None if self.max_stream_bytes is None else parse_size(self.max_stream_bytes)
+        try:
+            size = None if self.max_stream_bytes is None else parse_size(self.max_stream_bytes)
+        except ValueError as exc:
+            raise ConfigurationError(f"FERRY_MAX_STREAM_BYTES: {exc}") from None
         return Caps(max_replicas=self.max_stream_replicas, max_bytes=size)
 
     #: Port of /healthz, /readyz (0 or unset: no HTTP health endpoint).
@@ -208,6 +211,10 @@ class PublisherSettings(CommonSettings):
     #: First and longest back-off after a failed batch, in seconds.
     retry_initial: float = Field(default=0.2, gt=0)
     retry_max: float = Field(default=policy.RETRY_MAX, gt=0)
+    #: Attempts after which a row the stream keeps refusing is set aside (the attempts of
+    #: an outage — no PubAck, no responders, no connection — never set a row aside; a
+    #: payload that cannot be built or a message over the size limits is set aside at once).
+    max_publish_attempts: int = Field(default=20, ge=1, le=1_000_000)
 
 
 class ConsumerSettings(CommonSettings):
@@ -232,8 +239,9 @@ class ConsumerSettings(CommonSettings):
     linger: float = Field(default=0.005, ge=0, le=1.0)
     #: Extra seconds an inbox lease outlives the handler timeout.
     lease_margin: float = Field(default=30.0, ge=0)
-    #: Longest Retry-After honoured, in seconds.
-    retry_after_cap: float = Field(default=600.0, gt=0)
+    #: Longest delay a handler's Retry-After can ask for, in seconds: the nak delay is
+    #: max(ladder step, min(Retry-After, this)).
+    retry_after_cap: float = Field(default=600.0, gt=0, allow_inf_nan=False)
     #: Seconds SIGTERM allows for in-flight messages (< supervisord stopwaitsecs).
     drain_deadline: float = Field(default=8.0, gt=0)
     #: This durable's secret for signing handler calls (HMAC-SHA256); unset: unsigned.
@@ -259,6 +267,10 @@ class RouterSettings(CommonSettings):
     fetch_timeout: float = Field(default=1.0, gt=0)
     #: Seconds SIGTERM allows for the advisories in hand (< supervisord stopwaitsecs).
     drain_deadline: float = Field(default=8.0, gt=0)
+    #: Seconds between sweeps for exhaustions no advisory reported (0: no sweep).
+    sweep_interval: float = Field(default=60.0, ge=0)
+    #: Seconds added to a durable's redelivery horizon before the sweep takes a row.
+    sweep_margin: float = Field(default=300.0, ge=0)
 
 
 class ReplayerSettings(CommonSettings):
@@ -268,5 +280,7 @@ class ReplayerSettings(CommonSettings):
     interval: float = Field(default=1.0, gt=0)
     #: Due dead letters taken per durable per scan.
     batch_size: int = Field(default=100, ge=1, le=10_000)
+    #: Seconds after which a replay whose publish was not confirmed is published again.
+    unconfirmed_after: float = Field(default=30.0, gt=0)
     #: Seconds SIGTERM allows for the replays in hand (< supervisord stopwaitsecs).
     drain_deadline: float = Field(default=8.0, gt=0)

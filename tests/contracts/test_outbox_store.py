@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -13,6 +14,15 @@ from tests.contracts.conftest import StoreBackend
 from tests.helpers import insert_events
 
 pytestmark = pytest.mark.integration
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A failure as the port sees it (any object with these fields will do)."""
+
+    error: str
+    set_aside: str | None = None
+    outage: bool = False
 
 
 async def _claimed_ids(store: OutboxStore[Any], conn: Any, limit: int) -> list[str]:
@@ -69,7 +79,9 @@ async def test_a_failed_row_stays_pending_and_waits_out_a_back_off(
     async with conn.transaction():
         rows = (await outbox_store.claim(conn, 10)).rows
         for _ in range(4):  # four attempts: a back-off of seconds, not milliseconds
-            await outbox_store.mark_failed(conn, {rows[0].seq: "stream refused it"})
+            await outbox_store.mark_failed(
+                conn, {rows[0].seq: Refused("stream refused it")}, max_attempts=5
+            )
     backlog = await outbox_store.backlog(conn)
     assert (backlog["count"], backlog["failing"]) == (1, 1)
     async with conn.transaction():
@@ -104,3 +116,34 @@ async def test_a_row_whose_transaction_commits_late_is_not_skipped(
     await slow.commit()
     async with conn.transaction():
         assert await _claimed_ids(outbox_store, conn, 10) == [late_id, early_id]
+
+
+async def test_a_row_that_can_never_be_published_is_set_aside_for_good(
+    outbox_store: OutboxStore[Any], store_backend: StoreBackend
+) -> None:
+    writer, conn = await store_backend.connect(), await store_backend.connect()
+    await insert_events(writer, 1)
+    async with conn.transaction():
+        (row,) = (await outbox_store.claim(conn, 10)).rows
+        poison = Refused("over the size limit", set_aside="MESSAGE_TOO_LARGE")
+        set_aside = await outbox_store.mark_failed(conn, {row.seq: poison}, max_attempts=5)
+    assert dict(set_aside) == {row.seq: "MESSAGE_TOO_LARGE"}
+    await asyncio.sleep(0.5)
+    async with conn.transaction():
+        assert (await outbox_store.claim(conn, 10)).rows == []
+
+
+async def test_an_outage_never_sets_a_row_aside(
+    outbox_store: OutboxStore[Any], store_backend: StoreBackend
+) -> None:
+    writer, conn = await store_backend.connect(), await store_backend.connect()
+    ids = await insert_events(writer, 1)
+    for _ in range(3):
+        await asyncio.sleep(1.0)  # past the back-off of the attempts so far
+        async with conn.transaction():
+            (row,) = (await outbox_store.claim(conn, 10)).rows
+            outage = Refused("no responders", outage=True)
+            assert await outbox_store.mark_failed(conn, {row.seq: outage}, max_attempts=1) == {}
+    await asyncio.sleep(1.0)
+    async with conn.transaction():
+        assert await _claimed_ids(outbox_store, conn, 10) == ids

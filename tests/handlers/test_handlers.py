@@ -154,6 +154,17 @@ POISON_CASES: dict[str, tuple[Mutation, str]] = {
     "not an object": (
         lambda d: (b"[1, 2]", {"Idempotency-Key": d["message_id"]}), "not an object",
     ),
+    "deep nesting": (
+        lambda d: (b'{"a":' * 5000 + b"1" + b"}" * 5000, {"Idempotency-Key": d["message_id"]}),
+        "MALFORMED_JSON",
+    ),
+    "huge number": (
+        lambda d: (b'{"a":' + b"9" * 5000 + b"}", {"Idempotency-Key": d["message_id"]}),
+        "MALFORMED_JSON",
+    ),
+    "not a number": (
+        lambda d: (b'{"a":1e400}', {"Idempotency-Key": d["message_id"]}), "MALFORMED_JSON",
+    ),
     "digest mismatch": (
         lambda d: _send({**d, "payload_digest": "sha256:" + "0" * 64}), "DIGEST_MISMATCH",
     ),

@@ -58,9 +58,12 @@ def test_ladder_repeats_its_last_step() -> None:
 
 
 @pytest.mark.parametrize(
-    ("retry_after", "delay"), [(0.5, 0.5), (10.0, 10.0), (3600.0, 60.0), (-5.0, 0.0)]
+    ("retry_after", "delay"),
+    [(0.0, 1.0), (0.5, 1.0), (10.0, 10.0), (3600.0, 60.0), (-5.0, 1.0), (float("nan"), 1.0)],
 )
-def test_retry_after_is_honoured_and_capped(retry_after: float, delay: float) -> None:
+def test_retry_after_lengthens_the_ladder_step_up_to_the_cap(
+    retry_after: float, delay: float
+) -> None:
     decision = decide(HandlerResponse(503, retry_after=retry_after), attempt=1, policy=POLICY)
     assert isinstance(decision, Nak) and decision.delay == delay
 

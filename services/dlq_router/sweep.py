@@ -1,0 +1,212 @@
+"""The sweep: dead letters for exhaustion that no advisory ever reported.
+
+The dlq-router learns that JetStream gave up on a message from its MAX_DELIVERIES
+advisory. An advisory is a core NATS message: when it is not captured (the advisory
+stream was unavailable, a subject was missing, the advisory was deleted), the inbox row
+stays ``retrying`` for good, with no dead letter and no alert. The sweep closes that gap.
+
+Every ``sweep_interval`` the router looks, per durable, for inbox rows without a final
+outcome that nobody touched past the durable's redelivery horizon
+(:func:`shared.domain.dead_letter.redelivery_horizon`) and whose message JetStream will
+not deliver again (:func:`shared.domain.dead_letter.may_still_be_delivered`, from the
+durable's consumer info). Each is dead-lettered with reason
+``DELIVERY_EXHAUSTED_UNREPORTED`` through the same
+:func:`~shared.adapters.dead_letters.record_dead_letter` as every other path, so a late
+advisory finds the record and adds nothing.
+
+Replicas: each row is re-checked under ``FOR UPDATE SKIP LOCKED`` in its own transaction,
+so two routers sweeping at once never both take a row, and the dead-letter row's primary
+key makes a second record impossible anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from shared.adapters import dead_letters, inbox
+from shared.contracts.topology import DurableSpec, Topology, subject_matches
+from shared.domain.dead_letter import (
+    SWEEP_REASON,
+    DurableProgress,
+    may_still_be_delivered,
+    redelivery_horizon,
+)
+from shared.domain.envelope import identify
+
+log = logging.getLogger("ferry.dlq_router.sweep")
+
+#: Rows looked at per durable per sweep.
+BATCH = 200
+
+
+@dataclass
+class SweepStats:
+    """Counters of the sweep (exported with the router's)."""
+
+    sweeps: int = 0
+    recorded: int = 0
+    already: int = 0
+    still_pending: int = 0
+    errors: int = 0
+
+
+def dead_letter_stream(topology: Topology, subject: str) -> str | None:
+    """The dead-letter stream that captures ``subject``, if the topology declares one."""
+    for stream in topology.dead_letter_streams:
+        if any(subject_matches(pattern, subject) for pattern in stream.subjects):
+            return stream.name
+    return None
+
+
+class Sweep:
+    """Dead-letters one topology's unreported exhaustions (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        topology: Topology,
+        pools: dict[str, asyncpg.Pool],
+        js: JetStreamContext,
+        margin: float,
+        errors: tuple[type[BaseException], ...],
+        on_recorded: Any = None,
+    ) -> None:
+        self.topology, self.pools, self.js, self.margin = topology, pools, js, margin
+        self.errors = errors
+        self.on_recorded = on_recorded
+        self.stats = SweepStats()
+
+    def horizon(self, spec: DurableSpec) -> float:
+        """The durable's redelivery horizon, in seconds."""
+        return redelivery_horizon(
+            ack_wait=spec.ack_wait,
+            max_deliver=spec.max_deliver,
+            backoff=spec.backoff,
+            margin=self.margin,
+        )
+
+    async def run_once(self) -> int:
+        """One sweep over every durable; how many dead letters it recorded."""
+        self.stats.sweeps += 1
+        recorded = 0
+        for name, spec in sorted(self.topology.durables.items()):
+            try:
+                recorded += await self.sweep_durable(name, spec)
+            except self.errors as exc:
+                self.stats.errors += 1
+                log.warning("sweep of %s failed (%s); next sweep tries again", name, exc)
+        return recorded
+
+    async def sweep_durable(self, name: str, spec: DurableSpec) -> int:
+        """Sweep one durable; how many dead letters it recorded."""
+        try:
+            info = await self.js.consumer_info(spec.stream, name)
+        except NotFoundError:
+            log.warning("durable %s is not provisioned; not swept", name)
+            return 0
+        progress = DurableProgress(
+            ack_floor=info.ack_floor.stream_seq if info.ack_floor else 0,
+            delivered=info.delivered.stream_seq if info.delivered else 0,
+            ack_pending=int(info.num_ack_pending or 0),
+        )
+        horizon = self.horizon(spec)
+        recorded = 0
+        pool = self.pools[self.topology.context(spec.target).database]
+        async with pool.acquire() as conn:
+            for row in await inbox.unreported(conn, name, horizon, BATCH):
+                if may_still_be_delivered(
+                    stream_seq=row["stream_seq"],
+                    attempts=row["attempts"],
+                    replayed=row["replayed"],
+                    progress=progress,
+                    max_deliver=spec.max_deliver,
+                ):
+                    self.stats.still_pending += 1
+                    continue
+                try:
+                    recorded += await self._dead_letter(
+                        conn, name, spec, row["message_id"], horizon
+                    )
+                except self.errors as exc:
+                    self.stats.errors += 1
+                    log.warning("could not sweep %s/%s (%s)", name, row["message_id"], exc)
+        return recorded
+
+    async def _dead_letter(
+        self, conn: Any, name: str, spec: DurableSpec, message_id: uuid.UUID, horizon: float
+    ) -> int:
+        async with conn.transaction():
+            row = await inbox.lock_unreported(conn, name, message_id, horizon)
+            if row is None:  # settled meanwhile, or another replica holds it
+                return 0
+            failure = await self._failure(name, spec, row, horizon)
+            outcome = await dead_letters.record_dead_letter(
+                conn,
+                self.js,
+                failure,
+                spec,
+                dlq_stream=dead_letter_stream(self.topology, spec.dead_letter_subject),
+            )
+        if outcome == "already":
+            self.stats.already += 1
+            return 0
+        self.stats.recorded += 1
+        if self.on_recorded is not None:
+            self.on_recorded(name, failure)
+        log.warning(
+            "dead-lettered an exhaustion no advisory reported",
+            extra={"durable": name, "message_id": str(message_id), "reason": SWEEP_REASON},
+        )
+        return 1
+
+    async def _failure(
+        self, name: str, spec: DurableSpec, row: dict[str, Any], horizon: float
+    ) -> dead_letters.Failure:
+        payload, envelope = await self._original(spec.stream, row["stream_seq"])
+        last = row["last_error"] or "no outcome recorded"
+        return dead_letters.Failure(
+            durable=name,
+            message_id=row["message_id"],
+            stream=spec.stream,
+            stream_seq=row["stream_seq"],
+            original_subject=row["subject"],
+            reason_code=SWEEP_REASON,
+            last_error=(
+                f"{last} (untouched for over {horizon:.0f}s and no longer pending in "
+                "JetStream; no MAX_DELIVERIES advisory was recorded)"
+            ),
+            attempts=int(row["attempts"] or 0),
+            payload=payload,
+            retry_history=list(row["retry_history"]),
+            source="sweep",
+            event_type=row["event_type"] or (envelope.event_type if envelope else None),
+            event_version=row["event_version"],
+            occurred_at=row["occurred_at"],
+            traceparent=row["traceparent"],
+            handler_status=row["handler_status"],
+        )
+
+    async def _original(self, stream: str, seq: int) -> tuple[Any, Any]:
+        """The original's payload to keep (envelope dict, else raw text) and envelope."""
+        try:
+            msg = await self.js.get_msg(stream, seq)
+        except NotFoundError:
+            return None, None
+        data: bytes = msg.data or b""
+        found = identify(
+            data,
+            subject=msg.subject or "",
+            msg_id_header=(msg.headers or {}).get("Nats-Msg-Id"),
+            stream=stream,
+            seq=seq,
+        )
+        if found.envelope is not None:
+            return found.envelope.to_dict(), found.envelope
+        return data.decode("utf-8", "replace"), None

@@ -1,0 +1,92 @@
+"""What a failed publish of one outbox row means for that row (see :class:`outbox.Failure`).
+
+Three kinds, because a long JetStream outage must never set events aside, while a row
+that can never be published must not be retried forever in front of its aggregate:
+
+* **cannot be published as it is** — set aside at once: the payload cannot be built into
+  an envelope (``PAYLOAD_INVALID``: e.g. an integer of more digits than Python parses,
+  written with plain SQL), or the message is larger than NATS or the stream accepts
+  (``MESSAGE_TOO_LARGE``; sizes are the UTF-8 bytes that go out). Retrying changes
+  nothing until the data or the limits change, and then an operator republishes it.
+* **outage** — JetStream did not answer (no PubAck in time, no responders, connection
+  closed or reconnecting, no stream leader): says nothing about the row. Retried with
+  the capped back-off for as long as it lasts; never sets a row aside.
+* **refusal** — anything else (an unexpected error of the client or the server's
+  answer): retried, and set aside after ``max_publish_attempts`` attempts
+  (``PUBLISH_REFUSED``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from nats import errors as nats_errors
+from nats.js import errors as js_errors
+
+from shared.adapters.outbox import MESSAGE_TOO_LARGE, PAYLOAD_INVALID, Failure
+
+#: JetStream's error code for "message size exceeds maximum allowed" (max_msg_size).
+STREAM_MESSAGE_TOO_LARGE = 10054
+
+_OUTAGES: tuple[type[BaseException], ...] = (
+    asyncio.TimeoutError,
+    nats_errors.NoRespondersError,
+    nats_errors.StaleConnectionError,
+    nats_errors.OutboundBufferLimitError,
+    nats_errors.ConnectionClosedError,
+    nats_errors.ConnectionDrainingError,
+    nats_errors.ConnectionReconnectingError,
+    js_errors.NoStreamResponseError,
+    js_errors.TooManyStalledMsgsError,
+)
+
+
+def _text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def unbuildable(exc: BaseException) -> Failure:
+    """The row's payload (or fields) cannot be built into a message."""
+    return Failure(
+        f"cannot build the message: {_text(exc)}",
+        set_aside=PAYLOAD_INVALID,
+        kind=type(exc).__name__,
+    )
+
+
+def too_large(size: int, limit: int) -> Failure:
+    """The message, as UTF-8 bytes with its headers, is over the stream's max_msg_size."""
+    return Failure(
+        f"message is {size} bytes (UTF-8 envelope and headers), over the stream's "
+        f"max_msg_size of {limit} bytes",
+        set_aside=MESSAGE_TOO_LARGE,
+        kind="MessageTooLarge",
+    )
+
+
+def no_puback(timeout: float) -> Failure:
+    """No PubAck within the publish timeout."""
+    return Failure(f"no PubAck within {timeout}s", outage=True, kind="timeout")
+
+
+def of_publish(exc: BaseException) -> Failure:
+    """An exception raised by the publish or carried by its PubAck future."""
+    text, kind = _text(exc), type(exc).__name__
+    if isinstance(exc, nats_errors.MaxPayloadError):
+        return Failure(
+            f"{text} (over the server's max_payload)", set_aside=MESSAGE_TOO_LARGE, kind=kind
+        )
+    if isinstance(exc, js_errors.APIError):
+        if exc.err_code == STREAM_MESSAGE_TOO_LARGE:
+            return Failure(text, set_aside=MESSAGE_TOO_LARGE, kind=kind)
+        if exc.code == 503:  # no stream leader, stream temporarily unavailable
+            return Failure(text, outage=True, kind=kind)
+    return Failure(text, outage=isinstance(exc, _OUTAGES), kind=kind)
+
+
+def wire_size(body: bytes, headers: dict[str, str]) -> int:
+    """Bytes the stream stores for the message: its header block and its body."""
+    if not headers:
+        return len(body)
+    block = "NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    return len(block.encode()) + len(body)
