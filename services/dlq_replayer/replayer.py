@@ -31,10 +31,11 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError
 
+from services.dlq_replayer.metrics import ReplayerMetrics
 from shared.adapters import dead_letters
 from shared.adapters.postgres import DATABASE_ERRORS, Conn
 from shared.contracts.topology import Topology
-from shared.runtime.metrics import ReplayerMetrics, RoleMetrics
+from shared.runtime.metrics import RoleMetrics
 
 log = logging.getLogger("ferry.dlq_replayer")
 

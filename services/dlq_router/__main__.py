@@ -6,10 +6,11 @@ import asyncio
 import logging
 import sys
 
+from services.dlq_router.metrics import RouterMetrics
 from shared.contracts.lint import require_clean_topology
 from shared.runtime.connections import Connected, close_all, target_pools
 from shared.runtime.lifecycle import serve, topology_role_main
-from shared.runtime.metrics import RoleMetrics, RouterMetrics
+from shared.runtime.metrics import RoleMetrics
 from shared.runtime.readiness import postgres_probes
 from shared.runtime.settings import RouterSettings
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from shared.domain.signing import DEFAULT_TOLERANCE, SignatureError, verify
-from shared.runtime.metrics import observe_app
 
+from .metrics import observe_app
 from .service import HandlerService, Outcome
 
 #: Statuses whose responses must not carry a body (RFC 9110).

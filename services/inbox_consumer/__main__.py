@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 
+from services.inbox_consumer.metrics import ConsumerMetrics
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import create_pool_when_up
 from shared.contracts.events import AcceptedEvents
@@ -18,7 +19,7 @@ from shared.contracts.topology import Topology
 from shared.domain.ack import RetryPolicy
 from shared.runtime.lifecycle import run_role, serve
 from shared.runtime.logs import configure_logging
-from shared.runtime.metrics import ConsumerMetrics, RoleMetrics
+from shared.runtime.metrics import RoleMetrics
 from shared.runtime.readiness import postgres_probe
 from shared.runtime.settings import ConsumerSettings
 

@@ -35,6 +35,7 @@ from nats.js import JetStreamContext
 from services.inbox_consumer.dispatch import HttpHandler
 from services.inbox_consumer.holding import Holder, merge_claims
 from services.inbox_consumer.keepalive import KeepAlive
+from services.inbox_consumer.metrics import ConsumerMetrics
 from services.inbox_consumer.puller import ConsumerGone, Puller
 from shared.adapters import dead_letters, inbox
 from shared.adapters.inbox import ClaimResult, InboxEntry
@@ -44,7 +45,7 @@ from shared.domain.ack import Ack, DeadLetter, Decision, HandlerResponse, Nak, R
 from shared.domain.envelope import Envelope, Identified, format_timestamp, identify
 from shared.domain.errors import PoisonError
 from shared.domain.subjects import REPLAY_PREFIX
-from shared.runtime.metrics import ConsumerMetrics, RoleMetrics
+from shared.runtime.metrics import RoleMetrics
 from shared.telemetry import otel as telemetry
 
 log = logging.getLogger("ferry.inbox_consumer")

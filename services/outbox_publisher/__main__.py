@@ -7,6 +7,9 @@ import asyncio
 import logging
 import sys
 
+from shared.telemetry.otel import set_log_fields
+
+from services.outbox_publisher.metrics import PublisherMetrics
 from shared.adapters.nats import connect_nats
 from shared.adapters.notify import listen
 from shared.adapters.postgres import create_pool_when_up
@@ -14,9 +17,8 @@ from shared.contracts.lint import PublisherTiming, require_clean_topology
 from shared.domain.errors import ConfigurationError
 from shared.runtime.lifecycle import run_role, serve
 from shared.runtime.logs import configure_logging
-from shared.runtime.metrics import PublisherMetrics, RoleMetrics
+from shared.runtime.metrics import RoleMetrics
 from shared.runtime.settings import PublisherSettings
-from shared.telemetry.otel import set_log_fields
 
 from .publisher import OutboxPublisher
 

@@ -20,12 +20,13 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from services.outbox_publisher.metrics import PublisherMetrics
 from services.outbox_publisher.publisher import OutboxPublisher
 from shared.access.identities import Identity
 from shared.access.streams import provision
 from shared.adapters import outbox
 from shared.adapters.notify import listen
-from shared.runtime.metrics import PublisherMetrics, RoleMetrics
+from shared.runtime.metrics import RoleMetrics
 from tests.conftest import CAPS, ROOT, Env
 from tests.helpers import eventually, insert_events, stream_messages
 

@@ -25,11 +25,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from devstack.ports import free_port
 from services.inbox_consumer.consumer import InboxConsumer
 from services.inbox_consumer.dispatch import HttpHandler
+from services.inbox_consumer.metrics import ConsumerMetrics
+from services.outbox_publisher.metrics import PublisherMetrics
 from shared.access.streams import provision
 from shared.adapters import inbox, outbox
 from shared.adapters.producer import record_event
 from shared.domain.ack import RetryPolicy
-from shared.runtime.metrics import ConsumerMetrics, PublisherMetrics, RoleMetrics
+from shared.runtime.metrics import RoleMetrics
 from tests.conftest import CAPS, ROOT, Env
 from tests.consumer.conftest import DURABLE, STREAM
 from tests.helpers import eventually, stream_messages

@@ -1,0 +1,228 @@
+"""The inbox-consumer's instruments (see :mod:`shared.runtime.metrics` for the core)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from nats.js.errors import NotFoundError
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from shared.telemetry.otel import MESSAGING_SYSTEM
+
+from shared.adapters import inbox
+from shared.domain.ack import HandlerFailure, HandlerResponse
+from shared.runtime.metrics import (
+    BATCH_BUCKETS,
+    DESTINATION,
+    END_TO_END_BUCKETS,
+    ERROR,
+    GROUP,
+    OPERATION,
+    OPERATION_BUCKETS,
+    SYSTEM,
+    RoleMetrics,
+    age_seconds,
+    counter_family,
+    dead_letter_counter,
+)
+
+
+class ConsumerMetrics:
+    """inbox-consumer: receives, processing and end-to-end latency, outcomes, backlog, lag."""
+
+    def __init__(self, role: RoleMetrics, *, durable: str, stream: str) -> None:
+        reg, self.role, self.durable, self.stream = role.registry, role, durable, stream
+        self._process = Histogram(
+            "messaging_process_duration_seconds",
+            "Handler call duration (error_type: HTTP status of a failure, timeout, unreachable).",
+            [SYSTEM, OPERATION, DESTINATION, GROUP, ERROR],
+            buckets=OPERATION_BUCKETS,
+            registry=reg,
+        )
+        self._process_ok = self._process.labels(MESSAGING_SYSTEM, "process", stream, durable, "")
+        self._responses = Counter(
+            "ferry_handler_responses",
+            "Handler answers by HTTP status (or timeout / unreachable).",
+            ["durable", "status"],
+            registry=reg,
+        )
+        self._end_to_end = Histogram(
+            "ferry_end_to_end_latency_seconds",
+            "occurred_at to processed (inbox marked, message acked), per processed message.",
+            ["durable"],
+            buckets=END_TO_END_BUCKETS,
+            registry=reg,
+        ).labels(durable)
+        self._dead_letters = dead_letter_counter(reg)
+        self._batch = Histogram(
+            "ferry_consumer_batch_messages",
+            "Messages per fetched batch (one inbox claim and one processed mark each).",
+            ["durable"],
+            buckets=BATCH_BUCKETS,
+            registry=reg,
+        ).labels(durable)
+        self._backlog = Gauge(
+            "ferry_inbox_backlog",
+            "QRY-051: inbox rows without processed_at, by state (pending = received or "
+            "processing; failed = dead-lettered).",
+            ["durable", "state"],
+            registry=reg,
+        )
+        self._oldest = Gauge(
+            "ferry_inbox_oldest_age_seconds",
+            "QRY-051: age of the oldest unprocessed row's received_at (0 when none).",
+            ["durable"],
+            registry=reg,
+        ).labels(durable)
+        self._lag = Gauge(
+            "ferry_consumer_lag_messages",
+            "Consumer lag: JetStream num_pending + num_ack_pending of the durable.",
+            ["durable"],
+            registry=reg,
+        ).labels(durable)
+        self._pending = Gauge(
+            "ferry_consumer_pending_messages",
+            "JetStream's view of the durable: pending (not yet delivered) and ack_pending.",
+            ["durable", "state"],
+            registry=reg,
+        )
+        self._lag_seconds = Gauge(
+            "ferry_consumer_lag_seconds",
+            "Age of the oldest message the durable has not yet delivered (0 when none).",
+            ["durable"],
+            registry=reg,
+        ).labels(durable)
+        self._errors = Counter(
+            "ferry_consumer_errors",
+            "Messages the consumer could not settle as decided and nak'ed or dead-lettered "
+            "instead (stage: dead_letter = record not written, e.g. no stream leader; "
+            "decide/settle/batch = an unexpected exception).",
+            ["durable", "stage"],
+            registry=reg,
+        )
+
+    def batch_fetched(self, messages: int) -> None:
+        """One batch of ``messages`` handed over by the puller."""
+        self._batch.observe(messages)
+
+    def handled(self, outcome: Any, seconds: float) -> None:
+        """One handler call and what it answered."""
+        if isinstance(outcome, HandlerResponse):
+            status = str(outcome.status)
+            error = "" if outcome.status < 400 or outcome.status == 409 else f"HTTP_{status}"
+        elif isinstance(outcome, HandlerFailure):
+            status = error = f"handler_{outcome.kind}"
+        else:
+            status = error = type(outcome).__name__
+        self._responses.labels(self.durable, status).inc()
+        if error:
+            self._process.labels(MESSAGING_SYSTEM, "process", self.stream, self.durable, error)\
+                .observe(seconds)  # fmt: skip
+        else:
+            self._process_ok.observe(seconds)
+
+    def processed(self, occurred_at: datetime | None) -> None:
+        """End-to-end latency of a message just processed."""
+        if occurred_at is not None:
+            self._end_to_end.observe(max(age_seconds(occurred_at), 0.0))
+
+    def dead_lettered(self, reason: str) -> None:
+        """A dead letter this consumer recorded (direct path)."""
+        self._dead_letters.labels(self.durable, reason, "consumer").inc()
+
+    def consumer_error(self, stage: str) -> None:
+        """A message whose settlement failed at ``stage`` (it was nak'ed or dead-lettered)."""
+        self._errors.labels(self.durable, stage).inc()
+
+    def watch(self, consumer: Any) -> None:
+        """Export ``consumer.stats`` and refresh backlog and lag from its pool and js."""
+        durable, stream = self.durable, self.stream
+        self.role.add_collector(lambda: consumer_families(durable, stream, consumer.stats))
+        self.role.add_refresher("inbox", lambda: self._refresh_inbox(consumer.pool))
+        self.role.add_refresher("jetstream", lambda: self._refresh_lag(consumer.js))
+
+    async def _refresh_inbox(self, pool: Any) -> None:
+        async with pool.acquire() as conn:
+            doc = await inbox.backlog(conn, self.durable)
+        pending = doc["count"] - doc["retrying"] - doc["failed"]
+        for state, value in (("pending", pending), ("retrying", doc["retrying"]),
+                             ("failed", doc["failed"])):  # fmt: skip
+            self._backlog.labels(self.durable, state).set(value)
+        self._oldest.set(age_seconds(doc["oldest_at"]))
+
+    async def _refresh_lag(self, js: Any) -> None:
+        info = await js.consumer_info(self.stream, self.durable)
+        pending, ack_pending = info.num_pending or 0, info.num_ack_pending or 0
+        self._pending.labels(self.durable, "pending").set(pending)
+        self._pending.labels(self.durable, "ack_pending").set(ack_pending)
+        self._lag.set(pending + ack_pending)
+        self._lag_seconds.set(await oldest_undelivered_age(js, info) if pending else 0.0)
+
+
+async def oldest_undelivered_age(js: Any, info: Any) -> float:
+    """Seconds since the first message after the durable's last delivered one was stored."""
+    config = info.config
+    filters = list(config.filter_subjects or []) or [config.filter_subject or ">"]
+    start = (info.delivered.stream_seq if info.delivered else 0) + 1
+    oldest: datetime | None = None
+    for subject in filters:
+        try:
+            msg = await js.get_msg(info.stream_name, seq=start, subject=subject, next=True)
+        except NotFoundError:
+            continue
+        if msg.time is not None and (oldest is None or msg.time < oldest):
+            oldest = msg.time
+    return age_seconds(oldest)
+
+
+def consumer_families(durable: str, stream: str, stats: Any) -> list[Metric]:
+    """The consumer's exact counts (its stats) as Prometheus families."""
+    outcomes = {
+        "processed": stats.processed,
+        "duplicate": stats.duplicates,
+        "retried": stats.retries,
+        "dead_lettered": stats.dead_lettered,
+        "exhausted": stats.exhausted,
+        "contended": stats.contended,
+    }
+    bound = GaugeMetricFamily(
+        "ferry_consumer_bound", "1 once the consumer is bound to its durable.", labels=["durable"]
+    )
+    bound.add_metric([durable], 1 if stats.bound else 0)
+    consumed = CounterMetricFamily(
+        "messaging_client_consumed_messages",
+        "Messages fetched from the durable (every delivery, redeliveries included).",
+        labels=[SYSTEM, OPERATION, DESTINATION, GROUP],
+    )
+    consumed.add_metric([MESSAGING_SYSTEM, "fetch", stream, durable], stats.fetched)
+    return [
+        consumed,
+        counter_family(
+            "ferry_consumer_messages",
+            "Deliveries by outcome. Success ratio = (processed + duplicate) / (processed + "
+            "duplicate + retried + dead_lettered + exhausted); contended = left to the copy "
+            "holding the lease.",
+            ["durable", "outcome"],
+            {(durable, k): v for k, v in outcomes.items()},
+        ),
+        counter_family(
+            "ferry_consumer_retries",
+            "Deliveries nak'ed for a retry, by reason code (HTTP_503, handler_timeout, ...).",
+            ["durable", "reason"],
+            {(durable, k): v for k, v in stats.retries_by_reason.items()},
+        ),
+        counter_family(
+            "ferry_consumer_duplicates_skipped",
+            "Deliveries of an id whose outcome was already final: acked, handler not called.",
+            ["durable"],
+            {(durable,): stats.duplicates},
+        ),
+        counter_family(
+            "ferry_handler_config_alerts",
+            "Handler answers that mean a configuration problem (e.g. 401, 404): alert, no ack.",
+            ["durable"],
+            {(durable,): stats.alerts},
+        ),
+        bound,
+    ]
