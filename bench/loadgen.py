@@ -39,7 +39,7 @@ from bench.common import AGGREGATES, emit, progress, summarize
 from shared.adapters.postgres import Statement, create_pool
 from shared.adapters.producer import record_event, record_event_with
 from shared.runtime.settings import CommonSettings
-from shared.telemetry.otel import setup_tracing
+from shared.telemetry import setup_tracing
 
 #: How the producer writes each event (see the module docstring).
 FORMS = ("transaction", "statement")

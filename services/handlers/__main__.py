@@ -25,7 +25,7 @@ from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError, TransientError
 from shared.runtime.lifecycle import EXIT_CONFIG, EXIT_CONNECT, EXIT_OK, stop_on_signals
 from shared.runtime.logs import configure_logging
-from shared.telemetry.otel import setup_tracing
+from shared.telemetry import setup_tracing
 
 from .app import make_app
 from .service import build_service

@@ -8,7 +8,6 @@ from typing import Any
 from nats.js.errors import NotFoundError
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from shared.telemetry.otel import MESSAGING_SYSTEM
 
 from shared.adapters import inbox
 from shared.domain.ack import HandlerFailure, HandlerResponse
@@ -26,6 +25,7 @@ from shared.runtime.metrics import (
     counter_family,
     dead_letter_counter,
 )
+from shared.telemetry.otel import MESSAGING_SYSTEM
 
 
 class ConsumerMetrics:

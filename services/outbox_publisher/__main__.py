@@ -7,8 +7,6 @@ import asyncio
 import logging
 import sys
 
-from shared.telemetry.otel import set_log_fields
-
 from services.outbox_publisher.metrics import PublisherMetrics
 from shared.adapters.nats import connect_nats
 from shared.adapters.notify import listen
@@ -19,6 +17,7 @@ from shared.runtime.lifecycle import run_role, serve
 from shared.runtime.logs import configure_logging
 from shared.runtime.metrics import RoleMetrics
 from shared.runtime.settings import PublisherSettings
+from shared.telemetry.otel import set_log_fields
 
 from .publisher import OutboxPublisher
 

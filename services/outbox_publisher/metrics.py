@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
-from shared.telemetry.otel import MESSAGING_SYSTEM
 
 from shared.adapters import outbox
 from shared.runtime.metrics import (
@@ -21,6 +20,7 @@ from shared.runtime.metrics import (
     RoleMetrics,
     age_seconds,
 )
+from shared.telemetry.otel import MESSAGING_SYSTEM
 
 
 class PublisherMetrics:

@@ -35,6 +35,7 @@ from uuid import UUID
 
 from nats.js import JetStreamContext
 
+from shared import telemetry
 from shared.adapters import dead_letter_records, inbox
 from shared.adapters.postgres import Conn
 from shared.contracts.topology import DurableSpec, ReplayLimits
@@ -42,7 +43,6 @@ from shared.domain import dead_letter as policy
 from shared.domain.dead_letter import NOT_REPLAYABLE, dead_letter_record
 from shared.domain.envelope import format_timestamp
 from shared.domain.subjects import replay_subject
-from shared.telemetry import otel as telemetry
 
 log = logging.getLogger("ferry.dead_letters")
 

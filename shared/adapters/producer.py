@@ -27,7 +27,7 @@ from shared.contracts.events import check_outgoing
 from shared.domain.envelope import MAX_PAYLOAD_DEPTH, json_defect
 from shared.domain.errors import OutboxValidationError
 from shared.domain.subjects import validate_event_type, validate_event_version
-from shared.telemetry.otel import create_span
+from shared.telemetry import create_span
 
 _INSERT_HEAD = (
     "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, event_version,"

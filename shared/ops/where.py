@@ -34,7 +34,7 @@ from shared.adapters.postgres import Conn, connect
 from shared.contracts.topology import Topology, subject_matches
 from shared.domain.subjects import event_subject
 from shared.runtime.settings import CommonSettings
-from shared.telemetry.otel import parse_traceparent
+from shared.telemetry import parse_traceparent
 
 Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
 

@@ -21,7 +21,7 @@ from shared.runtime.logs import configure_logging
 from shared.runtime.metrics import RoleMetrics
 from shared.runtime.readiness import ReadinessCheck
 from shared.runtime.settings import CommonSettings
-from shared.telemetry.otel import setup_tracing
+from shared.telemetry import setup_tracing
 
 log = logging.getLogger("ferry.wiring")
 

@@ -2,7 +2,7 @@
 
 Each line holds time, level, role, logger, message, and any ``extra`` fields such as
 durable or message_id, plus trace_id/span_id and the fields of
-:func:`shared.telemetry.otel.log_fields`.
+:func:`shared.telemetry.log_fields`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from shared.telemetry.otel import log_context
+from shared.telemetry import log_context
 
 _RESERVED = set(vars(logging.makeLogRecord({})))
 

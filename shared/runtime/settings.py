@@ -100,7 +100,7 @@ class CommonSettings(BaseSettings):
     #: Start TLS before the server speaks (server option ``handshake_first``): no downgrade.
     nats_tls_handshake_first: bool = False
 
-    # Telemetry (shared/telemetry/otel.py, shared/runtime/metrics.py). Each falls back to
+    # Telemetry (shared/telemetry/, shared/runtime/metrics.py). Each falls back to
     # the standard OpenTelemetry variable; the OTLP exporters read OTEL_EXPORTER_OTLP_* themselves.
     #: Span exporters, comma-separated: none (tracing off, no cost), otlp, file, console.
     traces_exporter: str = Field(

@@ -30,8 +30,8 @@ from devstack.ports import free_port
 from services.handlers.app import make_app
 from services.handlers.service import build_service
 from services.handlers.specs import service_spec
+from shared import telemetry
 from shared.access.streams import provision
-from shared.telemetry import otel as telemetry
 from tests.conftest import CAPS, ROOT, Env
 from tests.consumer.conftest import ScriptedHandler, fast_durable, handler
 from tests.helpers import eventually

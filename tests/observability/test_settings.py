@@ -9,9 +9,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import SpanKind
 
+from shared import telemetry
 from shared.domain.errors import ConfigurationError
 from shared.runtime.settings import CommonSettings
-from shared.telemetry import otel as telemetry
 
 
 def test_otel_variables_apply_and_ferry_ones_win(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,9 +20,9 @@ from nats.aio.client import Client as NATS
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from shared import telemetry
 from shared.adapters.producer import record_event
 from shared.runtime.logs import JsonFormatter
-from shared.telemetry import otel as telemetry
 from tests.conftest import Env
 from tests.consumer.conftest import DURABLE, STREAM, RunningConsumer, ScriptedHandler
 from tests.helpers import RunningPublisher, eventually, stream_messages
