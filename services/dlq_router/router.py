@@ -42,13 +42,13 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from services.dlq_router.metrics import RouterMetrics
+from shared import telemetry
 from shared.access.streams import ROUTER_DURABLE
 from shared.adapters import dead_letters, inbox
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.contracts.topology import Topology
 from shared.domain.envelope import SURROGATE_NAMESPACE, identify
 from shared.runtime.metrics import RoleMetrics
-from shared.telemetry import otel as telemetry
 
 from .advisory import MAX_DELIVER_TYPE, TERMINATED_TYPE, Advisory, InvalidAdvisory
 from .sweep import Sweep, dead_letter_stream

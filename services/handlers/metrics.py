@@ -8,8 +8,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Histogram
 
+from shared import telemetry
 from shared.runtime.metrics import OPERATION_BUCKETS, RoleMetrics
-from shared.telemetry import otel as telemetry
 
 
 def observe_app(app: web.Application, *, role: str) -> RoleMetrics:

@@ -37,6 +37,7 @@ from services.inbox_consumer.holding import Holder, merge_claims
 from services.inbox_consumer.keepalive import KeepAlive
 from services.inbox_consumer.metrics import ConsumerMetrics
 from services.inbox_consumer.puller import ConsumerGone, Puller
+from shared import telemetry
 from shared.adapters import dead_letters, inbox
 from shared.adapters.inbox import ClaimResult, InboxEntry
 from shared.adapters.postgres import DATABASE_ERRORS, Conn
@@ -46,7 +47,6 @@ from shared.domain.envelope import Envelope, Identified, format_timestamp, ident
 from shared.domain.errors import PoisonError
 from shared.domain.subjects import REPLAY_PREFIX
 from shared.runtime.metrics import RoleMetrics
-from shared.telemetry import otel as telemetry
 
 log = logging.getLogger("ferry.inbox_consumer")
 

@@ -25,7 +25,7 @@ from shared.runtime.metrics import (
     counter_family,
     dead_letter_counter,
 )
-from shared.telemetry.otel import MESSAGING_SYSTEM
+from shared.telemetry import MESSAGING_SYSTEM
 
 
 class ConsumerMetrics:

@@ -17,7 +17,7 @@ from shared.runtime.lifecycle import run_role, serve
 from shared.runtime.logs import configure_logging
 from shared.runtime.metrics import RoleMetrics
 from shared.runtime.settings import PublisherSettings
-from shared.telemetry.otel import set_log_fields
+from shared.telemetry import set_log_fields
 
 from .publisher import OutboxPublisher
 

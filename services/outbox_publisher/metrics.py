@@ -20,7 +20,7 @@ from shared.runtime.metrics import (
     RoleMetrics,
     age_seconds,
 )
-from shared.telemetry.otel import MESSAGING_SYSTEM
+from shared.telemetry import MESSAGING_SYSTEM
 
 
 class PublisherMetrics:

@@ -28,6 +28,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from services.outbox_publisher.metrics import PublisherMetrics
+from shared import telemetry
 from shared.adapters import outbox
 from shared.adapters.outbox import Failure, OutboxRow
 from shared.adapters.postgres import DATABASE_ERRORS
@@ -35,7 +36,6 @@ from shared.domain.envelope import Envelope, payload_digest
 from shared.domain.pacing import ArrivalGap
 from shared.domain.subjects import event_subject
 from shared.runtime.metrics import RoleMetrics
-from shared.telemetry import otel as telemetry
 
 from . import failures as fail
 
