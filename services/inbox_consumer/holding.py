@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import asyncpg
 
 from shared.adapters.inbox import ClaimResult
 from shared.adapters.postgres import CONNECTION_ERRORS, DATABASE_ERRORS, Conn
+from shared.domain.ports import InboxClaim
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -61,7 +62,7 @@ class Holder:
             pause = min(pause * 2, self.longest_pause)
 
 
-def merge_claims(claims: list[ClaimResult]) -> ClaimResult:
+def merge_claims(claims: Sequence[InboxClaim]) -> ClaimResult:
     """One claim result from the results of claiming parts of a batch."""
     merged = ClaimResult(claimed={}, final=set(), leased={})
     for claim in claims:

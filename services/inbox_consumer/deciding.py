@@ -1,0 +1,157 @@
+"""The decide/call path: what to do with a claimed delivery, calling its handler if needed.
+
+Poison, an event the durable does not handle, or a payload its schema refuses is decided
+without a call. Otherwise the handler is called (the keeper heart-beats the message
+meanwhile, so ack_wait never expires under a slow handler); an answer that refuses our
+credentials holds the message and calls again until they are fixed; the answer becomes
+the decision by :func:`shared.domain.ack.decide` (Retry-After included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from services.inbox_consumer.delivery import Delivery
+from services.inbox_consumer.dispatch import HttpHandler
+from services.inbox_consumer.keepalive import KeepAlive
+from services.inbox_consumer.metrics import ConsumerMetrics
+from services.inbox_consumer.stats import ConsumerStats
+from shared.contracts.events import AcceptedEvents
+from shared.contracts.topology import DurableSpec
+from shared.domain.ack import DeadLetter, Decision, HandlerResponse, RetryPolicy, decide
+from shared.domain.envelope import Envelope, format_timestamp
+
+log = logging.getLogger("ferry.inbox_consumer")
+
+
+class Decider:
+    """Decides each claimed delivery of one durable, calling its handler when it must."""
+
+    def __init__(
+        self,
+        *,
+        durable: str,
+        spec: DurableSpec,
+        handler: HttpHandler,
+        policy: RetryPolicy,
+        accepted: frozenset[tuple[str, int]] | None,
+        concurrency: int,
+        keeper: KeepAlive,
+        stats: ConsumerStats,
+        metrics: ConsumerMetrics,
+    ) -> None:
+        self.durable, self.spec, self.handler, self.policy = durable, spec, handler, policy
+        self.accepted, self.keeper, self.stats, self.metrics = accepted, keeper, stats, metrics
+        self.slots = asyncio.Semaphore(concurrency)
+        #: Pauses (s) while the handler refuses our credentials, doubling up to the second.
+        self.auth_retry = (1.0, 30.0)
+        #: Set when the role stops: ends a hold on refused credentials.
+        self.stop = asyncio.Event()
+
+    async def decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
+        """What to do with a claimed delivery, and the handler status if it was called."""
+        if delivery.poison is not None:
+            return DeadLetter(delivery.poison.reason_code, delivery.poison.detail), None
+        envelope = delivery.envelope
+        assert envelope is not None
+        key = (envelope.event_type, envelope.event_version)
+        if self.accepted is not None and key not in self.accepted:
+            detail = f"{self.durable} handles no {envelope.event_type}.v{envelope.event_version}"
+            return DeadLetter("UNKNOWN_EVENT", detail), None
+        # The registry's accepted set carries each version's schema validator; a payload
+        # that fails it can never succeed (poison), so the handler is not called.
+        if isinstance(self.accepted, AcceptedEvents):
+            problem = self.accepted.payload_error(key, envelope.payload)
+            if problem is not None:
+                return DeadLetter("SCHEMA_INVALID", problem), None
+        async with self.slots:
+            outcome = await self._call_with_heartbeat(delivery, envelope)
+            if refused(outcome):
+                outcome = await self._hold_while_refused(delivery, envelope, outcome)
+        status = outcome.status if isinstance(outcome, HandlerResponse) else None
+        return decide(outcome, attempt=delivery.attempt, policy=self.policy), status
+
+    async def _hold_while_refused(
+        self, delivery: Delivery, envelope: Envelope, outcome: Any
+    ) -> Any:
+        """The handler refuses our credentials (401/403): a configuration error, not poison.
+
+        Hold the message (heart-beating, so JetStream neither redelivers it nor counts a
+        delivery), alert, and call again with a doubling pause until the credentials are
+        fixed. Only a stop ends the hold early; the refusal is then nak'ed like a retry.
+        """
+        pause, longest = self.auth_retry
+        while refused(outcome) and not self.stop.is_set():
+            self.stats.auth_refusals += 1
+            self.stats.alerts += 1
+            log.error(
+                "handler refused our credentials (HTTP %s): check the durable's signing "
+                "secret (FERRY_HANDLER_SECRET) and the handler's; holding the message",
+                outcome.status,
+                extra={"durable": self.durable, "message_id": str(delivery.message_id)},
+            )
+            with contextlib.suppress(TimeoutError):  # the keeper heart-beats meanwhile
+                await asyncio.wait_for(self.stop.wait(), timeout=pause)
+            pause = min(pause * 2, longest)
+            outcome = await self._call_with_heartbeat(delivery, envelope)
+        return outcome
+
+    async def _call_with_heartbeat(self, delivery: Delivery, envelope: Envelope) -> Any:
+        """Call the handler; the keeper heart-beats the message during the call, unless
+        the durable turned heartbeats off (the lint then requires timeout < ack_wait)."""
+        call = self._timed(
+            self.handler.handle(self._request_body(delivery, envelope), headers(delivery))
+        )
+        self.stats.handler_calls += 1
+        if self.spec.heartbeats:
+            return await call
+        with self.keeper.paused(delivery.msg):
+            return await call
+
+    async def _timed(self, call: Awaitable[Any]) -> Any:
+        """Await the handler call, counting its answer and timing it."""
+        clock = asyncio.get_running_loop()
+        started = clock.time()
+        outcome = await call
+        self.metrics.handled(outcome, clock.time() - started)
+        return outcome
+
+    def _request_body(self, delivery: Delivery, envelope: Envelope) -> dict[str, Any]:
+        body = envelope.to_dict()
+        body["delivery"] = {
+            "attempt": delivery.attempt,
+            "max_attempts": self.policy.max_deliver,
+            "stream_sequence": delivery.stream_seq,
+            "durable": self.durable,
+        }
+        # INFRA-005 §2 names, for the Mediation workers.
+        body.update(
+            messageId=envelope.message_id,
+            traceKey=envelope.correlation_id or envelope.message_id,
+            opportunityKey=envelope.payload.get("opportunity_key"),
+            module=envelope.context,
+            eventType=envelope.event_type,
+            payloadDigest=body["payload_digest"],
+            createdAt=format_timestamp(envelope.occurred_at),
+            retryCount=delivery.attempt - 1,
+            maxRetries=self.policy.max_deliver - 1,
+        )
+        return body
+
+
+def headers(delivery: Delivery) -> dict[str, str]:
+    """The handler call's headers: the idempotency key and the trace context."""
+    found = {"Idempotency-Key": str(delivery.message_id)}
+    traceparent = delivery.traceparent
+    if traceparent:
+        found["traceparent"] = traceparent
+    return found
+
+
+def refused(outcome: Any) -> bool:
+    """The handler says our credentials are wrong (a signing-secret mismatch)."""
+    return isinstance(outcome, HandlerResponse) and outcome.status in (401, 403)

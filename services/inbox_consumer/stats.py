@@ -1,0 +1,25 @@
+"""The consumer's counters: what the role exposes (``/metrics``) and tests read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ConsumerStats:
+    """Counters the role exposes (and tests read)."""
+
+    fetched: int = 0
+    processed: int = 0
+    duplicates: int = 0
+    retries: int = 0
+    dead_lettered: int = 0
+    exhausted: int = 0
+    handler_calls: int = 0
+    contended: int = 0
+    auth_refusals: int = 0
+    inbox_unavailable: int = 0
+    consumer_errors: int = 0
+    alerts: int = 0
+    bound: bool = False
+    retries_by_reason: dict[str, int] = field(default_factory=dict)
