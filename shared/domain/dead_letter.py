@@ -27,6 +27,14 @@ NOT_REPLAYABLE = frozenset(
 )
 
 
+#: Statuses an operator may replay from, and those that are final.
+REPLAYABLE_STATUSES = ("dead", "held", "parked")
+FINAL_STATUSES = ("replayed", "discarded")
+#: Statuses a dead letter may be parked from, and discarded from.
+PARKABLE_STATUSES = ("dead", "held")
+DISCARDABLE_STATUSES = ("dead", "held", "parked", "replaying")
+
+
 def replay_delay(
     base_delay: float, max_delay: float, replay_attempts: int, rng: random.Random | None = None
 ) -> float:
@@ -45,6 +53,29 @@ def initial_status(
     if replay_attempts >= max_attempts:
         return "parked"
     return "dead"
+
+
+def is_failed_replay(status: str, recorded_seq: int | None, failure_seq: int | None) -> bool:
+    """A replay of this dead letter is in flight and this failure is of that replay, not older.
+
+    A replay is published into the stream of the failure it repeats, so its sequence is
+    always greater than the recorded one (``recorded_seq``, which the replay never changes);
+    a late advisory for the recorded delivery (or an earlier one) is never greater.
+    """
+    return bool(
+        status == "replaying" and failure_seq is not None and failure_seq > (recorded_seq or 0)
+    )
+
+
+def history_event(kind: str, reason: str, detail: str, **extra: Any) -> dict[str, Any]:
+    """One entry of a dead letter's replay history (failed again, replayed, parked...)."""
+    return {
+        "event": kind,
+        "at": format_timestamp(datetime.now(UTC)),
+        "reason": reason,
+        "detail": detail[:500],
+        **extra,
+    }
 
 
 def dead_letter_record(

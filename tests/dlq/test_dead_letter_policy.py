@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.adapters.dead_letter_records import (
+from shared.adapters.dead_letters.records import (
     encode,
     fit,
     header_bytes,
@@ -22,7 +22,9 @@ from shared.contracts.loading import load_topology
 from shared.domain.dead_letter import (
     DurableProgress,
     dead_letter_record,
+    history_event,
     initial_status,
+    is_failed_replay,
     may_still_be_delivered,
     redelivery_horizon,
     replay_delay,
@@ -166,3 +168,17 @@ def test_replay_delay_stays_within_its_cap_whatever_the_attempt(
 )
 def test_where_a_dead_letter_starts(policy: str, reason: str, attempts: int, expected: str) -> None:
     assert initial_status(policy, reason, attempts, 5) == expected
+
+
+def test_only_a_later_delivery_of_a_replay_in_flight_records_again() -> None:
+    assert is_failed_replay("replaying", 7, 9)
+    assert not is_failed_replay("replaying", 7, 7)  # a late advisory of the recorded one
+    assert not is_failed_replay("replaying", 7, None)
+    assert is_failed_replay("replaying", None, 1)
+    assert not is_failed_replay("dead", 7, 9)
+
+
+def test_a_history_event_keeps_500_characters_of_detail() -> None:
+    event = history_event("failed", "HANDLER_REJECTED", "x" * 600, actor="me")
+    assert event["event"] == "failed" and event["actor"] == "me"
+    assert event["detail"] == "x" * 500 and event["at"].endswith("Z")

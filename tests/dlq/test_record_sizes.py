@@ -16,7 +16,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from shared.access.streams import provision
-from shared.adapters.dead_letter_records import encode
+from shared.adapters.dead_letters.records import encode
 from tests.conftest import CAPS, Env
 from tests.consumer.conftest import RunningConsumer, ScriptedHandler, envelope, fast_durable
 from tests.dlq.support import Roles, publish_utf8, raw_records, status_of, true

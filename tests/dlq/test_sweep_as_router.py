@@ -18,7 +18,7 @@ from services.dlq_router.router import ERRORS
 from services.dlq_router.sweep import Sweep
 from shared.access.identities import identity_named
 from shared.access.streams import provision
-from shared.adapters.dead_letter_records import LIMITS
+from shared.adapters.dead_letters.records import LIMITS
 from shared.domain.dead_letter import SWEEP_REASON
 from tests.access.test_nats_permissions import connected
 from tests.conftest import CAPS, Env
