@@ -63,6 +63,7 @@ class TracingSettings(Protocol):
     @property
     def traces_sampler_arg(self) -> float: ...
 
+
 #: Exporter names accepted by FERRY_TRACES_EXPORTER / OTEL_TRACES_EXPORTER.
 EXPORTERS = frozenset({"none", "otlp", "file", "console"})
 PROTOCOLS = frozenset({"grpc", "http/protobuf"})
