@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -30,10 +31,12 @@ from nats.js.api import PubAck
 from services.outbox_publisher.metrics import PublisherMetrics
 from shared import telemetry
 from shared.adapters import outbox
-from shared.adapters.outbox import Failure, OutboxRow
-from shared.adapters.postgres import DATABASE_ERRORS
+from shared.adapters.outbox import Failure
+from shared.adapters.postgres import DATABASE_ERRORS, Conn
+from shared.adapters.stores import PostgresOutboxStore
 from shared.domain.envelope import Envelope, payload_digest
 from shared.domain.pacing import ArrivalGap
+from shared.domain.ports import OutboxRecord, OutboxStore
 from shared.domain.subjects import event_subject
 from shared.runtime.metrics import RoleMetrics
 
@@ -69,7 +72,7 @@ class PublisherStats:
 
 
 def build_message(
-    row: OutboxRow, *, namespace: str, context: str
+    row: OutboxRecord, *, namespace: str, context: str
 ) -> tuple[str, bytes, dict[str, str]]:
     """Subject, body and headers of one row's JetStream message."""
     subject = str(event_subject(namespace, row.event_type, row.event_version))
@@ -123,8 +126,13 @@ class OutboxPublisher:
         metrics: PublisherMetrics | None = None,
         max_publish_attempts: int = 20,
         max_message_bytes: int | None = None,
+        store: OutboxStore[Conn] | None = None,
     ) -> None:
         self.pool, self.js = pool, js
+        #: The outbox (the port; PostgreSQL's unless a test passes another). The commit
+        #: goes with the published mark in one round trip, which the adapter alone offers
+        #: (:func:`outbox.mark_published_and_commit`).
+        self.store: OutboxStore[Conn] = store or PostgresOutboxStore()
         self.context, self.namespace, self.stream = context, namespace, stream
         self.batch_size, self.publish_timeout = batch_size, publish_timeout
         self.retry_initial, self.retry_max = retry_initial, retry_max
@@ -264,15 +272,15 @@ class OutboxPublisher:
             await conn.execute("BEGIN")
             committed = False
             try:
-                claimed = await outbox.claim(conn, self.batch_size)
+                claimed = await self.store.claim(conn, self.batch_size)
                 rows = claimed.rows
                 self.stats.last_db_ok = True
                 published: list[int] = []
                 failures: dict[int, Failure] = {}
-                set_aside: dict[int, str] = {}
+                set_aside: Mapping[int, str] = {}
                 if rows:
                     published, failures = await self.publish_rows(rows)
-                    set_aside = await outbox.mark_failed(
+                    set_aside = await self.store.mark_failed(
                         conn, failures, max_attempts=self.max_publish_attempts
                     )
                 await outbox.mark_published_and_commit(conn, published)
@@ -294,7 +302,10 @@ class OutboxPublisher:
         return Batch(len(rows), len(failures), claimed.held_back)
 
     def _report_set_aside(
-        self, rows: list[OutboxRow], failures: dict[int, Failure], set_aside: dict[int, str]
+        self,
+        rows: Sequence[OutboxRecord],
+        failures: dict[int, Failure],
+        set_aside: Mapping[int, str],
     ) -> None:
         self.stats.set_aside += len(set_aside)
         self.metrics.rows_set_aside(Counter(set_aside.values()))
@@ -308,13 +319,15 @@ class OutboxPublisher:
                     extra={"reason_code": set_aside[row.seq], "message_id": str(row.id)},
                 )  # fmt: skip
 
-    async def publish_rows(self, rows: list[OutboxRow]) -> tuple[list[int], dict[int, Failure]]:
+    async def publish_rows(
+        self, rows: Sequence[OutboxRecord]
+    ) -> tuple[list[int], dict[int, Failure]]:
         """Publish ``rows`` in per-aggregate waves; return (published seqs, failed seq → why).
 
         A row whose predecessor in its aggregate failed is not attempted at all: it stays
         pending, unmarked, behind the failed one.
         """
-        queues: OrderedDict[tuple[str, str], deque[OutboxRow]] = OrderedDict()
+        queues: OrderedDict[tuple[str, str], deque[OutboxRecord]] = OrderedDict()
         for row in rows:
             queues.setdefault(row.aggregate, deque()).append(row)
         published: list[int] = []
@@ -334,7 +347,7 @@ class OutboxPublisher:
                     del queues[row.aggregate]
         return published, failures
 
-    async def _publish_wave(self, wave: list[OutboxRow]) -> list[Failure | None]:
+    async def _publish_wave(self, wave: list[OutboxRecord]) -> list[Failure | None]:
         """Publish every row of ``wave`` pipelined; None for success, else why it failed."""
         futures: list[asyncio.Future[PubAck] | None] = []
         errors: list[Failure | None] = []
@@ -365,7 +378,7 @@ class OutboxPublisher:
         return outcomes
 
     async def _send(
-        self, row: OutboxRow
+        self, row: OutboxRecord
     ) -> tuple[telemetry.Span | None, asyncio.Future[PubAck] | None, Failure | None]:
         """Build ``row``'s message, check its wire size and publish it (not awaiting the
         PubAck); a row that cannot be built or is too large is not sent."""
@@ -385,7 +398,7 @@ class OutboxPublisher:
         return span, future, None
 
     def _send_span(
-        self, row: OutboxRow, subject: str, headers: dict[str, str]
+        self, row: OutboxRecord, subject: str, headers: dict[str, str]
     ) -> telemetry.Span | None:
         """The row's ``publish`` span, child of its ``create``; its context goes in ``headers``.
 
