@@ -1,1 +1,1 @@
-"""Ferry's benchmark (``python -m bench``); see bench/run.py and README.md "Benchmark"."""
+"""Ferry's benchmark (``python -m bench``); see bench/run.py and docs/how-to/run-benchmark.md."""

@@ -214,7 +214,7 @@ def role_settings(pairs: list[str]) -> dict[str, str]:
             raise SystemExit(f"--set {name}: the bench sets this one itself")
         if field_name not in known:
             raise SystemExit(f"--set {name}: no role has a setting {field_name!r} "
-                             "(see README.md, Settings)")  # fmt: skip
+                             "(see docs/reference/settings.md)")  # fmt: skip
         chosen[name] = value.strip()
     return chosen
 

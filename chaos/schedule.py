@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-#: Every fault kind, with what it does (README "Chaos suite" repeats this table).
+#: Every fault kind, with what it does (docs/explanation/chaos.md repeats this table).
 FAULT_KINDS: dict[str, str] = {
     "kill_publisher": "SIGKILL an outbox-publisher at a random moment, restart it",
     "kill_publisher_in_window": "SIGKILL a publisher between its PubAcks and mark-published",

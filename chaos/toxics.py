@@ -6,7 +6,7 @@ queues, like Toxiproxy's: the head is always a no-op, every toxic of the link's 
 adds a stage at the tail, and toxics added or removed later are spliced into the chains of
 connections that already exist.
 
-Semantics follow upstream Toxiproxy (see README "Chaos suite"):
+Semantics follow upstream Toxiproxy (see docs/how-to/run-chaos.md):
 
 ``latency``      each chunk leaves ``latency`` ± ``jitter`` ms after it was read (order kept)
 ``timeout``      drop every byte; close the connection after ``timeout`` ms (0: never).

@@ -2,5 +2,5 @@
 
 Reads every context database of a topology over JDBC, reconciles outboxes with inboxes
 and dead letters, and judges PRD-022's targets and INFRA-005's alert conditions per
-context, durable, subject and window. See README.md, "KPI job".
+context, durable, subject and window. See docs/reference/kpi.md.
 """

@@ -3,7 +3,7 @@
     python -m spark.kpi_job [options]
     spark-submit --jars /usr/share/java/postgresql.jar spark/kpi_job.py [options]
 
-The options, the settings and the exit codes are in :mod:`spark.cli` and README.md.
+The options, the settings and the exit codes are in :mod:`spark.cli` and docs/how-to/run-kpi-job.md.
 This file is only the launcher: spark-submit runs it as a script, with ``spark/`` first
 on ``sys.path`` and the repository root nowhere, so it puts the root there (and takes
 ``spark/`` out: its modules must not shadow top-level ones) before importing the job.

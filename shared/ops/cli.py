@@ -13,7 +13,7 @@
     ferry nats-auth               the nats-server users and permissions of the topologies
     ferry db-roles [--check]      PostgreSQL logins and grants per role (shared/access/db_roles.py)
 
-All read FERRY_* settings (README.md). ``--json`` prints machine-readable output.
+All read FERRY_* settings (docs/reference/settings.md). ``--json`` prints machine-readable output.
 Exit codes: 0 ok, 1 drift or refusal found, 2 configuration error, 3 cannot connect.
 """
 

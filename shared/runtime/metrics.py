@@ -9,7 +9,7 @@ the process collectors (CPU, memory, GC); each role owns its instruments (the
 role's stats already count exactly are read from the stats at scrape time (no work on the
 hot path); gauges that need a query (backlogs, lag, dead-letter states) are refreshed at
 scrape time, at most every ``FERRY_METRICS_REFRESH_INTERVAL`` seconds. The table of every
-series is in README.md ("Observability").
+series is in docs/reference/metrics.md (the docs build fails on one it does not name).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One class per role, each built from :class:`CommonSettings`. This module is the only
 place in Ferry that reads ``os.environ`` (through pydantic-settings). Every field is
-documented in README.md's settings table.
+documented in docs/reference/settings.md, generated from the ``#:`` comments here.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class CommonSettings(BaseSettings):
     log_level: str = "INFO"
     #: Seconds between client PINGs; a dead link is noticed after ~3 missed ones.
     nats_ping_interval: float = 2.0
-    # NATS credentials and TLS (README: Security). Each role has its own user; the password
+    # NATS credentials and TLS (docs/explanation/security.md). Each role has its own user; the password
     # comes from the variable or, better, from a file (a mounted Kubernetes Secret).
     #: NATS user name (the role's identity, e.g. ``outbox-publisher-sea``); unset: anonymous.
     nats_user: str | None = None

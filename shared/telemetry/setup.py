@@ -1,5 +1,5 @@
 """Tracing set up from settings: tracer provider, exporters, sampler, instrumentation,
-shutdown (see README "Observability")."""
+shutdown (see docs/reference/metrics.md, "Spans")."""
 
 from __future__ import annotations
 
@@ -201,7 +201,7 @@ class Tracing:
 
 
 def setup_tracing(role: str, settings: TracingSettings, *, install_global: bool = True) -> Tracing:
-    """Tracing of one role process from its settings (see README "Observability").
+    """Tracing of one role process from its settings (see docs/reference/metrics.md, "Spans").
 
     ``service.name`` is the role; OTEL_RESOURCE_ATTRIBUTES adds to the resource (the SDK
     reads it). With no exporter configured nothing is installed and tracing costs nothing.
