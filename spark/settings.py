@@ -2,7 +2,8 @@
 
 Like every role's settings class this extends :class:`shared.runtime.settings.CommonSettings`
 (topology, DSNs); its own fields are named ``kpi_*`` so that, under the common
-``FERRY_`` prefix, they read ``FERRY_KPI_*``. Every field is documented in docs/reference/settings.md.
+``FERRY_`` prefix, they read ``FERRY_KPI_*``. Every field is documented in
+docs/reference/settings.md.
 """
 
 from __future__ import annotations

@@ -80,8 +80,8 @@ class CommonSettings(BaseSettings):
     log_level: str = "INFO"
     #: Seconds between client PINGs; a dead link is noticed after ~3 missed ones.
     nats_ping_interval: float = 2.0
-    # NATS credentials and TLS (docs/explanation/security.md). Each role has its own user; the password
-    # comes from the variable or, better, from a file (a mounted Kubernetes Secret).
+    # NATS credentials and TLS (docs/explanation/security.md). Each role has its own user;
+    # the password comes from the variable or, better, from a file (a mounted Kubernetes Secret).
     #: NATS user name (the role's identity, e.g. ``outbox-publisher-sea``); unset: anonymous.
     nats_user: str | None = None
     #: Password of ``nats_user``.
