@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -192,8 +193,6 @@ async def cmd_purge(settings: CommonSettings, args: argparse.Namespace) -> int:
         return await purge_forever(settings, every, batch=args.batch, only=args.scope)
     report = await purge(settings, batch=args.batch, dry_run=args.dry_run, only=args.scope)
     if args.json:
-        import json
-
         doc = {"dry_run": args.dry_run, "tables": [asdict(p) for p in report]}
         print(json.dumps(doc, indent=2, default=str))
     else:
