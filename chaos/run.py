@@ -374,10 +374,15 @@ class Chaos:
             await self._drain_databases(expected, waiting)
         except REACH_ERRORS as exc:
             return [f"database: {exc}"]
+        return waiting + await self._consumers_waiting()
+
+    async def _consumers_waiting(self) -> list[str]:
+        """Every durable (and the router's) with messages pending or unacked, or unreachable."""
         assert self.nc is not None
         js = self.nc.jetstream()
         consumers = [(d.stream, name) for name, d in self.world.topo.durables.items()]
         consumers.append((self.world.topo.advisory_stream, ROUTER_DURABLE))
+        waiting: list[str] = []
         for stream, durable in consumers:
             try:
                 info = await js.consumer_info(stream, durable)

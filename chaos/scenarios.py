@@ -49,7 +49,6 @@ from chaos.scenario_faults import (
 from chaos.scenario_report import ScenarioResult, write_scenario_report
 from chaos.workload import Producer, plan_events
 from chaos.world import DURABLE_CLOCKS, Tuning, World
-from shared.access.streams import ROUTER_DURABLE
 
 #: Scenario names (the ``--scenario`` choices).
 SCENARIOS = ("long-outage", "hostile-handler", "hostile-payloads")
@@ -359,21 +358,7 @@ class ScenarioRun(Chaos):
             waiting += await self._unsettled(outbox)
         except (OSError, asyncpg.PostgresError) as exc:
             return [f"database: {exc}"]
-        assert self.nc is not None
-        js = self.nc.jetstream()
-        consumers = [(d.stream, n) for n, d in topo.durables.items()]
-        consumers.append((topo.advisory_stream, ROUTER_DURABLE))
-        for stream, durable in consumers:
-            try:
-                info = await js.consumer_info(stream, durable)
-            except Exception as exc:  # NATS still coming back: report and poll again
-                waiting.append(f"{durable}: {type(exc).__name__}")
-                continue
-            if info.num_pending or info.num_ack_pending:
-                waiting.append(
-                    f"{durable}: {info.num_pending} pending, {info.num_ack_pending} unacked"
-                )
-        return waiting
+        return waiting + await self._consumers_waiting()
 
     async def _unsettled(self, outbox: dict[str, dict[str, Any]]) -> list[str]:
         published: dict[str, list[str]] = {}
