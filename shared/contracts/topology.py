@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from shared.domain.durations import parse_duration, parse_size
 from shared.domain.errors import ConfigurationError
+from shared.domain.ordering import MAX_PARTITIONS
 from shared.domain.subjects import NAMESPACE, SNAKE_CASE
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
@@ -43,6 +44,10 @@ class StreamSpec(_Model):
     #: Window in which a re-published Nats-Msg-Id is dropped as a duplicate.
     duplicate_window: Seconds = 120.0
     discard: Literal["old", "new"] = "old"
+    #: Partitions of the stream's subjects (``{subject}.{partition}``, the partition of the
+    #: event's ordering key): each partition of an ``ordering: key`` durable is consumed by
+    #: one replica at a time. 1 = no partition token.
+    partitions: int = Field(default=1, ge=1, le=MAX_PARTITIONS)
 
     @model_validator(mode="after")
     def _check_name(self) -> StreamSpec:
@@ -125,6 +130,14 @@ class DurableSpec(_Model):
     #: Whether the consumer sends ``in_progress`` every ack_wait/3 while the handler runs;
     #: without heartbeats the handler timeout must stay below ack_wait (``ferry lint``).
     heartbeats: bool = True
+    #: ``key``: the events of one ordering key reach the handler one at a time, in stream
+    #: order, and a failing event holds back only its key's later events (parked in the
+    #: inbox database). ``none``: any order, as parallel as the concurrency allows.
+    ordering: Literal["none", "key"] = "none"
+    #: With ``ordering: key``, what a dead letter does to its key's later events: ``hold``
+    #: parks them until an operator replays or discards it; ``skip`` lets them go on and
+    #: records on the dead letter that order was broken after it.
+    on_dead_letter: Literal["hold", "skip"] = "hold"
 
     @model_validator(mode="after")
     def _check(self) -> DurableSpec:
@@ -160,6 +173,9 @@ class EventSpec(_Model):
     manifest: str = ""
     #: ``sha256:`` fingerprint of the schema's constraints (locked per version).
     fingerprint: str = ""
+    #: The payload field (dotted path) whose value is the ordering key; None: the
+    #: aggregate (``aggregate_type/aggregate_id``).
+    ordering_key: str | None = None
 
     @property
     def name(self) -> str:
