@@ -38,6 +38,7 @@ from shared.contracts.events import ONE_STATEMENT_MARK
 from shared.contracts.lint import Problem, lint_topology
 from shared.contracts.loading import load_topology
 from shared.contracts.manifests import (
+    OMIT_DEFAULT,
     DeclaredEvent,
     compile_manifests,
     event_specs,
@@ -168,7 +169,10 @@ def _flat(value: Any) -> str:
 
 def _fields(value: Any) -> Iterator[tuple[str, Any]]:
     for item in fields(value):
-        yield item.name, getattr(value, item.name)
+        current = getattr(value, item.name)
+        if item.metadata.get(OMIT_DEFAULT) and current == item.default:
+            continue  # a field added later stays out of entries that do not use it
+        yield item.name, current
 
 
 def _literal(value: Any, level: int, used: int) -> str:

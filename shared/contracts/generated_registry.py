@@ -99,6 +99,7 @@ EVENTS: Final[Mapping[str, tuple[DeclaredEvent, ...]]] = {
                 ),
             ),
             description="A config revision should be published.",
+            ordering_key="config_id",
         ),
     ),
     "sea-vibespro": (

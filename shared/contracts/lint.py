@@ -39,7 +39,26 @@ Rules (what each protects against):
     subjects stay inside the context's namespace; filters are ``{ns}.>`` or
     ``{ns}.{event|*}.{vN|*}``; dead-letter subjects are the target context's
     ``dead_letter_subject`` (optionally ``.{durable}``). Names are how operators, metrics
-    and the dlq tools find things.
+    and the dlq tools find things. On a partitioned stream an unordered durable's filter
+    ends in the partition token (``{ns}.{event|*}.{vN|*}.*``).
+``ordering-replay``
+    ``ordering: key`` with ``on_dead_letter: skip`` and ``replay: automatic`` cannot keep
+    order: the key's later events go on past the dead letter, and the automatic replay of
+    it then arrives after them — order broken twice, with no operator to decide. Use
+    ``on_dead_letter: hold`` (the key waits for the replay) or ``replay: operator``.
+``ordering-key-field``
+    An event's ``ordering_key`` must name a property its schema requires, at every level
+    of the dotted path, of type string or integer: otherwise a valid payload can lack its
+    key (the publisher would set the row aside) or carry one that is not a scalar.
+``ordering-timeout``
+    On an ``ordering: key`` durable the handler timeout must stay below ``ack_wait``:
+    a replica that stops renewing its partition loses it after ``ack_wait``, and a call
+    it started could then outlive the takeover and run beside the new owner's call for
+    the same key — heartbeats do not help, they only keep the message.
+``ordering-unused``
+    ``on_dead_letter`` on a durable with ``ordering: none`` has no effect: nothing is held
+    or skipped after a dead letter of an unordered durable. Declare ``ordering: key`` or
+    drop the field.
 
 Coverage gates on the declared events (the manifests, via the registry):
 
@@ -57,10 +76,10 @@ Coverage gates on the declared events (the manifests, via the registry):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from shared.contracts.topology import (
     ContextSpec,
@@ -210,6 +229,7 @@ def lint_topology(
         *_ack_pending(topology, source),
         *_dead_letter_streams(topology, source),
         *_naming(topology, source),
+        *_ordering(topology, source),
         *coverage_problems(topology, source=source),
     ]
     return sorted(problems)
@@ -392,14 +412,16 @@ def _durable_names(
             "({target}__from_{source}) or an INFRA-005 consumer group cg_<stage>",
         )
     namespace = topology.contexts[origin].namespace
+    partitioned = topology.streams_by_name()[durable.stream].partitions > 1
     for index, pattern in enumerate(durable.filter_subjects):
-        if not _conventional_filter(pattern, namespace, durable.stream, name):
+        if not _conventional_filter(pattern, namespace, durable.stream, name, partitioned):
+            token = ".*" if partitioned and durable.ordering == "none" else ""
             yield Problem(
                 source,
                 f"durables.{name}.filter_subjects[{index}]",
                 "naming",
                 f"{pattern!r} is not a conventional filter: use {namespace}.> or "
-                f"{namespace}.<event_type|*>.<vN|*>",
+                f"{namespace}.<event_type|*>.<vN|*>{token}",
             )
     base = topology.contexts[durable.target].dead_letter_subject
     if durable.dead_letter_subject not in (base, f"{base}.{name}"):
@@ -412,13 +434,17 @@ def _durable_names(
         )
 
 
-def _conventional_filter(pattern: str, namespace: str, stream: str, durable: str) -> bool:
+def _conventional_filter(
+    pattern: str, namespace: str, stream: str, durable: str, partitioned: bool = False
+) -> bool:
     if pattern == f"{namespace}.>" or pattern == replay_subject(stream, durable):
         return True
     prefix = namespace + "."
     if not pattern.startswith(prefix):
         return False
     tokens = pattern[len(prefix) :].split(".")
+    if partitioned and len(tokens) == 3 and tokens[2] == "*":
+        tokens = tokens[:2]  # the partition token of every partition
     if len(tokens) != 2:
         return False
     event, version = tokens
@@ -427,6 +453,81 @@ def _conventional_filter(pattern: str, namespace: str, stream: str, durable: str
         version.startswith("v") and version[1:].isdigit() and not version[1:].startswith("0")
     )
     return event_ok and version_ok
+
+
+# --- ordering ------------------------------------------------------------------------------
+
+
+def _ordering(topology: Topology, source: str) -> Iterator[Problem]:
+    for name, durable in sorted(topology.durables.items()):
+        prefix = f"durables.{name}"
+        if durable.ordering == "none":
+            if "on_dead_letter" in durable.model_fields_set:
+                yield Problem(
+                    source,
+                    f"{prefix}.on_dead_letter",
+                    "ordering-unused",
+                    f"{durable.on_dead_letter} has no effect with ordering: none: nothing "
+                    "waits behind a dead letter of an unordered durable; declare ordering: "
+                    "key or drop on_dead_letter",
+                )
+            continue
+        if durable.on_dead_letter == "skip" and durable.replay == "automatic":
+            yield Problem(
+                source,
+                f"{prefix}.on_dead_letter",
+                "ordering-replay",
+                "skip with replay: automatic cannot keep the key's order: its later events "
+                "go on past the dead letter, and the automatic replay of it then arrives "
+                "after them (order broken twice); use on_dead_letter: hold, whose key waits "
+                "for the replay, or replay: operator",
+            )
+        if durable.handler.timeout >= durable.ack_wait:
+            yield Problem(
+                source,
+                f"{prefix}.handler.timeout",
+                "ordering-timeout",
+                f"{format_duration(durable.handler.timeout)} is not below ack_wait "
+                f"{format_duration(durable.ack_wait)}: with ordering: key a partition whose "
+                "owner stops renewing it is taken over after ack_wait, and a handler call "
+                "the old owner started could outlive the takeover and run beside the new "
+                "owner's call for the same key",
+            )
+    for event in topology.events:
+        if event.ordering_key is None:
+            continue
+        reason = ordering_key_defect(event.payload_schema or {}, event.ordering_key)
+        if reason:
+            yield Problem(
+                event.manifest or source,
+                f"publishes.{event.name}.ordering_key",
+                "ordering-key-field",
+                f"{event.ordering_key!r} {reason}: a valid payload could lack its ordering "
+                "key or carry one that is not a string or an integer",
+            )
+
+
+def ordering_key_defect(schema: Mapping[str, Any], path: str) -> str | None:
+    """Why ``path`` is not a required string/integer property of ``schema`` (None: it is)."""
+    node: Mapping[str, Any] = schema
+    parts = path.split(".")
+    for depth, part in enumerate(parts):
+        properties = node.get("properties")
+        required = node.get("required")
+        where = ".".join(parts[:depth]) or "the payload"
+        if not isinstance(properties, Mapping) or part not in properties:
+            return f"is not a property of the schema (no {part!r} in {where})"
+        if not isinstance(required, list) or part not in required:
+            return f"is not required by the schema ({part!r} is optional in {where})"
+        child = properties[part]
+        if not isinstance(child, Mapping):
+            return f"has no usable schema at {'.'.join(parts[: depth + 1])!r}"
+        node = child
+    kinds = node.get("type")
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    if not isinstance(kinds, list) or not kinds or not set(kinds) <= {"string", "integer"}:
+        return f"is typed {node.get('type')!r} in the schema, not string or integer"
+    return None
 
 
 # --- coverage gates ------------------------------------------------------------------------
@@ -505,7 +606,7 @@ def _unexpected_deliveries(topology: Topology, source: str) -> list[Problem]:
         for name, durable in sorted(topology.durables.items()):
             if durable.stream != producer.stream.name or durable.target in event.handlers:
                 continue
-            if any(subject_matches(p, subject) for p in durable.filter_subjects):
+            if topology.delivers(name, subject):
                 problems.append(
                     Problem(
                         source,

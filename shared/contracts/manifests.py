@@ -7,6 +7,8 @@ One file per context of a topology, ``manifests/<topology>/<context>.yaml``::
       - type: vibe_created
         version: 2
         description: A vibe was created, with its owner.
+        ordering_key: vibe_id    # optional: the payload field (dotted path) whose value is
+                                 # the ordering key (default: the aggregate)
         schema:                  # JSON Schema, draft 2020-12, of the payload (an object)
           $schema: https://json-schema.org/draft/2020-12/schema
           type: object
@@ -46,7 +48,7 @@ from pydantic import (
 )
 
 from shared.contracts.lint import Problem
-from shared.contracts.topology import EventSpec, Topology, load_yaml_mapping, subject_matches
+from shared.contracts.topology import EventSpec, Topology, load_yaml_mapping
 from shared.domain.errors import ConfigurationError
 from shared.domain.subjects import MAX_EVENT_VERSION, SNAKE_CASE
 
@@ -64,6 +66,10 @@ _SCHEMA_ONE = frozenset(
         "propertyNames", "unevaluatedItems", "unevaluatedProperties", "contentSchema",
     }
 )  # fmt: skip
+#: A field of a compiled dataclass the generated registry leaves out at its default.
+OMIT_DEFAULT = "ferry_omit_default"
+#: A dotted path of payload field names (``config_id``, ``target.id``).
+_FIELD_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _HANDLER_REF = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
@@ -91,6 +97,9 @@ class DeclaredEvent:
     schema: Mapping[str, Any]
     handlers: tuple[HandlerBinding, ...] = ()
     description: str = ""
+    #: The payload field (dotted path) whose value is the event's ordering key; None: its
+    #: aggregate. Not a schema constraint: it is not part of the fingerprint.
+    ordering_key: str | None = field(default=None, metadata={OMIT_DEFAULT: True})
 
     @property
     def name(self) -> str:
@@ -117,12 +126,20 @@ class PublishedEvent(_Model):
     version: int = Field(ge=1, le=MAX_EVENT_VERSION)
     description: str = ""
     payload_schema: dict[str, Any] = Field(alias="schema")
+    #: The payload field (dotted path) whose value orders the event's handling on durables
+    #: declared ``ordering: key``; default: the aggregate (``aggregate_type/aggregate_id``).
+    ordering_key: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> PublishedEvent:
         if not SNAKE_CASE.match(self.type):
             raise ValueError(f"event type {self.type!r} must be snake_case")
         check_schema(self.payload_schema)
+        if self.ordering_key is not None and not _FIELD_PATH.match(self.ordering_key):
+            raise ValueError(
+                f"ordering_key {self.ordering_key!r} must be a payload field name or a dotted "
+                "path of them (config_id, target.id)"
+            )
         return self
 
 
@@ -339,6 +356,7 @@ def compile_manifests(
             schema=event.payload_schema,
             handlers=tuple(sorted(bindings.get(key, []), key=lambda b: (b.context, b.handler))),
             description=event.description,
+            ordering_key=event.ordering_key,
         )
         for key, (label, event) in sorted(published.items())
     ]
@@ -383,7 +401,7 @@ def event_specs(topology: Topology, events: Iterable[DeclaredEvent]) -> list[Eve
             if producer.stream is not None
             and durable.stream == producer.stream.name
             and durable.target in handlers
-            and any(subject_matches(p, subject) for p in durable.filter_subjects)
+            and topology.delivers(name, subject)
         )
         specs.append(
             EventSpec.model_validate(
@@ -396,6 +414,7 @@ def event_specs(topology: Topology, events: Iterable[DeclaredEvent]) -> list[Eve
                     "handlers": handlers,
                     "manifest": event.manifest,
                     "fingerprint": event.fingerprint,
+                    "ordering_key": event.ordering_key,
                 }
             )
         )

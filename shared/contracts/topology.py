@@ -9,6 +9,7 @@ the field path and the reason, e.g.::
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,8 +18,15 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from shared.domain.durations import parse_duration, parse_size
 from shared.domain.errors import ConfigurationError
-from shared.domain.ordering import MAX_PARTITIONS
-from shared.domain.subjects import NAMESPACE, SNAKE_CASE
+from shared.domain.ordering import (
+    MAX_PARTITIONS,
+    PartitionFilterError,
+    all_partitions_filter,
+    consumer_name,
+    partition_filters,
+    partition_replay_subject,
+)
+from shared.domain.subjects import NAMESPACE, SNAKE_CASE, replay_subject
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 Bytes = Annotated[int, BeforeValidator(parse_size)]
@@ -79,11 +87,34 @@ class ContextSpec(_Model):
     def _check_namespace(self) -> ContextSpec:
         if not NAMESPACE.match(self.namespace):
             raise ValueError(f"namespace {self.namespace!r} must be dotted lower-case")
-        if self.stream and not any(
-            _covers(s, self.namespace + ".x.v1") for s in self.stream.subjects
-        ):
+        if self.stream is None:
+            return self
+        partitioned = self.stream.partitions > 1
+        sample = self.namespace + (".x.v1.0" if partitioned else ".x.v1")
+        if not any(_covers(s, sample) for s in self.stream.subjects):
             raise ValueError(f"stream {self.stream.name} does not capture {self.namespace}.>")
+        if partitioned:
+            for index, pattern in enumerate(self.stream.subjects):
+                _check_partitioned_subject(self, index, pattern)
         return self
+
+
+def _check_partitioned_subject(ctx: ContextSpec, index: int, pattern: str) -> None:
+    """A partitioned stream's subject must capture the partition token."""
+    assert ctx.stream is not None
+    field = f"stream.subjects[{index}]"
+    try:
+        wanted = all_partitions_filter(pattern, ctx.namespace)
+    except PartitionFilterError as exc:
+        raise ValueError(
+            f"{field}: {exc} (stream {ctx.stream.name} has partitions: {ctx.stream.partitions})"
+        ) from None
+    if wanted != pattern:
+        raise ValueError(
+            f"{field}: {pattern!r} does not capture the partition token that stream "
+            f"{ctx.stream.name} (partitions: {ctx.stream.partitions}) adds to every subject: "
+            f"write {wanted!r} or {ctx.namespace}.>"
+        )
 
 
 class HandlerSpec(_Model):
@@ -268,6 +299,70 @@ class Topology(_Model):
         """Distinct database names, in a stable order."""
         return sorted({c.database for c in self.contexts.values()})
 
+    def stream_of(self, durable: str) -> StreamSpec:
+        """The stream ``durable`` reads."""
+        return self.streams_by_name()[self.durable(durable).stream]
+
+    def namespace_of_stream(self, stream: str) -> str:
+        """The namespace of the context that owns ``stream``."""
+        return self.contexts[self.context_of_stream(stream)].namespace
+
+    def consumer_partitions(self, durable: str) -> int:
+        """How many JetStream consumers ``durable`` has: its stream's partitions when it is
+        declared ``ordering: key``, else 1 (one consumer reads every partition)."""
+        spec = self.durable(durable)
+        return self.stream_of(durable).partitions if spec.ordering == "key" else 1
+
+    def consumers(self, durable: str) -> list[ConsumerPlan]:
+        """The JetStream consumers of ``durable``: one per partition for an ``ordering: key``
+        durable on a partitioned stream, else the durable itself."""
+        spec = self.durable(durable)
+        count = self.consumer_partitions(durable)
+        replay = replay_subject(spec.stream, durable)
+        if count == 1:
+            return [
+                ConsumerPlan(durable, durable, None, 1, (*spec.filter_subjects, replay), replay)
+            ]
+        namespace = self.namespace_of_stream(spec.stream)
+        plans = []
+        for k in range(count):
+            own_replay = partition_replay_subject(replay, k)
+            filters = (*partition_filters(spec.filter_subjects, namespace, k), own_replay)
+            plans.append(
+                ConsumerPlan(
+                    durable, consumer_name(durable, k, count), k, count, filters, own_replay
+                )
+            )
+        return plans
+
+    def delivers(self, durable: str, subject: str) -> bool:
+        """Whether ``durable``'s filters take events published on ``subject``
+        (``{ns}.{type}.v{n}``, without a partition token)."""
+        spec = self.durable(durable)
+        stream = self.streams_by_name()[spec.stream]
+        if stream.partitions == 1:
+            return any(_covers(p, subject) for p in spec.filter_subjects)
+        filters = self.consumers(durable)[0].filters
+        return any(_covers(p, f"{subject}.0") for p in filters)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerPlan:
+    """One JetStream consumer of a durable (see :meth:`Topology.consumers`)."""
+
+    durable: str
+    #: The JetStream consumer's name: ``{durable}_p{k}``, or the durable itself.
+    name: str
+    #: The partition it reads; None: every partition (or the stream has one).
+    partition: int | None
+    #: How many consumers the durable has.
+    partitions: int
+    #: Its filter subjects: the durable's event filters (narrowed to the partition) and
+    #: its replay subject.
+    filters: tuple[str, ...]
+    #: Where replays for it are published.
+    replay_subject: str
+
 
 def _check_durable(
     name: str, durable: DurableSpec, streams: dict[str, StreamSpec], topo: Topology
@@ -284,6 +379,31 @@ def _check_durable(
             raise ValueError(
                 f"durable {name}: filter {subject!r} is outside stream {stream.name}'s subjects"
             )
+    if stream.partitions > 1:
+        namespace = topo.contexts[topo.context_of_stream(stream.name)].namespace
+        for index, subject in enumerate(durable.filter_subjects):
+            _check_partitioned_filter(name, durable, stream, namespace, index, subject)
+
+
+def _check_partitioned_filter(
+    name: str, durable: DurableSpec, stream: StreamSpec, namespace: str, index: int, subject: str
+) -> None:
+    """A filter on a partitioned stream must be readable per partition (``ordering: key``:
+    each partition's consumer narrows it) or match every partition (``ordering: none``)."""
+    field = f"durables.{name}.filter_subjects[{index}]"
+    has = f"stream {stream.name} has partitions: {stream.partitions}"
+    try:
+        wanted = all_partitions_filter(subject, namespace)
+        if durable.ordering == "key":
+            partition_filters([subject], namespace, 0)
+    except PartitionFilterError as exc:
+        raise ValueError(f"{field}: {exc} ({has})") from None
+    if durable.ordering == "none" and wanted != subject:
+        raise ValueError(
+            f"{field}: {subject!r} matches no message: {has}, so every subject ends in a "
+            f"partition token; an unordered durable reads every partition with {wanted!r} "
+            "(or declare ordering: key, whose consumers narrow the filter per partition)"
+        )
 
 
 def _covers(pattern: str, subject: str) -> bool:

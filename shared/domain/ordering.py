@@ -15,7 +15,7 @@ consumer, the replayer, ``ferry where``) computes the same partition with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 #: Most partitions a stream may declare.
@@ -89,3 +89,93 @@ def durable_of_consumer(name: str, durables: Mapping[str, Any] | set[str]) -> st
     if sep and tail.isascii() and tail.isdigit() and head in durables:
         return head
     return None
+
+
+class PartitionFilterError(ValueError):
+    """A filter subject that cannot be narrowed to one partition (the message says why)."""
+
+
+def _event_tokens(pattern: str, namespace: str) -> list[str]:
+    """The tokens of ``pattern`` after ``namespace``; refuse what no partition rule fits."""
+    prefix = namespace + "."
+    if not pattern.startswith(prefix):
+        raise PartitionFilterError(
+            f"{pattern!r} is outside the namespace {namespace}: only the namespace's own "
+            "subjects carry a partition token"
+        )
+    tokens = pattern[len(prefix) :].split(".")
+    if any(not t for t in tokens) or ">" in tokens[:-1]:
+        raise PartitionFilterError(f"{pattern!r} is not a valid NATS subject filter")
+    return tokens
+
+
+def _shape_error(pattern: str, namespace: str) -> PartitionFilterError:
+    return PartitionFilterError(
+        f"{pattern!r} cannot be read per partition: a partitioned stream's subjects are "
+        f"{namespace}.<event_type>.v<n>.<partition>, so write {namespace}.>, "
+        f"{namespace}.<event_type|*>.> or {namespace}.<event_type|*>.<vN|*>"
+    )
+
+
+def partition_filter(pattern: str, namespace: str, partition: int) -> str:
+    """``pattern`` (a filter on the namespace's event subjects) narrowed to ``partition``.
+
+    ``{ns}.>`` → ``{ns}.*.*.{k}``, ``{ns}.t.>`` → ``{ns}.t.*.{k}``, ``{ns}.t.v1`` (and its
+    all-partition forms ``{ns}.t.v1.*`` / ``{ns}.t.v1.>``) → ``{ns}.t.v1.{k}``; ``*``
+    tokens are kept. Anything else raises :class:`PartitionFilterError`.
+    """
+    if partition < 0:
+        raise ValueError(f"a partition is never negative, not {partition}")
+    tokens = _event_tokens(pattern, namespace)
+    token = str(partition)
+    if tokens == [">"]:
+        narrowed = ["*", "*", token]
+    elif len(tokens) == 2 and tokens[1] == ">":
+        narrowed = [tokens[0], "*", token]
+    elif len(tokens) == 2:
+        narrowed = [*tokens, token]
+    elif len(tokens) == 3 and tokens[2] in ("*", ">"):
+        narrowed = [*tokens[:2], token]
+    elif len(tokens) == 3 and tokens[2].isascii() and tokens[2].isdigit():
+        raise PartitionFilterError(
+            f"{pattern!r} names a partition itself: partitions are chosen by the ordering "
+            "key, so filter on the event (the consumer of each partition narrows it)"
+        )
+    else:
+        raise _shape_error(pattern, namespace)
+    return ".".join([namespace, *narrowed])
+
+
+def partition_filters(filter_subjects: Sequence[str], namespace: str, partition: int) -> list[str]:
+    """Every filter of a durable narrowed to ``partition`` (see :func:`partition_filter`),
+    without repeats, in order."""
+    narrowed = (partition_filter(p, namespace, partition) for p in filter_subjects)
+    return list(dict.fromkeys(narrowed))
+
+
+def all_partitions_filter(pattern: str, namespace: str) -> str:
+    """The form of ``pattern`` that matches the events it names on every partition.
+
+    ``{ns}.>``, ``{ns}.t.>``, ``{ns}.t.v1.*`` and ``{ns}.t.v1.>`` already do and come
+    back unchanged; ``{ns}.t.v1`` becomes ``{ns}.t.v1.*``. A filter of an unordered
+    durable on a partitioned stream must be written in this form.
+    """
+    tokens = _event_tokens(pattern, namespace)
+    if tokens[-1] == ">" and len(tokens) <= 3:
+        return pattern
+    if len(tokens) == 2:
+        return f"{pattern}.*"
+    if len(tokens) == 3 and tokens[2] == "*":
+        return pattern
+    if len(tokens) == 3 and tokens[2].isascii() and tokens[2].isdigit():
+        raise PartitionFilterError(
+            f"{pattern!r} names a partition itself: partitions are chosen by the ordering "
+            "key; filter on the event with '*' as the partition token"
+        )
+    raise _shape_error(pattern, namespace)
+
+
+def partition_replay_subject(replay_subject: str, partition: int | None) -> str:
+    """A durable's replay subject (``ferry.replay.{STREAM}.{durable}``) for one partition
+    (``….{k}``), or unchanged when ``partition`` is None (one consumer takes every replay)."""
+    return replay_subject if partition is None else f"{replay_subject}.{partition}"
