@@ -1,0 +1,517 @@
+"""Exclusive ownership of the partitions of an ``ordering: key`` durable across replicas.
+
+Each partition ``k`` of the durable's stream is consumed by one JetStream consumer
+(``{durable}_p{k}``), and at most one replica may run it at a time: two would hand one
+key's events to the handler concurrently and out of order. Replicas agree through
+PostgreSQL leases (``partition_leases``, ``partition_members`` in the durable's target
+database; :mod:`shared.adapters.partition_leases`) and nothing else.
+
+**The loop.** Every ``renew_every`` seconds (ttl/3 by default) a replica, in one statement,
+marks itself a live member, renews the leases it holds (only while it is still their owner
+and they have not expired) and reads who is alive and what is taken. Its fair share is
+``ceil(partitions / live members)``. Below it, it takes free partitions (never leased,
+released or expired), preferring those of its rank (its position among the sorted live
+members): partitions ``p ≡ rank (mod members)`` first, then the others from its rank on,
+so replicas reach for different partitions instead of racing for the same. Above it (a
+replica joined), it sheds the extras gracefully: it sets the partition's stop event,
+awaits its work, and only then marks the lease released, renewing the lease meanwhile.
+
+**Taking a partition over without breaking a key's order.** A partition released cleanly
+(its owner's work returned after its stop event: everything it fetched is settled) is
+started at once. A partition whose lease *expired* — its owner died, or lost the database
+and fenced itself — may still have messages its owner fetched and never acked. JetStream
+redelivers those only once their ``ack_wait`` has run out, and from then on hands
+redeliveries out before new messages; a new owner that fetched earlier would get the key's
+*later* events first. So the new owner asks ``pending(k)`` (the consumer's
+``num_ack_pending``): 0 means nothing is in flight and it starts at once; otherwise (or if
+it cannot tell) it waits until ``max(previous expiry, now) + ack_wait`` before calling
+``work(k, stop_k)``. The old owner sent its last ``in_progress`` before its lease expired
+(it stops at the lease's local expiry, see below), so by then every message it held is
+redeliverable. One more source of late deliveries is a pull request the old owner left
+open: it lives for the consumer's fetch timeout, and the old owner died at least
+``ttl - renew_every`` before its lease expired, so keep ``fetch timeout <= 2/3 of the ttl``.
+
+**Self-fencing.** A lease is valid locally until the start of its last successful renewal
+plus ``ttl`` (a little less: :data:`FENCE_MARGIN`), measured with :func:`time.monotonic`
+— the database's expiry is later, since the database set it after that start. When that
+moment passes without a renewal (the database is unreachable or slow), or a renewal finds
+the lease is no longer ours, the partition's stop event is set at once and it stops
+counting as owned; it is not released (it is not ours any more). The work must then stop
+touching the partition's messages — no more ``in_progress``, which would push their
+redelivery past the new owner's start. Database outages are retried every round, each
+statement bounded by ``ttl``; fencing happens by the clock alone.
+
+**Work.** ``work(k, stop_k)`` consumes partition ``k`` until ``stop_k`` is set. If it ends
+by itself while the lease is held (it raised, or returned), it is logged and restarted
+after :data:`RESTART_PAUSE` (no replica exits because of one partition). A work that
+returns after its stop event has settled its messages (the lease is released cleanly);
+one that raises, or that never ran or crashed, leaves the lease to expire at once
+(unclean: the next owner checks ``pending``).
+
+**Stop and kill.** When ``stop`` is set, :meth:`PartitionOwnership.run` stops every work
+(sets the events, awaits the tasks, renewing meanwhile), releases every lease, deletes its
+member row and returns. Cancelling ``run`` (or killing the process) releases nothing: the
+leases expire and the next owners treat the partitions as taken over from a dead owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import asyncpg
+
+from shared.adapters import partition_leases as sql
+from shared.adapters.postgres import DATABASE_ERRORS, Conn
+
+log = logging.getLogger("ferry.inbox_consumer.partitions")
+
+#: Pause before a work task that ended by itself is started again.
+RESTART_PAUSE = 1.0
+#: Share of the ttl by which a lease counts as lost locally before ``last renewal + ttl``
+#: (at most a second): room for the work to stop before the database's expiry.
+FENCE_MARGIN = 0.05
+#: Longest wait (s) for the cancelled work tasks when ``run`` itself is cancelled.
+ABANDON_WAIT = 1.0
+#: Members not seen for this many ttls are deleted by the others.
+FORGET_AFTER_TTLS = 10
+
+Work = Callable[[int, asyncio.Event], Awaitable[None]]
+Pending = Callable[[int], Awaitable[int]]
+T = TypeVar("T")
+
+
+def fair_share(partitions: int, members: int) -> int:
+    """How many partitions one of ``members`` live replicas may hold."""
+    return math.ceil(partitions / max(members, 1))
+
+
+def preference(partitions: int, members: int, rank: int) -> list[int]:
+    """Every partition, in the order the member of ``rank`` (0-based, among ``members``)
+    reaches for them: its own stripe ``p ≡ rank (mod members)`` first, then the others
+    from ``rank`` on. The stripes of the ranks are disjoint and cover every partition."""
+    members = max(members, 1)
+    return sorted(
+        range(partitions),
+        key=lambda p: ((p - rank) % members != 0, (p - rank) % partitions),
+    )
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One partition this replica holds a lease on."""
+
+    partition: int
+    stop: asyncio.Event
+    #: time.monotonic() after which the lease no longer counts as ours.
+    valid_until: float
+    #: The lease may be released as clean (nothing of ours or a predecessor's is in flight).
+    clean: bool
+    task: asyncio.Task[None] | None = None
+    timer: asyncio.TimerHandle | None = None
+    #: work(k, stop) is running now.
+    running: bool = False
+    shedding: bool = False
+    releasing: bool = False
+    fenced: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class PartitionOwnership:
+    """Holds this replica's fair share of ``partitions`` and runs ``work`` for each.
+
+    See the module's documentation. Counters (read them for metrics): :attr:`acquired`,
+    :attr:`takeovers`, :attr:`waits`, :attr:`sheds`, :attr:`releases`, :attr:`fences`,
+    :attr:`restarts`, :attr:`renew_failures`; :attr:`members` and :attr:`share` are the last
+    round's view.
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        durable: str,
+        partitions: int,
+        owner: str,
+        ttl: float,
+        ack_wait: float,
+        work: Work,
+        pending: Pending | None = None,
+        renew_every: float | None = None,
+        restart_pause: float = RESTART_PAUSE,
+    ) -> None:
+        if partitions < 1:
+            raise ValueError("partitions must be at least 1")
+        if ttl <= 0 or ack_wait < 0:
+            raise ValueError("ttl must be positive and ack_wait not negative")
+        self.pool, self.durable, self.partitions, self.owner = pool, durable, partitions, owner
+        self.ttl, self.ack_wait, self.work, self.pending = ttl, ack_wait, work, pending
+        self.renew_every = renew_every if renew_every is not None else ttl / 3
+        if not 0 < self.renew_every < ttl:
+            raise ValueError("renew_every must be positive and shorter than the ttl")
+        self.restart_pause = restart_pause
+        #: A lease counts as ours until the start of its last renewal plus this.
+        self.valid_for = ttl - min(ttl * FENCE_MARGIN, 1.0)
+        self._slots: dict[int, _Slot] = {}
+        #: Fenced partitions whose work has not ended yet: not to be taken again before.
+        self._draining: dict[int, _Slot] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._wake = asyncio.Event()
+        #: Leases taken (every acquisition, first ones included).
+        self.acquired = 0
+        #: Acquisitions of another owner's expired (not released) lease.
+        self.takeovers = 0
+        #: Takeovers that waited for ack_wait before starting the work (pending > 0).
+        self.waits = 0
+        #: Partitions given up to make room for another replica.
+        self.sheds = 0
+        #: Leases released (sheds and stops; clean or not).
+        self.releases = 0
+        #: Partitions lost: the lease expired locally or another owner holds it.
+        self.fences = 0
+        #: Work tasks restarted after ending by themselves.
+        self.restarts = 0
+        #: Renewal rounds that failed (database unreachable, slow, or erring).
+        self.renew_failures = 0
+        #: Live members and fair share at the last successful round (0 before it).
+        self.members = 0
+        self.share = 0
+
+    # -- what callers read ---------------------------------------------------------------
+
+    def owned(self) -> frozenset[int]:
+        """Partitions whose work is running now under a lease that is locally valid."""
+        now = time.monotonic()
+        return frozenset(
+            k
+            for k, slot in self._slots.items()
+            if slot.running and not slot.fenced and slot.valid_until > now
+        )
+
+    def held(self) -> frozenset[int]:
+        """Partitions leased (waiting for ack_wait, running, or being shed)."""
+        return frozenset(k for k, slot in self._slots.items() if not slot.fenced)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Own partitions until ``stop``; then stop their work and release them."""
+        watcher = asyncio.create_task(self._wake_on(stop))
+        try:
+            while True:
+                self._wake.clear()
+                await self._round(stopping=stop.is_set())
+                if stop.is_set():
+                    self._shed(list(self._slots.values()), reason="stopping")
+                    if not self._slots and not self._draining:
+                        break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.renew_every)
+            await self._leave()
+        except asyncio.CancelledError:
+            await self._abandon()
+            raise
+        finally:
+            watcher.cancel()
+
+    async def _wake_on(self, event: asyncio.Event) -> None:
+        await event.wait()
+        self._wake.set()
+
+    async def _db(self, call: Callable[[Conn], Awaitable[T]]) -> T:
+        """``call`` on a pooled connection, bounded by the ttl (a later answer is useless)."""
+
+        async def attempt() -> T:
+            async with self.pool.acquire() as conn:
+                return await call(conn)
+
+        return await asyncio.wait_for(attempt(), timeout=self.ttl)
+
+    async def _round(self, *, stopping: bool) -> None:
+        """Renew, then (unless stopping) take or shed partitions toward the fair share."""
+        for k, slot in list(self._draining.items()):
+            if slot.done.is_set():
+                del self._draining[k]
+        state = await self._renew()
+        if state is None:
+            return
+        self.members = len(state.members)
+        self.share = fair_share(self.partitions, self.members)
+        if not stopping:
+            await self._balance(state)
+
+    async def _renew(self) -> sql.Round | None:
+        """One heartbeat: extend the leases renewed, fence those found lost; None if the
+        database did not answer (the leases then run out by the clock)."""
+        started = time.monotonic()
+        mine = [slot for slot in self._slots.values() if not slot.fenced]
+        try:
+            state = await self._db(
+                lambda conn: sql.heartbeat(
+                    conn,
+                    durable=self.durable,
+                    owner=self.owner,
+                    ttl=self.ttl,
+                    held=[slot.partition for slot in mine],
+                    forget_after=self.ttl * FORGET_AFTER_TTLS,
+                )
+            )
+        except DATABASE_ERRORS as exc:
+            self.renew_failures += 1
+            log.warning(
+                "%s: partition lease renewal failed (%r); %d partition(s) at risk",
+                self.durable,
+                exc,
+                len(mine),
+            )
+            return None
+        for slot in mine:
+            if slot.fenced or self._slots.get(slot.partition) is not slot:
+                continue
+            if slot.partition in state.renewed:
+                self._extend(slot, started)
+            elif not slot.releasing:
+                self._fence(slot, "the lease is no longer ours")
+        return state
+
+    async def _balance(self, state: sql.Round) -> None:
+        """Shed the partitions above the fair share, or take free ones up to it."""
+        order = preference(self.partitions, self.members, state.members.index(self.owner))
+        active = [s for s in self._slots.values() if not s.fenced and not s.shedding]
+        if len(active) > self.share:
+            rank = {k: i for i, k in enumerate(order)}
+            extras = sorted(active, key=lambda s: rank[s.partition])[self.share :]
+            self.sheds += len(extras)
+            self._shed(extras, reason=f"fair share is {self.share} of {self.members} members")
+        elif len(active) < self.share:
+            free = [
+                k
+                for k in order
+                if k not in state.taken and k not in self._slots and k not in self._draining
+            ]
+            if free:
+                await self._acquire(free[: self.share - len(active)])
+
+    async def _acquire(self, partitions: list[int]) -> None:
+        started = time.monotonic()
+        try:
+            taken = await self._db(
+                lambda conn: sql.acquire(
+                    conn,
+                    durable=self.durable,
+                    owner=self.owner,
+                    ttl=self.ttl,
+                    partitions=partitions,
+                )
+            )
+        except DATABASE_ERRORS as exc:
+            log.warning("%s: taking partitions %s failed (%r)", self.durable, partitions, exc)
+            return
+        answered = time.monotonic()
+        for lease in taken:
+            self.acquired += 1
+            took_over = lease.previous_owner not in (None, self.owner)
+            if took_over and not lease.clean:
+                self.takeovers += 1
+            resume_at = answered
+            if not lease.clean:
+                resume_at += max(-(lease.expired_for or 0.0), 0.0) + self.ack_wait
+            slot = _Slot(lease.partition, asyncio.Event(), started, clean=lease.clean)
+            self._slots[lease.partition] = slot
+            self._extend(slot, started)
+            slot.task = self._spawn(self._runner(slot, resume_at))
+            log.info(
+                "%s: partition %d acquired (%s)",
+                self.durable,
+                lease.partition,
+                "fresh"
+                if lease.previous_owner is None
+                else f"from {lease.previous_owner}, "
+                + ("released" if lease.previous_released else "expired"),
+            )
+
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- one partition ---------------------------------------------------------------------
+
+    async def _runner(self, slot: _Slot, resume_at: float) -> None:
+        """Wait for the old owner's messages if need be, then run (and restart) the work."""
+        k = slot.partition
+        try:
+            if not slot.clean:
+                if await self._in_flight(k):
+                    self.waits += 1
+                    delay = resume_at - time.monotonic()
+                    log.info(
+                        "%s: partition %d was taken over with messages in flight; "
+                        "starting in %.1fs (ack_wait)",
+                        self.durable,
+                        k,
+                        delay,
+                    )
+                    if await _wait(slot.stop, delay):
+                        return
+                else:
+                    slot.clean = True
+            await self._work_until_stopped(slot)
+        finally:
+            slot.running = False
+            slot.done.set()
+            self._wake.set()
+
+    async def _in_flight(self, k: int) -> bool:
+        """Whether partition ``k``'s consumer has unacked messages (True when unknown)."""
+        if self.pending is None:
+            return True
+        try:
+            return await asyncio.wait_for(self.pending(k), timeout=self.ttl) > 0
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning(
+                "%s: pending(%d) failed (%r); assuming messages in flight", self.durable, k, exc
+            )
+            return True
+
+    async def _work_until_stopped(self, slot: _Slot) -> None:
+        k = slot.partition
+        while not slot.stop.is_set():
+            slot.running, slot.clean = True, False
+            try:
+                await self.work(k, slot.stop)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.error("%s: work of partition %d failed: %r", self.durable, k, exc, exc_info=exc)
+                outcome = "raised"
+            else:
+                if slot.stop.is_set():
+                    slot.clean = True
+                    return
+                outcome = "returned"
+            finally:
+                slot.running = False
+            if slot.stop.is_set():
+                return
+            self.restarts += 1
+            log.warning(
+                "%s: work of partition %d %s by itself; restarting in %.1fs",
+                self.durable,
+                k,
+                outcome,
+                self.restart_pause,
+            )
+            if await _wait(slot.stop, self.restart_pause):
+                return
+
+    def _extend(self, slot: _Slot, renewed_at: float) -> None:
+        """The lease was renewed by a statement started at ``renewed_at``."""
+        slot.valid_until = renewed_at + self.valid_for
+        if slot.timer is not None:
+            slot.timer.cancel()
+        delay = max(slot.valid_until - time.monotonic(), 0.0)
+        slot.timer = asyncio.get_running_loop().call_later(
+            delay, self._fence, slot, "its lease expired before a renewal succeeded"
+        )
+
+    def _fence(self, slot: _Slot, reason: str) -> None:
+        """Stop ``slot``'s work at once; the lease is not ours any more."""
+        if slot.fenced:
+            return
+        slot.fenced = True
+        slot.stop.set()
+        if slot.timer is not None:
+            slot.timer.cancel()
+        self.fences += 1
+        log.warning("%s: partition %d fenced: %s", self.durable, slot.partition, reason)
+        if self._slots.get(slot.partition) is slot:
+            del self._slots[slot.partition]
+        if not slot.done.is_set():
+            self._draining[slot.partition] = slot
+        self._wake.set()
+
+    def _shed(self, slots: Iterable[_Slot], *, reason: str) -> None:
+        for slot in slots:
+            if slot.shedding or slot.fenced:
+                continue
+            slot.shedding = True
+            log.info("%s: giving partition %d up (%s)", self.durable, slot.partition, reason)
+            self._spawn(self._give_up(slot))
+
+    async def _give_up(self, slot: _Slot) -> None:
+        """Stop the work, await it, release the lease (retrying until it is lost)."""
+        slot.stop.set()
+        await slot.done.wait()
+        while not slot.fenced:
+            slot.releasing = True
+            try:
+                released = await self._db(
+                    lambda conn: sql.release(
+                        conn,
+                        durable=self.durable,
+                        owner=self.owner,
+                        partition=slot.partition,
+                        clean=slot.clean,
+                    )
+                )
+            except DATABASE_ERRORS as exc:
+                slot.releasing = False
+                log.warning(
+                    "%s: releasing partition %d failed (%r)", self.durable, slot.partition, exc
+                )
+                await asyncio.sleep(self.renew_every)
+                continue
+            if released:
+                self.releases += 1
+            if slot.timer is not None:
+                slot.timer.cancel()
+            if self._slots.get(slot.partition) is slot:
+                del self._slots[slot.partition]
+            log.info(
+                "%s: partition %d released (%s)",
+                self.durable,
+                slot.partition,
+                "clean" if slot.clean else "expired now: messages may be in flight",
+            )
+            break
+        self._wake.set()
+
+    async def _leave(self) -> None:
+        try:
+            await self._db(lambda conn: sql.leave(conn, durable=self.durable, owner=self.owner))
+        except DATABASE_ERRORS as exc:
+            log.warning("%s: could not leave the members (%r); it ages out", self.durable, exc)
+
+    async def _abandon(self) -> None:
+        """Cancelled (as if killed): cancel every work now, release nothing."""
+        for slot in [*self._slots.values(), *self._draining.values()]:
+            if slot.timer is not None:
+                slot.timer.cancel()
+            slot.running = False
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        self._slots.clear()
+        self._draining.clear()
+        if tasks:
+            await asyncio.wait(tasks, timeout=ABANDON_WAIT)
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``event``; whether it was set."""
+    if event.is_set():
+        return True
+    if timeout > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=timeout)
+    return event.is_set()
