@@ -15,6 +15,9 @@ CREATE TABLE IF NOT EXISTS parked_messages (
   ordering_key TEXT NOT NULL,
   stream_seq BIGINT NOT NULL,
   message_id UUID NOT NULL,
+  -- The stream sequence of its latest delivery (a replay of a held head arrives at a new
+  -- one; the row keeps its place by stream_seq).
+  delivered_seq BIGINT NOT NULL,
   partition INT NOT NULL DEFAULT 0,
   subject TEXT NOT NULL,
   headers JSONB NOT NULL DEFAULT '{}'::jsonb,

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import asyncpg
 from nats.aio.msg import Msg
@@ -45,12 +45,13 @@ from services.inbox_consumer.dispatch import HttpHandler
 from services.inbox_consumer.holding import Holder, merge_claims
 from services.inbox_consumer.keepalive import KeepAlive
 from services.inbox_consumer.metrics import ConsumerMetrics
+from services.inbox_consumer.ordering import Sequencer
 from services.inbox_consumer.puller import ConsumerGone, Puller
 from services.inbox_consumer.settlement import CONTENDED_DELAY, Settler
 from services.inbox_consumer.spans import log_fields, process_span
 from services.inbox_consumer.stats import ConsumerStats
 from shared import telemetry
-from shared.adapters.postgres import Conn
+from shared.adapters.postgres import DATABASE_ERRORS, Conn
 from shared.adapters.stores import PostgresInboxStore
 from shared.contracts.topology import DurableSpec
 from shared.domain.ack import DeadLetter, Decision, RetryPolicy
@@ -97,17 +98,26 @@ class InboxConsumer:
         accepted: frozenset[tuple[str, int]] | None,
         metrics: ConsumerMetrics | None = None,
         store: InboxStore[Conn] | None = None,
+        stats: ConsumerStats | None = None,
+        partition: int = 0,
+        js_consumer: str | None = None,
+        key_fields: Mapping[tuple[str, int], str | None] | None = None,
     ) -> None:
         self.pool, self.js, self.durable, self.spec = pool, js, durable, spec
+        #: The JetStream consumer pulled from: the durable, or one partition's consumer.
+        self.js_consumer = js_consumer or durable
+        self.partition = partition
         self.owner, self.policy = owner, policy
         self.lease_seconds, self.accepted = lease_seconds, accepted
         #: The inbox (the port; PostgreSQL's unless a test passes another).
         self.store: InboxStore[Conn] = store or PostgresInboxStore()
-        self.stats = ConsumerStats()
+        shared_stats = stats is not None
+        self.stats = stats or ConsumerStats()
         self.metrics = metrics or ConsumerMetrics(
             RoleMetrics("inbox-consumer"), durable=durable, stream=spec.stream
         )
-        self.metrics.watch(self)
+        if not shared_stats:  # partitions of one durable share stats, watched once
+            self.metrics.watch(self)
         self.heartbeat_every = max(spec.ack_wait / 3, 0.5)
         #: Heart-beats every message in hand until it is settled.
         self.keeper = KeepAlive(self.heartbeat_every)
@@ -147,6 +157,10 @@ class InboxConsumer:
         #: Seconds a batch waits, after its first message, for the ones right behind it —
         #: only while another batch is in process (see :meth:`run`).
         self.linger = 0.0
+        #: ``ordering: key``: turns and parking for this partition (:mod:`.ordering`).
+        self.sequencer: Sequencer | None = None
+        if spec.ordering == "key":
+            self.sequencer = Sequencer(self, partition=partition, key_fields=key_fields or {})
 
     @property
     def handler(self) -> HttpHandler:
@@ -173,9 +187,14 @@ class InboxConsumer:
         the next batch is claimed in the inbox and the previous one is settled.
         """
         self.holder.stop = self.decider.stop = stop
-        await self.js.consumer_info(self.spec.stream, self.durable)  # fails clearly if absent
+        # fails clearly if absent
+        await self.js.consumer_info(self.spec.stream, self.js_consumer)
+        draining: asyncio.Task[None] | None = None
+        if self.sequencer is not None:
+            await self._load_parked(stop)
+            draining = asyncio.create_task(self.sequencer.drain(stop))
         puller = Puller(
-            self.js, stream=self.spec.stream, durable=self.durable, window=self.spec.batch_size
+            self.js, stream=self.spec.stream, durable=self.js_consumer, window=self.spec.batch_size
         )
         await puller.start()
         self._puller = puller
@@ -205,7 +224,7 @@ class InboxConsumer:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), timeout=GONE_PAUSE)
                     try:
-                        await self.js.consumer_info(self.spec.stream, self.durable)
+                        await self.js.consumer_info(self.spec.stream, self.js_consumer)
                     except STILL_GONE:
                         continue  # still gone (or unreachable): next turn raises again
                     puller.gone = None
@@ -227,13 +246,29 @@ class InboxConsumer:
             for msg in await puller.stop():  # arrived, never handed out: let others have it
                 await self.settler.nak(msg, 0.0)
             beating.cancel()
+            if draining is not None:
+                await draining
+
+    async def _load_parked(self, stop: asyncio.Event) -> None:
+        """Reload the blocked keys before the first fetch, through database outages."""
+        assert self.sequencer is not None
+        pause = INBOX_RETRY_INITIAL
+        while not stop.is_set():
+            try:
+                await self.sequencer.load()
+                return
+            except DATABASE_ERRORS as exc:
+                log.warning("cannot read parked keys yet (%s); again in %.1fs", exc, pause)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=pause)
+                pause = min(pause * 2, INBOX_RETRY_MAX)
 
     def _batch_done(self, task: asyncio.Task[None], busy: set[asyncio.Task[None]]) -> None:
         """Forget a finished batch (:meth:`process_batch` settles its own failures)."""
         busy.discard(task)
         exc = None if task.cancelled() else task.exception()
         if exc is not None:
-            self._unexpected("batch", exc)
+            self.unexpected("batch", exc)
 
     async def process_batch(self, msgs: list[Msg]) -> None:
         """Record, dispatch and settle one fetched batch; its messages are kept alive
@@ -242,7 +277,7 @@ class InboxConsumer:
         try:
             await self._process_batch(msgs)
         except Exception as exc:
-            self._unexpected("batch", exc)
+            self.unexpected("batch", exc)
             for msg in msgs:
                 if not msg.is_acked:
                     await self.settler.nak(msg, self.policy.delay(attempt_of(msg)))
@@ -250,24 +285,37 @@ class InboxConsumer:
             self.keeper.release(msgs)
 
     async def _process_batch(self, msgs: list[Msg]) -> None:
+        # No await before the sequencer has taken its keys' turns (fetch order).
         unique: dict[uuid.UUID, Delivery] = {}
+        twice: list[Delivery] = []
         for msg in msgs:
             delivery = parse_delivery(msg, self.max_message_bytes)
             if delivery.message_id in unique:  # the same id twice in one batch
-                await self.settler.nak(delivery.msg, CONTENDED_DELAY)
+                twice.append(delivery)
                 continue
             unique[delivery.message_id] = delivery
-        claim = await self._claim_holding(list(unique.values()))
+        if self.sequencer is not None:
+            processing = self.sequencer.process(list(unique.values()))
+        else:
+            processing = self.process_unordered(list(unique.values()))
+        for delivery in twice:
+            await self.settler.nak(delivery.msg, CONTENDED_DELAY)
+        await processing
+
+    async def process_unordered(self, deliveries: list[Delivery]) -> None:
+        """Claim, decide (all at once) and settle ``deliveries`` (unique ids)."""
+        unique = {d.message_id: d for d in deliveries}
+        claim = await self.claim_holding(deliveries)
         if claim is None:
             return
         await self.settler.settle_unclaimed(unique, claim)
         claimed = [unique[mid] for mid in claim.claimed]
         for delivery in claimed:
             delivery.span = process_span(delivery, durable=self.durable, stream=self.spec.stream)
-        decisions = await asyncio.gather(*(self._traced_decide(d) for d in claimed))
+        decisions = await asyncio.gather(*(self.traced_decide(d) for d in claimed))
         await self.settler.settle(list(zip(claimed, decisions, strict=True)))
 
-    async def _claim_holding(self, deliveries: list[Delivery]) -> InboxClaim | None:
+    async def claim_holding(self, deliveries: list[Delivery]) -> InboxClaim | None:
         """Claim the batch; while the inbox is unreachable, hold it rather than nak it.
 
         The batch is held (:mod:`.holding`; the keeper heart-beats it, so JetStream
@@ -297,7 +345,7 @@ class InboxConsumer:
             try:
                 one = await self.holder.run("claim one", self._claim_work([delivery]))
             except asyncpg.PostgresError as refused:
-                self._unexpected("claim", refused, delivery)
+                self.unexpected("claim", refused, delivery)
                 await self.settler.nak(delivery.msg, self.policy.delay(delivery.attempt))
                 continue
             if one is None:
@@ -317,7 +365,7 @@ class InboxConsumer:
             entries=[d.entry() for d in deliveries],
         )
 
-    async def _traced_decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
+    async def traced_decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
         """The decision (:class:`.deciding.Decider`) inside the delivery's span (the
         handler call is its child).
 
@@ -328,13 +376,13 @@ class InboxConsumer:
             try:
                 return await self.decider.decide(delivery)
             except Exception as exc:
-                self._unexpected("decide", exc, delivery)
+                self.unexpected("decide", exc, delivery)
                 return DeadLetter(CONSUMER_ERROR, f"{type(exc).__name__}: {exc}"[:500]), None
 
     def _inbox_failed(self) -> None:
         self.stats.inbox_unavailable += 1
 
-    def _unexpected(self, stage: str, exc: BaseException, delivery: Delivery | None = None) -> None:
+    def unexpected(self, stage: str, exc: BaseException, delivery: Delivery | None = None) -> None:
         """Something raised that the consumer does not expect: log and count it; the
         caller settles the message(s) concerned and the role goes on."""
         self.settler.unexpected(stage, exc, delivery)

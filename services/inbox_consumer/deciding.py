@@ -46,6 +46,7 @@ class Decider:
     ) -> None:
         self.durable, self.spec, self.handler, self.policy = durable, spec, handler, policy
         self.accepted, self.keeper, self.stats, self.metrics = accepted, keeper, stats, metrics
+        self.concurrency = concurrency
         self.slots = asyncio.Semaphore(concurrency)
         #: Pauses (s) while the handler refuses our credentials, doubling up to the second.
         self.auth_retry = (1.0, 30.0)

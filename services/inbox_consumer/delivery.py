@@ -18,6 +18,7 @@ from shared import telemetry
 from shared.adapters.inbox import InboxEntry
 from shared.domain.envelope import Envelope, Identified, identify
 from shared.domain.errors import PoisonError
+from shared.domain.ordering import split_partition
 from shared.domain.subjects import REPLAY_PREFIX
 
 log = logging.getLogger("ferry.inbox_consumer")
@@ -60,7 +61,9 @@ class Delivery:
         """The event's own subject (a replay travels on the durable's replay subject)."""
         if self.replay and self.envelope is not None:
             return self.envelope.subject
-        return self.msg.subject
+        if self.replay:
+            return self.msg.subject
+        return split_partition(self.msg.subject)[0]
 
     @property
     def occurred_at(self) -> datetime | None:
@@ -90,10 +93,16 @@ def parse_delivery(msg: Msg, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Deli
     """
     meta = msg.metadata
 
+    # A partitioned stream's subject carries the partition as its last token; the
+    # envelope's own subject does not (shared.domain.ordering).
+    subject = msg.subject
+    if not subject.startswith(REPLAY_PREFIX + "."):
+        subject = split_partition(subject)[0]
+
     def identified(data: bytes) -> Identified:
         return identify(
             data,
-            subject=msg.subject,
+            subject=subject,
             msg_id_header=(msg.headers or {}).get("Nats-Msg-Id"),
             stream=meta.stream,
             seq=meta.sequence.stream,

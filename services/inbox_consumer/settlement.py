@@ -120,6 +120,12 @@ class Settler:
                 await self._dead_letter(delivery, decision, status)
 
     async def _retry(self, delivery: Delivery, decision: Nak, status: int | None) -> None:
+        await self.record_retry(delivery, decision, status)
+        await self.nak(delivery.msg, decision.delay)
+
+    async def record_retry(self, delivery: Delivery, decision: Nak, status: int | None) -> None:
+        """Count and record a failed attempt in the inbox (the lease released); the caller
+        nak's the message, or parks it (``ordering: key``)."""
         self.stats.retries += 1
         reason = retry_reason(status, decision.reason)
         self.stats.retries_by_reason[reason] = self.stats.retries_by_reason.get(reason, 0) + 1
@@ -132,7 +138,6 @@ class Settler:
             )
         entry = history_entry(delivery, status, reason, decision.reason)
         await self._release(delivery, decision.reason, status, reason, entry)
-        await self.nak(delivery.msg, decision.delay)
 
     async def _release(
         self, delivery: Delivery, error: str, status: int | None, reason: str, entry: Any
@@ -164,14 +169,35 @@ class Settler:
             entry = history_entry(delivery, status, reason, decision.detail)
             await self._exhausted(delivery, decision, status, entry)
             return
-        entry = history_entry(delivery, status, decision.reason_code, decision.detail)
+        if not await self.write_dead_letter(delivery, decision, status):
+            await self.nak(delivery.msg, self.policy.delay(delivery.attempt))
+
+    async def write_dead_letter(
+        self,
+        delivery: Delivery,
+        decision: DeadLetter,
+        status: int | None,
+        *,
+        ordering: dict[str, Any] | None = None,
+    ) -> bool:
+        """Record the dead letter, mark the inbox row failed, term the message; False (the
+        attempt recorded as a retry, the message left unsettled) when it cannot be written.
+
+        ``ordering`` (``ordering: key`` durables) goes into the record: the key, and whether
+        its later events are held behind it or went on (order broken after it). Such a
+        durable records an exhaustion here too: its retries are parked, not nak'ed, so
+        JetStream never reports one.
+        """
+        exhausted = decision.reason_code == EXHAUSTED
+        code = retry_reason(status, decision.detail) if exhausted else decision.reason_code
+        entry = history_entry(delivery, status, code, decision.detail)
         try:
             async with self.pool.acquire() as conn:
                 history = await inbox.retry_history(conn, self.durable, delivery.message_id)
                 outcome = await dead_letters.record_dead_letter(
                     conn,
                     self.js,
-                    self._failure(delivery, decision, status, history, entry),
+                    self._failure(delivery, decision, status, history, entry, ordering),
                     self.spec,
                 )
         except DEAD_LETTER_ERRORS as exc:
@@ -181,8 +207,7 @@ class Settler:
             log.warning("%s; it will be redelivered", detail, extra=self._ids(delivery))
             entry = history_entry(delivery, status, decision.reason_code, detail)
             await self._release(delivery, detail, status, decision.reason_code, entry)
-            await self.nak(delivery.msg, self.policy.delay(delivery.attempt))
-            return
+            return False
         self.stats.dead_lettered += 1
         if outcome == "recorded":
             self.metrics.dead_lettered(decision.reason_code)
@@ -199,6 +224,7 @@ class Settler:
         # reaches the dlq-router, which finds the record and leaves it alone.
         self.keeper.release([delivery.msg])
         await quiet(delivery.msg.term())
+        return True
 
     async def _exhausted(
         self, delivery: Delivery, decision: DeadLetter, status: int | None, entry: dict[str, Any]
@@ -225,6 +251,7 @@ class Settler:
         status: int | None,
         history: list[dict[str, Any]],
         entry: dict[str, Any],
+        ordering: dict[str, Any] | None = None,
     ) -> dead_letters.Failure:
         env = delivery.envelope
         payload: Any = env.to_dict() if env else raw_body(delivery.msg.data)
@@ -246,6 +273,7 @@ class Settler:
             traceparent=delivery.traceparent,
             handler_status=status,
             history_entry=entry,
+            ordering=ordering,
         )
 
     async def ack(self, msg: Msg) -> None:

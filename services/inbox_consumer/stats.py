@@ -21,5 +21,9 @@ class ConsumerStats:
     inbox_unavailable: int = 0
     consumer_errors: int = 0
     alerts: int = 0
+    #: ``ordering: key``: messages parked behind a failed event of their key, and parked
+    #: messages settled from the park (processed, dead-lettered and skipped, duplicates).
+    parked: int = 0
+    released: int = 0
     bound: bool = False
     retries_by_reason: dict[str, int] = field(default_factory=dict)

@@ -46,6 +46,10 @@ class ScriptedHandler:
     applied: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     scripts: dict[str, list[Any]] = field(default_factory=dict)
     delay: float = 0.0
+    #: Calls in progress at once: at most, and at most for one aggregate (ordering tests).
+    max_in_flight: int = 0
+    max_in_flight_per_key: int = 0
+    _in_flight: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     @property
     def url(self) -> str:
@@ -56,8 +60,20 @@ class ScriptedHandler:
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.json()
+        key = str(body.get("aggregate_id"))
+        self._in_flight[key] += 1
+        self.max_in_flight_per_key = max(self.max_in_flight_per_key, self._in_flight[key])
+        self.max_in_flight = max(self.max_in_flight, sum(self._in_flight.values()))
+        try:
+            response = await self._answer(request, body)
+        finally:
+            self._in_flight[key] -= 1
+        return response
+
+    async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.Response:
         mid = body["message_id"]
-        self.calls.append({"body": body, "headers": dict(request.headers), "at": time.monotonic()})
+        call = {"body": body, "headers": dict(request.headers), "at": time.monotonic()}
+        self.calls.append(call)
         script = self.scripts.get(mid)
         step = script.pop(0) if script else 200
         if isinstance(step, tuple):
@@ -71,8 +87,10 @@ class ScriptedHandler:
             await asyncio.sleep(self.delay)
         if status == 200:
             if self.applied[mid]:
+                call["outcome"] = 409
                 return web.Response(status=409, text="already applied")
             self.applied[mid] += 1
+        call["outcome"] = status
         return web.Response(status=status, headers=headers, text=f"scripted {status}")
 
 

@@ -66,6 +66,9 @@ class Failure:
     handler_status: int | None = None
     #: A retry-history entry for this last attempt, if the caller has one to add.
     history_entry: dict[str, Any] | None = None
+    #: ``ordering: key`` durables: the event's key and what its later events do
+    #: (``held`` behind it, or ``order_broken_after`` it).
+    ordering: dict[str, Any] | None = None
 
 
 def replay_delay(
@@ -213,6 +216,8 @@ def _record(
         status=status,
         dead_letter_subject=spec.dead_letter_subject,
     )
+    if failure.ordering is not None:
+        record["ordering"] = failure.ordering
     return record
 
 
@@ -287,6 +292,7 @@ def _inbox_row(
             "status": record["status"],
             "replay_attempts": record["replay_attempts"],
             "dead_lettered_at": record["dead_lettered_at"],
+            **({"ordering": failure.ordering} if failure.ordering is not None else {}),
         },
         history_entry=failure.history_entry,
         attempts=failure.attempts,

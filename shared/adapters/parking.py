@@ -1,0 +1,284 @@
+"""Sequenced parking (migration 0009): the parked messages of ``ordering: key`` durables.
+
+A key is blocked while it has rows here; its head (lowest ``stream_seq``) is the message
+that failed, the others wait behind it in stream order. Rows are written before the
+JetStream ack of the messages they hold, so nothing is lost between the two.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from shared.adapters.postgres import Conn
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedEntry:
+    """A message to park: where it sits in its key's queue and its bytes."""
+
+    message_id: UUID
+    ordering_key: str
+    stream_seq: int
+    partition: int
+    subject: str
+    headers: Mapping[str, str]
+    data: bytes
+    #: 'queued' (behind the head), 'retrying' or 'held' (the head itself).
+    state: str = "queued"
+    attempts: int = 0
+    #: Seconds from now until it may be tried (a retrying head's back-off).
+    delay: float = 0.0
+    reason: str | None = None
+    #: Whether a replay of this message is in hand (it un-holds the parked held copy).
+    replay: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedRow:
+    """One parked message as the drainer reads it."""
+
+    message_id: UUID
+    ordering_key: str
+    stream_seq: int
+    delivered_seq: int
+    partition: int
+    subject: str
+    headers: dict[str, str]
+    data: bytes
+    state: str
+    attempts: int
+    next_attempt_at: datetime
+    reason: str | None
+    due: bool
+
+
+# A replay of a held head un-holds it (it is tried at once, from here, keeping its place);
+# any other copy of a message already parked is a duplicate and changes nothing.
+_PARK = """
+INSERT INTO parked_messages AS p (durable, ordering_key, stream_seq, delivered_seq, message_id,
+                                  partition, subject, headers, data, state, attempts,
+                                  next_attempt_at, reason)
+SELECT $1, m.ordering_key, m.stream_seq, m.stream_seq, m.message_id, m.partition, m.subject,
+       m.headers::jsonb, m.data, m.state, m.attempts,
+       clock_timestamp() + m.delay * interval '1 second', m.reason
+FROM unnest($2::text[], $3::bigint[], $4::uuid[], $5::int[], $6::text[], $7::text[],
+            $8::bytea[], $9::text[], $10::int[], $11::float8[], $12::text[])
+     AS m(ordering_key, stream_seq, message_id, partition, subject, headers, data, state,
+          attempts, delay, reason)
+ON CONFLICT (durable, message_id) DO UPDATE
+  SET state = 'retrying', next_attempt_at = clock_timestamp(),
+      delivered_seq = EXCLUDED.delivered_seq, reason = EXCLUDED.reason
+  WHERE p.state = 'held' AND EXCLUDED.reason = 'REPLAYED'
+"""
+
+_BLOCKED_KEYS = """
+SELECT DISTINCT ordering_key FROM parked_messages WHERE durable = $1 AND partition = $2
+"""
+
+# Keys whose head may be tried now, the most overdue first.
+_READY_KEYS = """
+WITH heads AS (
+  SELECT DISTINCT ON (ordering_key) ordering_key, state, next_attempt_at
+  FROM parked_messages WHERE durable = $1 AND partition = $2
+  ORDER BY ordering_key, stream_seq
+)
+SELECT ordering_key FROM heads
+WHERE state <> 'held' AND next_attempt_at <= clock_timestamp()
+ORDER BY next_attempt_at LIMIT $3
+"""
+
+_NEXT_DUE = """
+WITH heads AS (
+  SELECT DISTINCT ON (ordering_key) state, next_attempt_at
+  FROM parked_messages WHERE durable = $1 AND partition = $2
+  ORDER BY ordering_key, stream_seq
+)
+SELECT extract(epoch FROM min(next_attempt_at) - clock_timestamp())
+FROM heads WHERE state <> 'held'
+"""
+
+_KEY_ROWS = """
+SELECT message_id, ordering_key, stream_seq, delivered_seq, partition, subject, headers, data,
+       state, attempts, next_attempt_at, reason, next_attempt_at <= clock_timestamp() AS due
+FROM parked_messages WHERE durable = $1 AND ordering_key = $2
+ORDER BY stream_seq LIMIT $3
+"""
+
+_RELEASE = """
+WITH gone AS (
+  DELETE FROM parked_messages WHERE durable = $1 AND message_id = ANY($2::uuid[])
+  RETURNING ordering_key
+)
+SELECT count(*) FROM parked_messages
+WHERE durable = $1 AND ordering_key = $3 AND NOT (message_id = ANY($2::uuid[]))
+"""
+
+_RETRY_HEAD = """
+UPDATE parked_messages
+SET state = $3, attempts = $4, next_attempt_at = clock_timestamp() + $5 * interval '1 second',
+    reason = $6
+WHERE durable = $1 AND message_id = $2
+"""
+
+# Claimed in the inbox but never handed to the handler (parked behind a failed event):
+# the lease is released and the attempt the claim counted taken back.
+_UNCLAIM = """
+UPDATE inbox_messages
+SET status = CASE WHEN attempts <= 1 THEN 'received' ELSE 'retrying' END,
+    attempts = greatest(attempts - 1, 0), lease_owner = NULL, lease_until = NULL,
+    updated_at = clock_timestamp()
+WHERE durable = $1 AND message_id = ANY($2::uuid[]) AND lease_owner = $3
+  AND status = 'processing'
+"""
+
+_SUMMARY = """
+SELECT count(DISTINCT ordering_key) AS keys, count(*) AS events,
+       count(*) FILTER (WHERE state = 'held') AS held,
+       min(parked_at) AS oldest_at
+FROM parked_messages WHERE durable = $1
+"""
+
+_KEYS = """
+SELECT ordering_key, min(partition) AS partition, count(*) AS events,
+       min(parked_at) AS oldest_at,
+       (array_agg(message_id ORDER BY stream_seq))[1] AS head_id,
+       (array_agg(state ORDER BY stream_seq))[1] AS head_state,
+       (array_agg(attempts ORDER BY stream_seq))[1] AS head_attempts,
+       (array_agg(reason ORDER BY stream_seq))[1] AS head_reason,
+       (array_agg(next_attempt_at ORDER BY stream_seq))[1] AS head_next_attempt_at
+FROM parked_messages WHERE durable = $1 AND ($2::text IS NULL OR ordering_key = $2)
+GROUP BY ordering_key ORDER BY min(parked_at) LIMIT $3
+"""
+
+_DISCARD = """
+DELETE FROM parked_messages p
+USING (SELECT message_id FROM parked_messages WHERE durable = $1 AND ordering_key = $2
+       ORDER BY stream_seq LIMIT 1) h
+WHERE p.durable = $1 AND p.message_id = h.message_id AND p.state = 'held'
+RETURNING p.message_id
+"""
+
+_ACTION = """
+INSERT INTO parked_actions (durable, ordering_key, message_id, action, actor, reason)
+VALUES ($1, $2, $3, $4, $5, $6)
+"""
+
+#: The ``reason`` of a replayed copy: it un-holds the held copy parked before it.
+REPLAYED = "REPLAYED"
+
+
+async def park(conn: Conn, durable: str, entries: Sequence[ParkedEntry]) -> None:
+    """Park ``entries`` (a copy already parked changes nothing; a replay un-holds)."""
+    if not entries:
+        return
+    await conn.execute(
+        _PARK,
+        durable,
+        [e.ordering_key for e in entries],
+        [e.stream_seq for e in entries],
+        [e.message_id for e in entries],
+        [e.partition for e in entries],
+        [e.subject for e in entries],
+        [json.dumps(dict(e.headers)) for e in entries],
+        [e.data for e in entries],
+        [e.state for e in entries],
+        [e.attempts for e in entries],
+        [max(e.delay, 0.0) for e in entries],
+        [REPLAYED if e.replay else e.reason for e in entries],
+    )
+
+
+async def blocked_keys(conn: Conn, durable: str, partition: int) -> set[str]:
+    """Every key of ``partition`` with parked messages."""
+    return {r["ordering_key"] for r in await conn.fetch(_BLOCKED_KEYS, durable, partition)}
+
+
+async def ready_keys(conn: Conn, durable: str, partition: int, limit: int) -> list[str]:
+    """Keys whose head may be tried now (not held, back-off over), most overdue first."""
+    rows = await conn.fetch(_READY_KEYS, durable, partition, limit)
+    return [r["ordering_key"] for r in rows]
+
+
+async def next_due(conn: Conn, durable: str, partition: int) -> float | None:
+    """Seconds until the next head may be tried (<= 0: now); None when nothing waits."""
+    value = await conn.fetchval(_NEXT_DUE, durable, partition)
+    return None if value is None else float(value)
+
+
+async def key_rows(conn: Conn, durable: str, key: str, limit: int) -> list[ParkedRow]:
+    """The first ``limit`` parked messages of ``key``, head first."""
+    rows = await conn.fetch(_KEY_ROWS, durable, key, limit)
+    return [
+        ParkedRow(
+            message_id=r["message_id"],
+            ordering_key=r["ordering_key"],
+            stream_seq=r["stream_seq"],
+            delivered_seq=r["delivered_seq"],
+            partition=r["partition"],
+            subject=r["subject"],
+            headers=json.loads(r["headers"]) if isinstance(r["headers"], str) else r["headers"],
+            data=bytes(r["data"]),
+            state=r["state"],
+            attempts=r["attempts"],
+            next_attempt_at=r["next_attempt_at"],
+            reason=r["reason"],
+            due=r["due"],
+        )
+        for r in rows
+    ]
+
+
+async def release(conn: Conn, durable: str, key: str, message_ids: Iterable[UUID]) -> int:
+    """Delete the given parked messages of ``key``; the number of its messages left."""
+    left = await conn.fetchval(_RELEASE, durable, list(message_ids), key)
+    return int(left or 0)
+
+
+async def retry_head(
+    conn: Conn,
+    durable: str,
+    message_id: UUID,
+    *,
+    state: str,
+    attempts: int,
+    delay: float,
+    reason: str,
+) -> None:
+    """The head failed again (``retrying`` after ``delay``) or was dead-lettered (``held``)."""
+    await conn.execute(_RETRY_HEAD, durable, message_id, state, attempts, max(delay, 0.0), reason)
+
+
+async def unclaim(conn: Conn, durable: str, owner: str, message_ids: Sequence[UUID]) -> None:
+    """Give back inbox claims of messages parked before the handler saw them."""
+    if message_ids:
+        await conn.execute(_UNCLAIM, durable, list(message_ids), owner)
+
+
+async def summary(conn: Conn, durable: str) -> dict[str, Any]:
+    """Parked keys, parked events, held heads, oldest parked_at (metrics, `ferry parked`)."""
+    row = await conn.fetchrow(_SUMMARY, durable)
+    assert row is not None
+    return dict(row)
+
+
+async def keys(
+    conn: Conn, durable: str, key: str | None = None, limit: int = 100
+) -> list[dict[str, Any]]:
+    """Parked keys with their head and how many wait (oldest first)."""
+    return [dict(r) for r in await conn.fetch(_KEYS, durable, key, limit)]
+
+
+async def discard_head(
+    conn: Conn, durable: str, key: str, *, actor: str, reason: str
+) -> UUID | None:
+    """Remove ``key``'s held head so the rest flows (audited); None when it holds none."""
+    async with conn.transaction():
+        gone: UUID | None = await conn.fetchval(_DISCARD, durable, key)
+        if gone is not None:
+            await conn.execute(_ACTION, durable, key, gone, "discard", actor, reason)
+    return gone
