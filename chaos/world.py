@@ -79,7 +79,9 @@ ROLE_SETTINGS: dict[str, dict[str, str]] = {
         "FERRY_LEASE_MARGIN": "2",
         "FERRY_CONCURRENCY": "32",
     },
-    "handler": {},
+    # The workload's fault classes are _ferry_test payload directives (chaos/workload.py),
+    # obeyed only with this setting on.
+    "handler": {"FERRY_HANDLER_FAULT_INJECTION": "true"},
     "router": {"FERRY_FETCH_TIMEOUT": "0.5"},
 }
 

@@ -2,7 +2,8 @@
 
 Wires settings to a :class:`HandlerService` and an aiohttp runner, then waits for
 SIGTERM/SIGINT. Exit codes: 0 after a clean stop, 2 on a configuration error (unknown
-service, bad settings, port in use), 3 when the database fails while starting.
+service, bad settings, port in use, fault injection in production), 3 when the database
+fails while starting.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ async def run(settings: HandlerSettings, stop: asyncio.Event) -> int:
     """Serve until ``stop`` is set, then finish in-flight calls and close."""
     if not settings.service:
         raise ConfigurationError("no service given: use --service NAME or FERRY_SERVICE")
+    settings.check_fault_injection()
     spec = service_spec(settings.service)
     topology = settings.load_topology()
     require_clean_topology(topology, source=settings.topology)
@@ -72,7 +74,14 @@ async def run(settings: HandlerSettings, stop: asyncio.Event) -> int:
     if pool is None:
         return EXIT_OK
     try:
-        service = build_service(spec, pool=pool, topology=topology)
+        service = build_service(
+            spec, pool=pool, topology=topology, fault_injection=settings.handler_fault_injection
+        )
+        if service.fault_injection:
+            log.warning(
+                "FERRY_HANDLER_FAULT_INJECTION is on: payloads' _ferry_test directives are "
+                "obeyed (a test setting; never in production)"
+            )
         secrets = settings.verification_secrets()
         if not secrets:
             log.warning("FERRY_HANDLER_SECRETS is not set: requests are not authenticated")

@@ -1,12 +1,19 @@
-"""Fault injection driven by the payload, for demos and tests.
+"""Fault injection driven by the payload, for demos, tests and chaos runs.
 
-A payload may carry a ``"_ferry_test"`` object; without it the call is processed
+**Off unless the service is started with** ``FERRY_HANDLER_FAULT_INJECTION=true``
+(:class:`~services.handlers.settings.HandlerSettings`); off, ``"_ferry_test"`` is ordinary
+payload data that changes nothing, so no producer can drive a handler's answers. The
+service refuses to start with it on in production (``FERRY_ENVIRONMENT=production``,
+set by ``k8s/overlays/prod``).
+
+On, a payload may carry a ``"_ferry_test"`` object; without it the call is processed
 normally. Its keys, all optional:
 
 ``"slow_ms": M``
-    Sleep M milliseconds before doing anything else (the outcome is unchanged, so a
-    consumer whose timeout is shorter sees a timeout while the effect may still commit
-    afterwards, which is exactly the case the 409 contract exists for).
+    Sleep M milliseconds (at most :data:`MAX_SLOW_MS`) before doing anything else (the
+    outcome is unchanged, so a consumer whose timeout is shorter sees a timeout while the
+    effect may still commit afterwards, which is exactly the case the 409 contract exists
+    for).
 ``"poison": true``
     Answer 422 on every attempt (``reason_code`` ``TEST_POISON``).
 ``"reject_until": "<RFC 3339 time>"``
@@ -41,6 +48,10 @@ from shared.domain.errors import PoisonError
 #: The payload key that carries the directives.
 FAULT_KEY = "_ferry_test"
 _KEYS = frozenset({"poison", "reject_until", "status", "fail_attempts", "retry_after", "slow_ms"})
+#: The longest ``slow_ms`` obeyed: a minute, the largest handler timeout of the shipped
+#: topologies. More is itself a 422 (``INVALID_TEST_DIRECTIVE``), so no payload can hold
+#: a call open without bound.
+MAX_SLOW_MS = 60_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +102,10 @@ class Faults:
         return None
 
 
+#: No directive: what every call gets when fault injection is off.
+NO_FAULTS = Faults()
+
+
 def _seconds(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
@@ -113,7 +128,7 @@ def parse_faults(payload: Mapping[str, Any]) -> Faults:
         status=_status(raw.get("status")),
         fail_attempts=_count(raw, "fail_attempts"),
         retry_after=_retry_after(raw.get("retry_after")),
-        slow_ms=_count(raw, "slow_ms"),
+        slow_ms=_count(raw, "slow_ms", MAX_SLOW_MS),
         reject_until=_moment(raw.get("reject_until")),
     )
 
@@ -140,10 +155,12 @@ def _status(value: object) -> int | None:
     return value
 
 
-def _count(raw: Mapping[str, Any], key: str) -> int:
+def _count(raw: Mapping[str, Any], key: str, most: int | None = None) -> int:
     value = raw.get(key, 0)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise _invalid(key, f"must be a non-negative integer, got {value!r}")
+    if most is not None and value > most:
+        raise _invalid(key, f"must be at most {most}, got {value!r}")
     return value
 
 

@@ -13,8 +13,6 @@ from typing import Any
 
 from shared.domain.errors import PoisonError
 
-from .faults import FAULT_KEY
-
 
 def text(payload: Mapping[str, Any], name: str) -> str:
     """``payload[name]`` as a non-empty string."""
@@ -43,5 +41,5 @@ def integer(payload: Mapping[str, Any], name: str) -> int:
 
 
 def business_json(payload: Mapping[str, Any]) -> str:
-    """The payload as JSON for a jsonb column, without the test directives."""
-    return json.dumps({k: v for k, v in payload.items() if k != FAULT_KEY}, ensure_ascii=False)
+    """``payload`` as JSON for a jsonb column (give it ``request.business_payload``)."""
+    return json.dumps(payload, ensure_ascii=False)

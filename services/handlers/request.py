@@ -17,6 +17,8 @@ from typing import Any
 from shared.domain.envelope import Envelope, parse_json_body
 from shared.domain.errors import PoisonError
 
+from .faults import FAULT_KEY
+
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 TRACEPARENT_HEADER = "traceparent"
 
@@ -39,6 +41,8 @@ class HandleRequest:
     delivery: Delivery
     doc: dict[str, Any]
     traceparent: str | None = None
+    #: Whether the service obeys fault directives (then ``_ferry_test`` is not business data).
+    fault_injection: bool = False
 
     @property
     def message_id(self) -> str:
@@ -49,6 +53,14 @@ class HandleRequest:
     def payload(self) -> dict[str, Any]:
         """The event payload."""
         return self.envelope.payload
+
+    @property
+    def business_payload(self) -> dict[str, Any]:
+        """The payload a route stores: without ``_ferry_test`` when fault injection is on
+        (the directive was the service's), the whole payload otherwise (plain data)."""
+        if not self.fault_injection or FAULT_KEY not in self.payload:
+            return self.payload
+        return {k: v for k, v in self.payload.items() if k != FAULT_KEY}
 
     @property
     def route_key(self) -> tuple[str, int]:

@@ -5,8 +5,9 @@ call runs like this:
 
 1. parse and check the request (envelope, delivery, ``Idempotency-Key``), look up the
    route by ``(event_type, event_version)``, validate the payload against the
-   topology's schema, read the fault directives (:mod:`services.handlers.faults`);
-   anything wrong is a 422;
+   topology's schema with the inbox-consumer's own validator (jsonschema, Draft 2020-12,
+   reason ``SCHEMA_INVALID``), read the fault directives when fault injection is on
+   (:mod:`services.handlers.faults`); anything wrong is a 422;
 2. unless a fault directive answers instead, in ONE transaction: claim the id in
    ``handler_applied`` (a conflict means 409, already processed), run the route on
    the same connection, record the call in ``handler_calls`` with its answer, commit —
@@ -25,6 +26,7 @@ Every error is mapped to a status here and nowhere else: poison and unstorable d
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -35,15 +37,14 @@ import asyncpg
 from asyncpg.exceptions._base import DataError as ArgumentDataError
 
 from shared.adapters.postgres import CONNECTION_ERRORS, Conn, Statement
-from shared.contracts.events import ONE_STATEMENT_MARK
+from shared.contracts.events import ONE_STATEMENT_MARK, AcceptedEvents
 from shared.contracts.topology import EventSpec, Topology
 from shared.domain.envelope import format_timestamp
 from shared.domain.errors import ConfigurationError, PoisonError, TransientError
 
 from . import store
-from .faults import Faults, parse_faults
+from .faults import NO_FAULTS, Faults, parse_faults
 from .request import CallIds, HandleRequest, call_ids, parse_request
-from .schema import check_supported, validate
 
 log = logging.getLogger("ferry.handlers")
 
@@ -144,14 +145,19 @@ class HandlerService:
         routes: Mapping[RouteKey, Route | StatementRoute],
         schemas: Mapping[RouteKey, Mapping[str, Any]] | None = None,
         tables: tuple[str, ...] = (),
+        fault_injection: bool = False,
     ) -> None:
         if not store.IDENTIFIER.fullmatch(name):
             raise ConfigurationError(f"handler name {name!r} must be snake_case")
         self.name = name
         self._pool = pool
         self._routes = dict(routes)
-        self._schemas = dict(schemas or {})
+        # The consumer's own validators (AcceptedEvents): one schema dialect, one reason
+        # code, so the handler refuses exactly the payloads the consumer dead-letters.
+        self._schemas = AcceptedEvents(dict(schemas or {}))
         self._tables = tables
+        #: Whether ``_ferry_test`` directives are obeyed (off: the field is plain data).
+        self.fault_injection = fault_injection
         self.installed = False
 
     async def install(self) -> None:
@@ -205,12 +211,19 @@ class HandlerService:
                 "UNKNOWN_EVENT",
                 f"unknown event type/version {event_type}.v{version} for handler {self.name!r}",
             )
-        schema = self._schemas.get(request.route_key)
-        if schema is not None:
-            validate(request.payload, schema)
+        self.check_payload(request.route_key, request.payload)
+        if not self.fault_injection:
+            return _Call(request, route, NO_FAULTS)
         faults = parse_faults(request.payload)
         faults.check_poison()
-        return _Call(request, route, faults)
+        return _Call(dataclasses.replace(request, fault_injection=True), route, faults)
+
+    def check_payload(self, key: RouteKey, payload: object) -> None:
+        """Raise ``SCHEMA_INVALID`` (a 422) unless ``payload`` fits the schema of ``key``:
+        the inbox-consumer's verdict and wording (:class:`AcceptedEvents`)."""
+        problem = self._schemas.payload_error(key, payload)
+        if problem is not None:
+            raise PoisonError("SCHEMA_INVALID", problem)
 
     async def _decide(self, conn: Conn, call: _Call | PoisonError, ids: CallIds) -> Outcome:
         if isinstance(call, PoisonError):
@@ -338,11 +351,13 @@ def handled_events(topology: Topology, context: str) -> dict[RouteKey, EventSpec
     }
 
 
-def build_service(spec: ServiceSpec, *, pool: asyncpg.Pool, topology: Topology) -> HandlerService:
+def build_service(
+    spec: ServiceSpec, *, pool: asyncpg.Pool, topology: Topology, fault_injection: bool = False
+) -> HandlerService:
     """A :class:`HandlerService` for ``spec``, checked against and schema-fed by ``topology``.
 
     Refuses (:class:`ConfigurationError`) a topology that sends this context an event the
-    service has no route for, or whose schema uses keywords the validator cannot enforce.
+    service has no route for. ``fault_injection`` turns the ``_ferry_test`` directives on.
     """
     topology.context(spec.name)
     expected = handled_events(topology, spec.name)
@@ -353,11 +368,16 @@ def build_service(spec: ServiceSpec, *, pool: asyncpg.Pool, topology: Topology) 
             f"topology {topology.name!r} sends {names} to context {spec.name!r}, "
             f"but the {spec.name} handler has no route for it"
         )
-    schemas: dict[RouteKey, Mapping[str, Any]] = {}
-    for key, event in expected.items():
-        if event.payload_schema is not None:
-            check_supported(event.payload_schema, f"events[{key[0]}.v{key[1]}].schema")
-            schemas[key] = event.payload_schema
+    schemas = {
+        key: event.payload_schema
+        for key, event in expected.items()
+        if event.payload_schema is not None
+    }
     return HandlerService(
-        name=spec.name, pool=pool, routes=spec.routes, schemas=schemas, tables=spec.tables
+        name=spec.name,
+        pool=pool,
+        routes=spec.routes,
+        schemas=schemas,
+        tables=spec.tables,
+        fault_injection=fault_injection,
     )

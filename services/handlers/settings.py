@@ -11,6 +11,9 @@ from shared.domain.errors import ConfigurationError
 from shared.domain.signing import DEFAULT_TOLERANCE
 from shared.runtime.settings import CommonSettings
 
+#: FERRY_ENVIRONMENT values that mean production.
+PRODUCTION_NAMES = frozenset({"production", "prod"})
+
 
 class HandlerSettings(CommonSettings):
     """handler-<service>: one example handler service, serving its context's durables."""
@@ -29,6 +32,27 @@ class HandlerSettings(CommonSettings):
     handler_secrets_file: Path | None = None
     #: Seconds a signature stays valid either side of our clock (older: replayed, 401).
     signature_tolerance: float = Field(default=DEFAULT_TOLERANCE, gt=0)
+    #: Obey the ``_ferry_test`` fault directives of payloads (force a status or a poison,
+    #: sleep at most a minute): for the dev stack, the demo, the tests and chaos runs only.
+    #: Off (the default), ``_ferry_test`` is ordinary payload data that changes nothing.
+    #: The service refuses to start with it on when FERRY_ENVIRONMENT is ``production``.
+    handler_fault_injection: bool = False
+    #: The kind of deployment: ``production`` (k8s/overlays/prod sets it) forbids
+    #: FERRY_HANDLER_FAULT_INJECTION; anything else (``development``, ``test``...) allows it.
+    environment: str = "development"
+
+    def is_production(self) -> bool:
+        """Whether FERRY_ENVIRONMENT names production (``production`` or ``prod``, any case)."""
+        return self.environment.strip().lower() in PRODUCTION_NAMES
+
+    def check_fault_injection(self) -> None:
+        """Refuse fault injection in production (:class:`ConfigurationError`)."""
+        if self.handler_fault_injection and self.is_production():
+            raise ConfigurationError(
+                "FERRY_HANDLER_FAULT_INJECTION=true is refused when FERRY_ENVIRONMENT is "
+                f"{self.environment!r}: any producer could force this handler's answers "
+                "with a _ferry_test payload field; unset it (it is off by default)"
+            )
 
     def verification_secrets(self) -> dict[str, bytes]:
         """Durable → secret; empty when calls are not verified. Errors never show a secret."""

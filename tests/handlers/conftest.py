@@ -145,11 +145,16 @@ class RunningHandler:
 
 
 @asynccontextmanager
-async def running(env: Env, name: str) -> AsyncIterator[RunningHandler]:
-    """Serve handler ``name`` against ``env``'s database for its context."""
+async def running(
+    env: Env, name: str, *, fault_injection: bool = False
+) -> AsyncIterator[RunningHandler]:
+    """Serve handler ``name`` against ``env``'s database for its context; with
+    ``fault_injection``, as FERRY_HANDLER_FAULT_INJECTION=true does."""
     pool = await asyncpg.create_pool(env.dsn(name), min_size=1, max_size=5)
     try:
-        service = build_service(service_spec(name), pool=pool, topology=env.topology)
+        service = build_service(
+            service_spec(name), pool=pool, topology=env.topology, fault_injection=fault_injection
+        )
         server = TestServer(make_app(service=service))
         timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT)
         async with TestClient(server, timeout=timeout) as client:
@@ -160,8 +165,8 @@ async def running(env: Env, name: str) -> AsyncIterator[RunningHandler]:
 
 @pytest.fixture
 async def sea(env: Env) -> AsyncIterator[RunningHandler]:
-    """SEA's handler on the test's sea database."""
-    async with running(env, "sea") as handler:
+    """SEA's handler on the test's sea database, obeying ``_ferry_test`` directives."""
+    async with running(env, "sea", fault_injection=True) as handler:
         yield handler
 
 

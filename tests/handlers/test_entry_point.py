@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import aiohttp
 import pytest
@@ -22,11 +23,11 @@ from .conftest import HTTP_TIMEOUT, make_doc
 pytestmark = pytest.mark.integration
 
 
-def _spawn(world: Env, *args: str) -> subprocess.Popen[bytes]:
+def _spawn(world: Env, *args: str, **extra: str) -> subprocess.Popen[bytes]:
     with open(world.tmp_path / "handler.log", "ab") as log:  # the child keeps its own copy
         return subprocess.Popen(
             argv := [sys.executable, "-m", "services.handlers", *args],
-            cwd=ROOT, env=world.settings_env(command=argv), stdout=log, stderr=log,
+            cwd=ROOT, env=world.settings_env(command=argv, **extra), stdout=log, stderr=log,
         )
 
 
@@ -59,12 +60,16 @@ def _session() -> aiohttp.ClientSession:
 
 async def test_serves_and_drains_in_flight_calls_on_sigterm(env: Env) -> None:
     port = free_port()
-    proc = _spawn(env, "--service", "sea", "--port", str(port))
+    # The slow call needs the fault directives, which are off unless the setting says so.
+    proc = _spawn(
+        env, "--service", "sea", "--port", str(port), FERRY_HANDLER_FAULT_INJECTION="true"
+    )
     try:
         async with _session() as session:
             await _wait_ready(session, proc, port)
             doc = make_doc("vibe_created", 1, {"vibe_id": "v1", "title": "t",
                                                "_ferry_test": {"slow_ms": 1000}})
+            started = time.monotonic()
             call = asyncio.create_task(session.post(
                 f"http://127.0.0.1:{port}/handle", json=doc,
                 headers={"Idempotency-Key": doc["message_id"]},
@@ -73,6 +78,7 @@ async def test_serves_and_drains_in_flight_calls_on_sigterm(env: Env) -> None:
             proc.send_signal(signal.SIGTERM)
             async with await call as resp:
                 assert resp.status == 200, await resp.text()
+            assert time.monotonic() - started >= 1.0, "the call was not in flight at SIGTERM"
         assert await _stop(proc) == 0
     finally:
         await _stop(proc)
@@ -112,6 +118,11 @@ def _run(*args: str, **extra: str) -> subprocess.CompletedProcess[bytes]:
         (("--service", "module_f"), {}, b"has no context 'module_f'"),
         ((), {}, b"no service given"),
         ((), {"FERRY_SERVICE": "sea", "FERRY_PORT": "http"}, b"invalid settings"),
+        (
+            ("--service", "sea"),
+            {"FERRY_HANDLER_FAULT_INJECTION": "true", "FERRY_ENVIRONMENT": "production"},
+            b"FERRY_HANDLER_FAULT_INJECTION=true is refused when FERRY_ENVIRONMENT is",
+        ),
     ],
 )
 def test_configuration_errors_exit_2(

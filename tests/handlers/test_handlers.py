@@ -25,7 +25,7 @@ from shared.domain.envelope import payload_digest
 from shared.domain.errors import ConfigurationError
 from tests.conftest import Env
 
-from .conftest import RunningHandler, make_doc, mediation_doc_for, running
+from .conftest import HTTP_TIMEOUT, RunningHandler, make_doc, mediation_doc_for, running
 
 pytestmark = pytest.mark.integration
 
@@ -130,11 +130,11 @@ POISON_CASES: dict[str, tuple[Mutation, str]] = {
     ),
     "schema type": (
         lambda d: _send(with_payload(d, {"vibe_id": "v1", "title": 42})),
-        "payload.title: expected string, got integer",
+        "SCHEMA_INVALID: vibe_created.v1: payload.title: 42 is not of type 'string'",
     ),
     "schema required": (
         lambda d: _send(with_payload(d, {"vibe_id": "v1"})),
-        "payload.title: required field is missing",
+        "payload.title: required property is missing",
     ),
     "missing envelope field": (
         lambda d: _send(_without(d, "aggregate_id")), "envelope lacks aggregate_id",
@@ -189,7 +189,7 @@ async def test_poison_is_422_naming_the_defect(sea: RunningHandler, case: str) -
     body, headers = mutate(doc)
     reply = await sea.post(body=body, headers=headers)
     assert reply.status == 422, reply.body
-    assert expected in reply.body["error"]
+    assert expected in f"{reply.body['reason_code']}: {reply.body['error']}"
     assert reply.body["reason_code"]
     assert await sea.applied() == 0 and await vibes(sea) == []
     statuses = [r["status"] for r in await sea.pool.fetch("SELECT status FROM handler_calls")]
@@ -239,6 +239,43 @@ async def test_slow_ms_delays_the_answer(sea: RunningHandler) -> None:
     reply = await sea.post(vibe_v1(_ferry_test={"slow_ms": 300}))
     assert reply.status == 200
     assert time.monotonic() - started >= 0.3
+
+
+async def test_a_sleep_beyond_the_bound_is_refused_at_once(sea: RunningHandler) -> None:
+    started = time.monotonic()
+    reply = await sea.post(vibe_v1(_ferry_test={"slow_ms": 3_600_000}))
+    assert (reply.status, reply.body["reason_code"]) == (422, "INVALID_TEST_DIRECTIVE")
+    assert time.monotonic() - started < HTTP_TIMEOUT
+    assert await sea.applied() == 0
+
+
+# --- fault injection off (the default): the directive is plain data -------------------
+
+DIRECTIVES: list[dict[str, Any]] = [
+    {"poison": True},
+    {"status": 500},
+    {"fail_attempts": 3, "retry_after": 9},
+    {"reject_until": "2999-01-01T00:00:00Z"},
+    {"slow_ms": 5_000},
+    {"fail_attempt": 1},  # a typo: refused when on, ignored like any data when off
+    "not even an object",
+]
+
+
+@pytest.mark.parametrize("directive", DIRECTIVES, ids=repr)
+async def test_without_the_setting_a_directive_changes_nothing(env: Env, directive: Any) -> None:
+    doc = vibe_v1(_ferry_test=directive)
+    async with running(env, "sea") as plain:
+        assert plain.service.fault_injection is False
+        started = time.monotonic()
+        first = await plain.post(doc)
+        elapsed = time.monotonic() - started
+        second = await plain.post(redelivery(doc, 2))
+        rows = await vibes(plain)
+    assert (first.status, second.status) == (200, 409), first.body
+    assert "Retry-After" not in first.headers
+    assert elapsed < 2.0, "slow_ms must not sleep when fault injection is off"
+    assert [(r["vibe_id"], r["title"]) for r in rows] == [("v1", "first")]
 
 
 # --- real failures ---------------------------------------------------------------------
@@ -401,18 +438,24 @@ async def test_refuses_a_topology_event_it_has_no_route_for(env: Env) -> None:
         await pool.close()
 
 
-async def test_refuses_a_schema_keyword_it_cannot_enforce(env: Env) -> None:
+async def test_enforces_every_keyword_of_the_schema_over_http(env: Env) -> None:
+    # The old home-made validator refused maxLength, enum, minimum...; jsonschema
+    # enforces them as the consumer does (tests/handlers/test_schema.py compares both).
     events = []
     for event in env.topology.events:
         if event.name == "vibe_created.v1":
             schema = copy.deepcopy(event.payload_schema or {})
             schema["properties"]["title"]["maxLength"] = 10
+            schema["properties"]["rank"] = {"type": "integer", "minimum": 1}
             event = event.model_copy(update={"payload_schema": schema})
         events.append(event)
-    topology = env.topology.model_copy(update={"events": events})
-    pool = await asyncpg.create_pool(env.dsn("sea"), min_size=1, max_size=1)
-    try:
-        with pytest.raises(ConfigurationError, match="maxLength"):
-            build_service(service_spec("sea"), pool=pool, topology=topology)
-    finally:
-        await pool.close()
+    env.topology = env.topology.model_copy(update={"events": events})
+    async with running(env, "sea") as sea:
+        too_long = await sea.post(vibe_v1(title="eleven char"))
+        too_low = await sea.post(vibe_v1(rank=0))
+        fine = await sea.post(vibe_v1(title="ten chars!", rank=1))
+    assert (too_long.status, too_long.body["reason_code"]) == (422, "SCHEMA_INVALID")
+    assert "payload.title: 'eleven char' is too long" in too_long.body["error"]
+    assert (too_low.status, too_low.body["reason_code"]) == (422, "SCHEMA_INVALID")
+    assert "payload.rank: 0 is less than the minimum of 1" in too_low.body["error"]
+    assert fine.status == 200

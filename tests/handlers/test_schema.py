@@ -1,109 +1,124 @@
-"""The JSON Schema subset validator and the fault directives, without any server."""
+"""One validator: the handler refuses exactly the payloads the inbox-consumer dead-letters,
+with the same reason code (``SCHEMA_INVALID``) and the same words, for every keyword of
+JSON Schema 2020-12 the manifests may use (not a subset)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from services.handlers.faults import Faults, parse_faults
-from services.handlers.schema import check_supported, validate
-from shared.domain.errors import ConfigurationError, PoisonError
+from services.handlers.service import HandlerService, build_service
+from services.handlers.specs import service_spec
+from shared.contracts.events import AcceptedEvents, accepted_events
+from shared.contracts.loading import load_topology
+from shared.contracts.topology import Topology
+from shared.domain.errors import PoisonError
+from tests.conftest import ROOT
 
+KEY = ("vibe_created", 1)
+DURABLE = "sea__from_vibespro"
+#: vibe_created.v1 as a team might tighten it: every keyword the old subset refused.
 SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
-    "required": ["id", "count"],
+    "required": ["vibe_id", "title"],
+    "additionalProperties": False,
     "properties": {
-        "id": {"type": "string"},
-        "count": {"type": "integer"},
-        "score": {"type": "number"},
-        "flag": {"type": "boolean"},
-        "note": {"type": ["string", "null"]},
-        "inner": {"type": "object", "required": ["x"], "properties": {"x": {"type": "string"}}},
+        "vibe_id": {"type": "string", "format": "uuid"},
+        "title": {"type": "string", "enum": ["first", "second"]},
+        "rank": {"type": "integer", "minimum": 0},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "when": {"type": "string", "format": "date-time"},
     },
 }
 
 
-@pytest.mark.parametrize(
-    "payload",
-    [
-        {"id": "a", "count": 1},
-        {"id": "a", "count": 2.0, "score": 1, "flag": False, "note": None},
-        {"id": "a", "count": 1, "score": 0.5, "inner": {"x": "y"}, "extra": [1]},
-    ],
+def _topology() -> Topology:
+    topology = load_topology(ROOT / "topologies" / "sea-vibespro.yaml")
+    events = [
+        e.model_copy(update={"payload_schema": SCHEMA}) if (e.type, e.version) == KEY else e
+        for e in topology.events
+    ]
+    return topology.model_copy(update={"events": events})
+
+
+TOPOLOGY = _topology()
+#: The consumer's view (what services.inbox_consumer checks before calling the handler).
+CONSUMER = accepted_events(TOPOLOGY, DURABLE)
+#: The handler's (no call reaches the database here, so no pool is needed).
+HANDLER: HandlerService = build_service(
+    service_spec("sea"), pool=cast(Any, None), topology=TOPOLOGY
 )
-def test_accepts(payload: dict[str, Any]) -> None:
-    validate(payload, SCHEMA)
 
 
-@pytest.mark.parametrize(
-    ("payload", "message"),
-    [
-        ({"count": 1}, "payload.id: required field is missing"),
-        ({"id": "a", "count": True}, "payload.count: expected integer, got boolean"),
-        ({"id": "a", "count": 1.5}, "payload.count: expected integer, got number"),
-        ({"id": "a", "count": 1, "score": "1"}, "payload.score: expected number, got string"),
-        ({"id": "a", "count": 1, "flag": 0}, "payload.flag: expected boolean, got integer"),
-        ({"id": "a", "count": 1, "note": 3}, "payload.note: expected string or null"),
-        ({"id": "a", "count": 1, "inner": {}}, "payload.inner.x: required field is missing"),
-        ([1], "payload: expected object, got array"),
-    ],
-)
-def test_rejects_naming_the_field(payload: Any, message: str) -> None:
-    with pytest.raises(PoisonError, match="SCHEMA_VIOLATION") as caught:
-        validate(payload, SCHEMA)
-    assert message in caught.value.detail
+def handler_verdict(payload: object) -> str | None:
+    """None if the handler accepts ``payload``, else its reason code and detail."""
+    try:
+        HANDLER.check_payload(KEY, payload)
+    except PoisonError as exc:
+        return f"{exc.reason_code}: {exc.detail}"
+    return None
 
 
-def test_supported_subset_passes_the_startup_check() -> None:
-    check_supported({**SCHEMA, "title": "t", "$schema": "https://json-schema.org/draft/2020-12"})
-
-
-@pytest.mark.parametrize(
-    ("schema", "message"),
-    [
-        ({"type": "object", "additionalProperties": False}, "additionalProperties"),
-        ({"properties": {"a": {"enum": [1]}}}, "schema.properties.a: unsupported keyword"),
-        ({"type": "decimal"}, "unknown type 'decimal'"),
-        ({"required": "a"}, "must be a list of names"),
-    ],
-)
-def test_unenforceable_schemas_are_refused(schema: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigurationError, match=message):
-        check_supported(schema)
-
-
-def test_no_directive_means_no_fault() -> None:
-    faults = parse_faults({"a": 1})
-    assert faults == Faults()
-    assert faults.forced(1) is None
-
-
-def test_fail_attempts_stop_after_n() -> None:
-    faults = parse_faults({"_ferry_test": {"fail_attempts": 2, "retry_after": 3}})
-    assert [getattr(faults.forced(n), "status", None) for n in (1, 2, 3)] == [503, 503, None]
-    forced = faults.forced(1)
-    assert forced is not None and forced.headers == {"Retry-After": "3"}
-
-
-def test_status_wins_over_fail_attempts() -> None:
-    faults = parse_faults({"_ferry_test": {"status": 404, "fail_attempts": 1}})
-    assert [getattr(faults.forced(n), "status", None) for n in (1, 2)] == [404, 404]
+def consumer_verdict(payload: object) -> str | None:
+    """None if the consumer accepts ``payload``, else the dead letter's reason and detail
+    (the reason is services/inbox_consumer/deciding.py's for a failing payload)."""
+    assert isinstance(CONSUMER, AcceptedEvents)
+    problem = CONSUMER.payload_error(KEY, payload)
+    return None if problem is None else f"SCHEMA_INVALID: {problem}"
 
 
 @pytest.mark.parametrize(
-    ("directive", "message"),
+    ("payload", "where"),
     [
-        ("yes", "must be an object"),
-        ({"poison": "true"}, "poison: must be true or false"),
-        ({"status": 99}, "status: must be an HTTP status"),
-        ({"status": True}, "status: must be an HTTP status"),
-        ({"fail_attempts": -1}, "fail_attempts: must be a non-negative integer"),
-        ({"slow_ms": 1.5}, "slow_ms: must be a non-negative integer"),
-        ({"retry_after": "5"}, "retry_after: must be a non-negative number"),
+        ({"vibe_id": "v", "title": "third"}, "payload.title"),  # enum
+        ({"vibe_id": "v", "title": "first", "rank": -1}, "payload.rank"),  # minimum
+        ({"vibe_id": "v", "title": "first", "tags": ["a", 2]}, "payload.tags[1]"),  # items
+        ({"vibe_id": "v", "title": "first", "colour": "red"}, "colour"),  # additionalProperties
+        ({"title": "first"}, "payload.vibe_id: required property is missing"),
     ],
 )
-def test_malformed_directives_are_poison(directive: Any, message: str) -> None:
-    with pytest.raises(PoisonError, match="INVALID_TEST_DIRECTIVE") as caught:
-        parse_faults({"_ferry_test": directive})
-    assert message in caught.value.detail
+def test_keywords_the_old_subset_refused_are_enforced_like_the_consumer(
+    payload: dict[str, Any], where: str
+) -> None:
+    verdict = handler_verdict(payload)
+    assert verdict is not None and verdict.startswith("SCHEMA_INVALID: vibe_created.v1: ")
+    assert where in verdict
+    assert verdict == consumer_verdict(payload)
+
+
+def test_format_is_an_annotation_on_both_sides() -> None:
+    # Draft 2020-12 does not assert "format" by default; neither side does, so a payload
+    # the consumer passes on is never refused by the handler for its format.
+    payload = {"vibe_id": "not-a-uuid", "title": "first", "when": "yesterday"}
+    assert handler_verdict(payload) is None and consumer_verdict(payload) is None
+
+
+def test_a_valid_payload_passes_both() -> None:
+    payload = {"vibe_id": "v", "title": "second", "rank": 0, "tags": [], "when": "2026-01-01"}
+    assert handler_verdict(payload) is None and consumer_verdict(payload) is None
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(-2, 2) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=6,
+)
+FIELDS = {
+    "vibe_id": st.text(max_size=6) | JSON,
+    "title": st.sampled_from(["first", "second", "third"]) | JSON,
+    "rank": st.integers(-2, 2) | st.floats(-1, 1) | JSON,
+    "tags": st.lists(st.text(max_size=3) | JSON, max_size=3) | JSON,
+    "when": st.sampled_from(["2026-11-26T10:00:00Z", "tomorrow"]) | JSON,
+    "colour": JSON,
+}
+PAYLOADS = st.fixed_dictionaries({}, optional=FIELDS) | JSON
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(PAYLOADS)
+def test_handler_and_consumer_agree_on_every_payload(payload: object) -> None:
+    assert handler_verdict(payload) == consumer_verdict(payload)

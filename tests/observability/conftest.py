@@ -64,11 +64,16 @@ class HandlerApp:
 
 
 @contextlib.asynccontextmanager
-async def handler_app(env: Env, context: str) -> AsyncIterator[HandlerApp]:
-    """``services.handlers`` for ``context`` on a free port (same code as the role)."""
+async def handler_app(
+    env: Env, context: str, *, fault_injection: bool = False
+) -> AsyncIterator[HandlerApp]:
+    """``services.handlers`` for ``context`` on a free port (same code as the role); with
+    ``fault_injection``, obeying ``_ferry_test`` as FERRY_HANDLER_FAULT_INJECTION=true does."""
     pool = await asyncpg.create_pool(env.dsn(context), min_size=1, max_size=4)
     port = free_port()
-    service = build_service(service_spec(context), pool=pool, topology=env.topology)
+    service = build_service(
+        service_spec(context), pool=pool, topology=env.topology, fault_injection=fault_injection
+    )
     runner = web.AppRunner(make_app(service=service), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()

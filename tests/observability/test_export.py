@@ -150,6 +150,7 @@ async def test_spans_reach_otlp_grpc_otlp_http_and_a_file_as_one_trace(
     procs = {
         "handler": roles.start(
             "handler", ["services.handlers", "--service", "sea", "--port", str(handler_port)],
+            FERRY_HANDLER_FAULT_INJECTION="true",  # the poison event is a _ferry_test directive
             FERRY_TRACES_EXPORTER="file", FERRY_TRACES_FILE=str(spans_file), **FAST_EXPORT,
         ),
         "publisher": roles.start(

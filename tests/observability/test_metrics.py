@@ -116,7 +116,8 @@ async def test_every_role_exposes_its_series_with_the_values_of_a_known_workload
     handler_port = env.handler_port  # type: ignore[attr-defined]
     procs = {
         "handler": roles.start(
-            "handler", ["services.handlers", "--service", "sea", "--port", str(handler_port)]
+            "handler", ["services.handlers", "--service", "sea", "--port", str(handler_port)],
+            FERRY_HANDLER_FAULT_INJECTION="true",  # the workload's _ferry_test directives
         ),
         "publisher": roles.start(
             "publisher", ["services.outbox_publisher", "--context", "vibespro"],

@@ -85,7 +85,7 @@ async def test_where_follows_processed_dead_lettered_replayed_and_unpublished_ev
 ) -> None:
     env = sea_world
     later = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
-    async with handler_app(env, "sea") as app:
+    async with handler_app(env, "sea", fault_injection=True) as app:
         env.doc["durables"][DURABLE]["handler"]["url"] = app.url
         env.write()
         processed, processed_tp = await _record(env)
