@@ -25,9 +25,17 @@ from shared.runtime.settings import ConsumerSettings
 
 from .consumer import InboxConsumer
 from .dispatch import HttpHandler
+from .partitions import PartitionOwnership
+from .stats import ConsumerStats
 
 ROLE = "inbox-consumer"
 log = logging.getLogger("ferry.inbox_consumer")
+
+
+def ordering_keys(topology: Topology, durable: str) -> dict[tuple[str, int], str | None]:
+    """Per event the durable takes, the payload field its ordering key is read from (None:
+    the aggregate)."""
+    return {(e.type, e.version): e.ordering_key for e in topology.events if durable in e.handled_by}
 
 
 def accepted_events(topology: Topology, durable: str) -> AcceptedEvents | None:
@@ -42,7 +50,9 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
     require_clean_topology(topology, source=settings.topology)
     spec = topology.durable(settings.durable)
     dsn = settings.dsn(topology.context(spec.target).database)
-    pool = await create_pool_when_up(dsn, max_size=4, stop=stop)
+    plans = topology.consumers(settings.durable)
+    # Each partition this replica may own has its batches and its drainer.
+    pool = await create_pool_when_up(dsn, max_size=min(4 + 2 * (len(plans) - 1), 20), stop=stop)
     nats_up = {"connected": False}
     nc = await connect_nats(
         settings.nats_servers(),
@@ -62,29 +72,83 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
         secret=secret,
     )
     metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
-    consumer = InboxConsumer(
-        pool=pool,
-        js=nc.jetstream(),
-        durable=settings.durable,
-        spec=spec,
-        handler=handler,
-        owner=f"{socket.gethostname()}:{os.getpid()}",
-        concurrency=settings.concurrency,
-        lease_seconds=spec.handler.timeout + settings.lease_margin,
-        policy=RetryPolicy(tuple(spec.backoff), spec.max_deliver, settings.retry_after_cap),
-        accepted=accepted_events(topology, settings.durable),
-        metrics=ConsumerMetrics(metrics, durable=settings.durable, stream=spec.stream),
+    consumer_metrics = ConsumerMetrics(
+        metrics, durable=settings.durable, stream=spec.stream, consumers=[p.name for p in plans]
     )
-    consumer.auth_retry = (settings.auth_retry_initial, settings.auth_retry_max)
-    consumer.max_message_bytes = settings.max_message_bytes
-    consumer.pipeline = settings.pipeline
-    consumer.linger = settings.linger
-    log.info("consuming %s from %s", settings.durable, spec.stream)
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    accepted = accepted_events(topology, settings.durable)
+    key_fields = ordering_keys(topology, settings.durable)
+    js = nc.jetstream()
+
+    def build(partition: int, name: str, stats: ConsumerStats | None) -> InboxConsumer:
+        built = InboxConsumer(
+            pool=pool,
+            js=js,
+            durable=settings.durable,
+            spec=spec,
+            handler=handler,
+            owner=owner,
+            concurrency=settings.concurrency,
+            lease_seconds=spec.handler.timeout + settings.lease_margin,
+            policy=RetryPolicy(tuple(spec.backoff), spec.max_deliver, settings.retry_after_cap),
+            accepted=accepted,
+            metrics=consumer_metrics,
+            stats=stats,
+            partition=partition,
+            js_consumer=name,
+            key_fields=key_fields,
+        )
+        built.auth_retry = (settings.auth_retry_initial, settings.auth_retry_max)
+        built.max_message_bytes = settings.max_message_bytes
+        built.pipeline = settings.pipeline
+        built.linger = settings.linger
+        return built
+
+    consumer = build(0, plans[0].name, None)
+    ownership: PartitionOwnership | None = None
+    if spec.ordering == "key":
+        # One partition consumer at a time per replica and partition, under a lease.
+        consumers = {p.partition or 0: build(p.partition or 0, p.name, consumer.stats)
+                     for p in plans}  # fmt: skip
+        consumers[0] = consumer
+
+        async def in_flight(k: int) -> int:
+            info = await js.consumer_info(spec.stream, plans[k].name)
+            return int(info.num_ack_pending or 0)
+
+        async def partition_work(k: int, stop_k: asyncio.Event) -> None:
+            await consumers[k].run(stop_k, fetch_timeout=settings.fetch_timeout)
+
+        ownership = PartitionOwnership(
+            pool,
+            durable=settings.durable,
+            partitions=len(plans),
+            owner=owner,
+            ttl=settings.partition_lease_ttl,
+            ack_wait=spec.ack_wait,
+            work=partition_work,
+            pending=in_flight,
+        )
+        consumer_metrics.watch_ownership(ownership)
+        consumer.stats.bound = True  # readiness: the ownership loop runs (it may own none)
+        log.info(
+            "consuming %s from %s in key order over %d partition(s)",
+            settings.durable, spec.stream, len(plans),
+        )  # fmt: skip
+    else:
+        log.info("consuming %s from %s", settings.durable, spec.stream)
+
+    async def work(inner: asyncio.Event) -> None:
+        if ownership is not None:
+            await ownership.run(inner)
+        else:
+            await consumer.run(inner, fetch_timeout=settings.fetch_timeout)
+
     try:
         # Unacked messages of a drain that times out are redelivered after ack_wait.
         return await serve(
             settings=settings,
-            work=lambda inner: consumer.run(inner, fetch_timeout=settings.fetch_timeout),
+            work=work,
             checks={
                 "nats": lambda: nats_up["connected"],
                 "postgres": postgres_probe(pool),

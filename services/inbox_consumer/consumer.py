@@ -118,6 +118,8 @@ class InboxConsumer:
         )
         if not shared_stats:  # partitions of one durable share stats, watched once
             self.metrics.watch(self)
+            if spec.ordering == "key":
+                self.metrics.watch_parking(pool)
         self.heartbeat_every = max(spec.ack_wait / 3, 0.5)
         #: Heart-beats every message in hand until it is settled.
         self.keeper = KeepAlive(self.heartbeat_every)

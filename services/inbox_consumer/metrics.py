@@ -9,7 +9,7 @@ from nats.js.errors import NotFoundError
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from shared.adapters import inbox
+from shared.adapters import inbox, parking
 from shared.domain.ack import HandlerFailure, HandlerResponse
 from shared.runtime.metrics import (
     BATCH_BUCKETS,
@@ -31,8 +31,17 @@ from shared.telemetry import MESSAGING_SYSTEM
 class ConsumerMetrics:
     """inbox-consumer: receives, processing and end-to-end latency, outcomes, backlog, lag."""
 
-    def __init__(self, role: RoleMetrics, *, durable: str, stream: str) -> None:
+    def __init__(
+        self,
+        role: RoleMetrics,
+        *,
+        durable: str,
+        stream: str,
+        consumers: list[str] | None = None,
+    ) -> None:
         reg, self.role, self.durable, self.stream = role.registry, role, durable, stream
+        #: The durable's JetStream consumers (one per partition of an ordered durable).
+        self.consumers = consumers or [durable]
         self._process = Histogram(
             "messaging_process_duration_seconds",
             "Handler call duration (error_type: HTTP status of a failure, timeout, unreachable).",
@@ -93,6 +102,20 @@ class ConsumerMetrics:
             ["durable"],
             registry=reg,
         ).labels(durable)
+        self._parked = Gauge(
+            "ferry_parked",
+            "ordering: key durables: keys with parked messages, the messages parked, and "
+            "the keys whose head is held for an operator (a dead letter under "
+            "on_dead_letter: hold).",
+            ["durable", "what"],
+            registry=reg,
+        )
+        self._parked_oldest = Gauge(
+            "ferry_parked_oldest_age_seconds",
+            "ordering: key durables: age of the oldest parked message (0 when none).",
+            ["durable"],
+            registry=reg,
+        ).labels(durable)
         self._errors = Counter(
             "ferry_consumer_errors",
             "Messages the consumer could not settle as decided and nak'ed or dead-lettered "
@@ -142,6 +165,23 @@ class ConsumerMetrics:
         self.role.add_refresher("inbox", lambda: self._refresh_inbox(consumer.pool))
         self.role.add_refresher("jetstream", lambda: self._refresh_lag(consumer.js))
 
+    def watch_parking(self, pool: Any) -> None:
+        """Refresh the parked keys and messages of an ``ordering: key`` durable."""
+        self.role.add_refresher("parking", lambda: self._refresh_parking(pool))
+
+    def watch_ownership(self, ownership: Any) -> None:
+        """Export a partitioned durable's ownership: partitions owned, lease events."""
+        durable = self.durable
+        self.role.add_collector(lambda: ownership_families(durable, ownership))
+
+    async def _refresh_parking(self, pool: Any) -> None:
+        async with pool.acquire() as conn:
+            doc = await parking.summary(conn, self.durable)
+        self._parked.labels(self.durable, "keys").set(doc["keys"])
+        self._parked.labels(self.durable, "events").set(doc["events"])
+        self._parked.labels(self.durable, "held_keys").set(doc["held"])
+        self._parked_oldest.set(age_seconds(doc["oldest_at"]))
+
     async def _refresh_inbox(self, pool: Any) -> None:
         async with pool.acquire() as conn:
             doc = await inbox.backlog(conn, self.durable)
@@ -152,12 +192,18 @@ class ConsumerMetrics:
         self._oldest.set(age_seconds(doc["oldest_at"]))
 
     async def _refresh_lag(self, js: Any) -> None:
-        info = await js.consumer_info(self.stream, self.durable)
-        pending, ack_pending = info.num_pending or 0, info.num_ack_pending or 0
+        pending = ack_pending = 0
+        oldest = 0.0
+        for name in self.consumers:  # every partition's consumer, summed
+            info = await js.consumer_info(self.stream, name)
+            pending += info.num_pending or 0
+            ack_pending += info.num_ack_pending or 0
+            if info.num_pending:
+                oldest = max(oldest, await oldest_undelivered_age(js, info))
         self._pending.labels(self.durable, "pending").set(pending)
         self._pending.labels(self.durable, "ack_pending").set(ack_pending)
         self._lag.set(pending + ack_pending)
-        self._lag_seconds.set(await oldest_undelivered_age(js, info) if pending else 0.0)
+        self._lag_seconds.set(oldest)
 
 
 async def oldest_undelivered_age(js: Any, info: Any) -> float:
@@ -176,6 +222,35 @@ async def oldest_undelivered_age(js: Any, info: Any) -> float:
     return age_seconds(oldest)
 
 
+def ownership_families(durable: str, ownership: Any) -> list[Metric]:
+    """A partitioned durable's leases as seen by this replica."""
+    owned = GaugeMetricFamily(
+        "ferry_partitions_owned",
+        "Partitions of an ordering: key durable this replica consumes now.",
+        labels=["durable"],
+    )
+    owned.add_metric([durable], len(ownership.owned()))
+    events = {
+        "acquired": ownership.acquired,
+        "takeover": ownership.takeovers,
+        "waited": ownership.waits,
+        "shed": ownership.sheds,
+        "fenced": ownership.fences,
+        "restarted": ownership.restarts,
+    }
+    return [
+        owned,
+        counter_family(
+            "ferry_partition_leases",
+            "Partition lease events of this replica: acquired, takeover (of a dead owner's "
+            "expired lease), waited (ack_wait before starting, messages were in flight), "
+            "shed (given up for a new replica), fenced (lost), restarted (work restarted).",
+            ["durable", "event"],
+            {(durable, k): v for k, v in events.items()},
+        ),
+    ]
+
+
 def consumer_families(durable: str, stream: str, stats: Any) -> list[Metric]:
     """The consumer's exact counts (its stats) as Prometheus families."""
     outcomes = {
@@ -185,6 +260,8 @@ def consumer_families(durable: str, stream: str, stats: Any) -> list[Metric]:
         "dead_lettered": stats.dead_lettered,
         "exhausted": stats.exhausted,
         "contended": stats.contended,
+        "parked": stats.parked,
+        "released": stats.released,
     }
     bound = GaugeMetricFamily(
         "ferry_consumer_bound", "1 once the consumer is bound to its durable.", labels=["durable"]

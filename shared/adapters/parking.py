@@ -163,6 +163,11 @@ WHERE p.durable = $1 AND p.message_id = h.message_id AND p.state = 'held'
 RETURNING p.message_id
 """
 
+_DISCARD_HELD = """
+DELETE FROM parked_messages WHERE durable = $1 AND message_id = $2 AND state = 'held'
+RETURNING ordering_key
+"""
+
 _ACTION = """
 INSERT INTO parked_actions (durable, ordering_key, message_id, action, actor, reason)
 VALUES ($1, $2, $3, $4, $5, $6)
@@ -282,3 +287,15 @@ async def discard_head(
         if gone is not None:
             await conn.execute(_ACTION, durable, key, gone, "discard", actor, reason)
     return gone
+
+
+async def discard_held(
+    conn: Conn, durable: str, message_id: UUID, *, actor: str, reason: str
+) -> str | None:
+    """Remove a held head by its message id (its dead letter was discarded); its key, or
+    None when it is not a held head."""
+    async with conn.transaction():
+        key: str | None = await conn.fetchval(_DISCARD_HELD, durable, message_id)
+        if key is not None:
+            await conn.execute(_ACTION, durable, key, message_id, "discard", actor, reason)
+    return key

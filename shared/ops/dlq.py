@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.adapters import dead_letters as store
+from shared.adapters import parking
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import connect
 from shared.contracts.topology import Topology
@@ -299,10 +300,18 @@ async def _set_status(settings: CommonSettings, args: argparse.Namespace, status
                 actor=_actor(args),
                 reason=args.reason,
             )
+            released = None
+            if done and status == "discarded" and spec.ordering == "key":
+                # Its key's later events wait behind it no longer.
+                released = await parking.discard_held(
+                    conn, durable, row["message_id"], actor=_actor(args), reason=args.reason
+                )
         finally:
             await conn.close()
         if done:
             print(f"{status} {durable} {row['message_id']}")
+            if released is not None:
+                print(f"  released key {released}: its parked events go on")
         else:
             refused += 1
             print(f"refused: {durable} {row['message_id']} is {row['status']}", file=sys.stderr)

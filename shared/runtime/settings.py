@@ -254,6 +254,10 @@ class ConsumerSettings(CommonSettings):
     auth_retry_max: float = Field(default=30.0, gt=0)
     #: Largest message body parsed; a larger one is dead-lettered as MESSAGE_TOO_LARGE.
     max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
+    #: ``ordering: key`` durables: seconds a replica's lease on a partition lasts without
+    #: renewal (renewed every third of it). A dead replica's partitions are taken over
+    #: after at most this; keep ``fetch_timeout`` under two thirds of it.
+    partition_lease_ttl: float = Field(default=15.0, gt=0)
 
     def signing_secret(self) -> bytes | None:
         """The handler-signing secret, from the file or the variable."""

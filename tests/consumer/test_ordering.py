@@ -8,6 +8,8 @@ import asyncio
 import inspect
 import json
 import random
+import subprocess
+import sys
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -30,6 +32,18 @@ from tests.consumer.conftest import (
     publish,
 )
 from tests.helpers import eventually
+
+
+async def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
+    """The ``ferry`` command against the test's servers."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "shared.ops.cli", *args],
+        env=env.settings_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 async def ordered_world(env: Env, nc: NATS, handler: ScriptedHandler, **overrides: Any) -> None:
@@ -163,14 +177,31 @@ async def test_discarding_a_held_head_lets_the_rest_of_its_key_go(
     handler.scripts[head] = [422]
     async with RunningConsumer(env, nc, handler.url) as consumer:
         await eventually_rows(env, 3)
+        listed = await ferry(env, "parked", "list", "--durable", DURABLE, "--json")
+        assert listed.returncode == 0, listed.stderr
+        doc = json.loads(listed.stdout)
+        assert (doc["keys"], doc["events"], doc["held_keys"]) == (1, 3, 1)
+        [key] = doc["parked"]
+        assert (key["ordering_key"], key["head_id"], key["head_state"]) == (
+            "vibe/held",
+            head,
+            "held",
+        )
+        assert key["waiting_behind"] == 2
+        not_held = await ferry(
+            env, "parked", "discard", "--durable", DURABLE, "--key", "vibe/nope", "--reason", "x"
+        )
+        assert not_held.returncode == 1 and "has no held head" in not_held.stderr
+        gone = await ferry(
+            env, "parked", "discard", "--durable", DURABLE, "--key", "vibe/held",
+            "--reason", "obsolete", "--actor", "test",
+        )  # fmt: skip
+        assert gone.returncode == 0, gone.stderr
+        assert head in gone.stdout
         conn = await asyncpg.connect(env.dsn("sea"))
         try:
-            gone = await parking.discard_head(
-                conn, DURABLE, "vibe/held", actor="test", reason="obsolete"
-            )
-            assert gone == uuid.UUID(head)
-            actions = await conn.fetch("SELECT action, actor FROM parked_actions")
-            assert [tuple(a) for a in actions] == [("discard", "test")]
+            actions = await conn.fetch("SELECT action, actor, reason FROM parked_actions")
+            assert [tuple(a) for a in actions] == [("discard", "test", "obsolete")]
         finally:
             await conn.close()
         await until(lambda: consumer.stats.processed == 2, "consumer.stats.processed == 2", 30)
@@ -236,3 +267,20 @@ async def eventually_rows(env: Env, count: int) -> list[asyncpg.Record]:
 
     await eventually(enough, timeout=30, what=f"{count} parked rows")
     return rows
+
+
+async def test_discarding_the_dead_letter_of_a_held_head_releases_its_key(
+    env: Env, nc: NATS, handler: ScriptedHandler
+) -> None:
+    await ordered_world(env, nc, handler, on_dead_letter="hold")
+    order = await publish_keys(nc, ["held"], per_key=3)
+    head = order["held"][0]
+    handler.scripts[head] = [422]
+    async with RunningConsumer(env, nc, handler.url) as consumer:
+        await eventually_rows(env, 3)
+        gone = await ferry(env, "dlq", "discard", DURABLE, head, "--reason", "obsolete")
+        assert gone.returncode == 0, gone.stderr
+        assert "released key vibe/held" in gone.stdout
+        await until(lambda: consumer.stats.processed == 2, "the two behind it processed")
+    assert applied_order(handler)["held"] == order["held"][1:]
+    assert await parked_rows(env) == []
