@@ -335,7 +335,6 @@ async def test_a_taker_waits_ack_wait_for_partitions_with_messages_in_flight(
     a = Replica(pool, "a", record, partitions=4)
     await until(lambda: a.owned() == ALL4, "a owns everything")
     await a.kill()
-    killed = time.monotonic()
     ack_wait = 1.5
     b = Replica(pool, "b", record, partitions=4, pending={2: 3, 3: 1}, ack_wait=ack_wait)
     await until(lambda: b.owned() == ALL4, "b took every partition over")
@@ -343,8 +342,6 @@ async def test_a_taker_waits_ack_wait_for_partitions_with_messages_in_flight(
     started = record.started("b")
     for k in (2, 3):  # not before the old owner's unacked messages are redeliverable
         assert started[k] - b.asked[k] >= ack_wait - 0.05
-    for k in ALL4:  # and nothing before a's lease expired
-        assert started[k] > killed
     await b.stop_cleanly()
     record.assert_no_overlap()
 
@@ -393,9 +390,10 @@ async def test_an_owner_cut_off_from_the_database_fences_itself(
         assert b.ownership.takeovers == 2 and b.ownership.waits == 2
         assert set(record.started("b")) >= lost
         # The database comes back: a rejoins and b sheds to make room for it.
+        shed_before = b.ownership.sheds
         flaky.mode = ""
         await until(lambda: len(a.owned()) == 2 and len(b.owned()) == 2, "a is back with two")
-        assert b.ownership.sheds == 2
+        assert b.ownership.sheds - shed_before == 2
         await asyncio.gather(a.stop_cleanly(), b.stop_cleanly())
     assert clashes == []
     assert a.ownership.renew_failures > 0
