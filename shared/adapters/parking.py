@@ -57,7 +57,8 @@ class ParkedRow:
     due: bool
 
 
-# A replay of a held head un-holds it (it is tried at once, from here, keeping its place);
+# A replay of a held head un-holds it (it is tried at once, from here, keeping its place,
+# its deliveries counted afresh like a replay's);
 # any other copy of a message already parked is a duplicate and changes nothing.
 _PARK = """
 INSERT INTO parked_messages AS p (durable, ordering_key, stream_seq, delivered_seq, message_id,
@@ -71,7 +72,7 @@ FROM unnest($2::text[], $3::bigint[], $4::uuid[], $5::int[], $6::text[], $7::tex
      AS m(ordering_key, stream_seq, message_id, partition, subject, headers, data, state,
           attempts, delay, reason)
 ON CONFLICT (durable, message_id) DO UPDATE
-  SET state = 'retrying', next_attempt_at = clock_timestamp(),
+  SET state = 'retrying', next_attempt_at = clock_timestamp(), attempts = 0,
       delivered_seq = EXCLUDED.delivered_seq, reason = EXCLUDED.reason
   WHERE p.state = 'held' AND EXCLUDED.reason = 'REPLAYED'
 """
