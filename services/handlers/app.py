@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from shared.domain.signing import DEFAULT_TOLERANCE, SignatureError, verify
+from shared.runtime.metrics import counter_family
 
 from .metrics import observe_app
+from .ordering import reported
 from .service import HandlerService, Outcome
 
 #: Statuses whose responses must not carry a body (RFC 9110).
@@ -86,6 +88,17 @@ def make_app(
     app.router.add_post("/handle", views.handle)
     app.router.add_get("/healthz", views.healthz)
     app.router.add_get("/readyz", views.readyz)
-    observe_app(app, role=f"handler-{service.name}")  # spans, /metrics
+    metrics = observe_app(app, role=f"handler-{service.name}")  # spans, /metrics
+    metrics.add_collector(
+        lambda: [
+            counter_family(
+                "ferry_handler_out_of_order",
+                "Events applied although their revision was below the one they replaced "
+                "(per-key order broken upstream).",
+                ["handler", "event_type"],
+                reported(service.name),
+            )
+        ]
+    )
     app.on_startup.append(views.on_startup)
     return app

@@ -402,21 +402,84 @@ async def test_module_g_archives_and_records_replays(mediation_env: Env) -> None
     assert json.loads(rep["payload"]) == {"opportunity_key": "opp-1", "reason": "dispute"}
 
 
-async def test_module_h_keeps_the_highest_revision(mediation_env: Env) -> None:
-    def publish(revision: int) -> dict[str, Any]:
-        return mediation_doc_for(
-            "config_publish_requested", {"config_id": "c1", "revision": revision},
-            lane="mediation.h.publish.jobs", module="module_h", durable="cg_h_publish",
-        )
+def _publish(revision: int, config_id: str = "c1", **extra: Any) -> dict[str, Any]:
+    return mediation_doc_for(
+        "config_publish_requested", {"config_id": config_id, "revision": revision, **extra},
+        lane="mediation.h.publish.jobs", module="module_h", durable="cg_h_publish",
+    )
 
+
+async def _configs(h: RunningHandler) -> list[tuple[str, int, int | None]]:
+    rows = await h.pool.fetch(
+        "SELECT config_id, revision, previous_revision FROM handler_h_configs ORDER BY 1"
+    )
+    return [(r["config_id"], r["revision"], r["previous_revision"]) for r in rows]
+
+
+async def _out_of_order_metric(h: RunningHandler) -> float:
+    async with h.client.get("/metrics") as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith("ferry_handler_out_of_order_total{") and 'handler="module_h"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_module_h_applies_requests_in_arrival_order(mediation_env: Env) -> None:
+    # cg_h_publish is ordered by config: what arrives last was committed last, so it
+    # wins, even a lower revision (a rollback) — no "keep the highest revision" any more.
     async with running(mediation_env, "module_h") as h:
-        statuses = [(await h.post(publish(r))).status for r in (3, 2)]
-        assert statuses == [200, 200], "an older revision is processed, and ignored"
-        assert await h.pool.fetchval("SELECT revision FROM handler_h_configs") == 3
-        assert (await h.post(publish(4))).status == 200
-        assert await h.pool.fetchval("SELECT revision FROM handler_h_configs") == 4
-        bad = await h.post(with_payload(publish(1), {"config_id": "c1", "revision": "x"}))
+        assert [(await h.post(_publish(r))).status for r in (1, 2, 3)] == [200, 200, 200]
+        assert await _configs(h) == [("c1", 3, 2)]
+        other = await h.post(_publish(7, config_id="c2"))
+        assert other.status == 200 and await _configs(h) == [("c1", 3, 2), ("c2", 7, None)]
+        assert await _out_of_order_metric(h) == 0.0, "in-order requests are not reported"
+
+
+async def test_module_h_is_idempotent_per_message_id(mediation_env: Env) -> None:
+    first, second = _publish(1), _publish(2)
+    async with running(mediation_env, "module_h") as h:
+        assert (await h.post(first)).status == 200
+        assert (await h.post(second)).status == 200
+        # A redelivery of the first request (its answer was lost) is a 409, not a rollback.
+        again = await h.post({**first, "delivery": {**first["delivery"], "attempt": 2}})
+        assert again.status == 409
+        assert await _configs(h) == [("c1", 2, 1)]
+        assert await h.calls(first["message_id"]) == [200, 409]
+
+
+async def test_module_h_applies_and_reports_an_out_of_order_revision(
+    mediation_env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    late = _publish(4)
+    async with running(mediation_env, "module_h") as h:
+        before = await _out_of_order_metric(h)
+        assert (await h.post(_publish(5))).status == 200
+        with caplog.at_level("WARNING", logger="ferry.handlers"):
+            assert (await h.post(late)).status == 200
+        # Applied in arrival order (the guard reports, it does not second-guess the order)...
+        assert await _configs(h) == [("c1", 4, 5)]
+        # ...and visible: a warning naming the config and both revisions, and the counter.
+        assert await _out_of_order_metric(h) == before + 1
+        bad = await h.post(with_payload(_publish(1), {"config_id": "c1", "revision": "x"}))
+    [record] = [r for r in caplog.records if "out-of-order" in r.getMessage()]
+    assert "c1 revision 4 arrived after revision 5" in record.getMessage()
+    assert getattr(record, "message_id", None) == late["message_id"]
     assert bad.status == 422
+
+
+async def test_module_h_keeps_the_directive_as_data_unless_fault_injection_is_on(
+    mediation_env: Env,
+) -> None:
+    directive = {"status": 500}
+    async with running(mediation_env, "module_h") as h:
+        assert (await h.post(_publish(1, _ferry_test=directive))).status == 200
+        stored = await h.pool.fetchval("SELECT payload FROM handler_h_configs")
+    assert json.loads(stored)["_ferry_test"] == directive, "off: the field is ordinary data"
+    async with running(mediation_env, "module_h", fault_injection=True) as h:
+        assert (await h.post(_publish(2, _ferry_test={"fail_attempts": 0}))).status == 200
+        stored = await h.pool.fetchval("SELECT payload FROM handler_h_configs")
+    assert json.loads(stored) == {"config_id": "c1", "revision": 2}, "on: the directive is ours"
 
 
 # --- wiring against the topology --------------------------------------------------------
