@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import random
 import time
 import uuid
 from collections import defaultdict
@@ -197,14 +198,17 @@ async def until(predicate: Callable[[], bool], what: str, timeout: float = 20.0)
 
 
 @contextlib.asynccontextmanager
-async def watching(*replicas: Replica) -> AsyncIterator[list[str]]:
-    """Sample every replica's owned() all along: two may never own one partition."""
+async def watching(
+    *replicas: Replica, among: list[Replica] | None = None
+) -> AsyncIterator[list[str]]:
+    """Sample every replica's owned() all along (those of ``among`` too, a list that may
+    grow): two may never own one partition."""
     clashes: list[str] = []
 
     async def sample() -> None:
         while True:
             seen: dict[int, str] = {}
-            for replica in replicas:
+            for replica in [*replicas, *(among or [])]:
                 for k in replica.owned():
                     if k in seen:
                         clashes.append(f"partition {k}: {seen[k]} and {replica.owner}")
@@ -433,3 +437,46 @@ async def test_a_work_that_fails_to_stop_leaves_its_lease_unreleased(pool: async
     assert b.ownership.waits == 1 and b.ownership.takeovers == 1
     await b.stop_cleanly()
     record.assert_no_overlap()
+
+
+async def churn(pool: asyncpg.Pool, record: Record, everyone: list[Replica]) -> Replica:
+    """Start, stop and kill replicas at random (2 to 4 live); stop all but one, return it."""
+    rng = random.Random(23)
+    kw: dict[str, Any] = {"partitions": 8, "ttl": 0.6, "ack_wait": 0.3, "pending": {1: 1, 5: 2}}
+    live: list[Replica] = []
+    for step in range(30):
+        action = rng.choice(["start", "start", "stop", "kill"])
+        if (action == "start" and len(live) < 4) or len(live) < 2:
+            replica = Replica(pool, f"r{step}", record, **kw)
+            live.append(replica)
+            everyone.append(replica)
+        elif action == "stop":
+            await live.pop(rng.randrange(len(live))).stop_cleanly()
+        else:
+            await live.pop(rng.randrange(len(live))).kill()
+        await asyncio.sleep(rng.uniform(0.05, 0.5))
+    for replica in live[1:]:
+        await replica.stop_cleanly()
+    return live[0]
+
+
+async def test_a_churning_replica_set_never_runs_a_partition_twice_at_once(
+    pool: asyncpg.Pool,
+) -> None:
+    """Replicas start, stop cleanly and are killed at random for a while; then one stays
+    and ends up owning every partition. No partition ever ran on two replicas at once."""
+    record = Record()
+    everyone: list[Replica] = []
+    try:
+        async with watching(among=everyone) as clashes:
+            last = await churn(pool, record, everyone)
+            await until(lambda: last.owned() == frozenset(range(8)), "the last one owns all")
+            await last.stop_cleanly()
+    finally:
+        for replica in everyone:
+            if not replica.task.done():
+                await replica.kill()
+    assert clashes == []
+    record.assert_no_overlap()
+    assert sum(r.ownership.takeovers for r in everyone) > 0
+    assert sum(r.ownership.sheds for r in everyone) > 0
