@@ -10,7 +10,9 @@ processes and the load generator in a process of its own, and measures, by secti
                the same-machine yardstick of the latency figures
 ``peer``       faststream-outbox relaying the same backlog into JetStream
 ``publisher``  outbox-publisher drain of a ``--rows`` backlog
-``drain``      end-to-end drain of a ``--rows`` backlog with one and two consumer replicas
+``drain``      end-to-end drain of a ``--rows`` backlog with one and two consumer replicas,
+               and ordered (``ordering: key``, 1,000 keys, ``--ordered-partitions``
+               partitions, ``--ordered-replicas`` replicas) against the unordered drain
 ``latency``    end-to-end latency at each of ``--rates`` offered by the producer
 ``sustained``  the highest rate the pipeline holds with the producer on the box
 ``mediation``  lanes E→F and F→G of the mediation topology together
@@ -133,6 +135,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a setting every role gets, e.g. FERRY_LINGER=0 (repeatable; recorded in "
              "results.json): for comparing settings on the same machine",
     )  # fmt: skip
+    parser.add_argument(
+        "--ordered-partitions", type=int, default=4,
+        help="partitions of the ordered drain's stream (4)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ordered-replicas", type=int, default=2,
+        help="consumer replicas of the ordered drain (2)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="output directory (bench/results/<time>)")
     parser.add_argument(
         "--keep",
@@ -162,6 +172,8 @@ def options_from(args: argparse.Namespace) -> s.Options:
             f"--rates: {args.rates!r} is not a comma-separated list of integers"
         ) from None
     rows = int(pick("rows"))
+    if args.ordered_partitions < 1 or args.ordered_replicas < 1:
+        raise SystemExit("--ordered-partitions and --ordered-replicas must be at least 1")
     modes = ["on", "off"] if args.tracing == "both" else [args.tracing]
     return s.Options(
         rows=rows, peer_rows=args.peer_rows or rows, seconds=float(pick("seconds")),
@@ -174,6 +186,7 @@ def options_from(args: argparse.Namespace) -> s.Options:
         producer_form=args.producer_form,
         baseline_seconds=float(pick("baseline_seconds")), statements=args.statements,
         role_settings=role_settings(args.role_settings),
+        ordered_partitions=args.ordered_partitions, ordered_replicas=args.ordered_replicas,
     )  # fmt: skip
 
 
@@ -323,6 +336,7 @@ def _plan(bench: s.Bench) -> Plan:
         if "drain" in sections:
             plan.append((f"drain x1 [{mode}]", partial(s.e2e_drain, bench, mode, 1)))
             plan.append((f"drain x2 [{mode}]", partial(s.e2e_drain, bench, mode, 2)))
+            plan.append((f"drain ordered [{mode}]", partial(s.ordered_drain, bench, mode)))
         if sections & {"latency", "sustained"}:
             plan.append((f"latency [{mode}]", partial(s.latency, bench, mode)))
         if "mediation" in sections:
@@ -349,6 +363,7 @@ def _finish(bench: s.Bench) -> None:
         "ferry.publisher_drain": ("raw.js_publish",),
         "ferry.e2e_drain_1": drain_path,
         "ferry.e2e_drain_2": drain_path,
+        "ferry.e2e_drain_ordered": drain_path,
         "ferry.sustained": ("raw.pg_txn", *drain_path),
     }
     for row in results.rows:
@@ -369,6 +384,7 @@ def _finish(bench: s.Bench) -> None:
                 row.baseline = proto
                 row.baseline_label = "p99 of the bare-bones pipeline at the same offered load"
     s.finish_peer_ratio(results)
+    s.finish_ordered_ratio(results)
 
 
 def main(argv: list[str] | None = None) -> int:

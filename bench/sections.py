@@ -68,6 +68,9 @@ class Options:
     statements: bool = False
     #: Settings given to every role (``--set FERRY_NAME=VALUE``), for experiments.
     role_settings: dict[str, str] = field(default_factory=dict)
+    #: The ordered drain: partitions of its stream and consumer replicas.
+    ordered_partitions: int = 4
+    ordered_replicas: int = 2
 
 
 @dataclass
@@ -80,10 +83,13 @@ class Bench:
     logs: Any
     tracing_available: dict[str, bool] = field(default_factory=dict)
 
-    def deployment(self, topology: str, mode: str, label: str) -> Deployment:
+    def deployment(
+        self, topology: str, mode: str, label: str,
+        patch: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Deployment:  # fmt: skip
         return Deployment(
             self.servers, topology, mode == "on", self.logs, label,
-            role_settings=dict(self.options.role_settings),
+            role_settings=dict(self.options.role_settings), patch=patch,
         )  # fmt: skip
 
 
@@ -123,6 +129,7 @@ async def fill_outbox(
     event_type: str = "model_published",
     *,
     traced: bool = False,
+    scattered: bool = False,
 ) -> None:
     """INSERT ``rows`` events into the outbox in one statement (the caller's transaction).
 
@@ -130,22 +137,32 @@ async def fill_outbox(
     would have stored — a trace of its own, sampled at the bench's ratio — so a
     tracing-on drain pays what it pays in production. Without it every row is
     untraced, and the publisher would start (and sample) each trace itself.
+
+    The events' aggregates (their ordering keys) are :data:`AGGREGATES` models: row ``g``
+    is model ``g % AGGREGATES`` (each key's events 1,000 rows apart, never two in one
+    batch), or with ``scattered`` model ``hash(g) % AGGREGATES`` — a fixed pseudo-random
+    spread in which a key's events often share a batch or are in flight together, as
+    they do in an application, so per-key order is really put to the test.
     """
     if event_type != "model_published":
         raise ValueError(f"no backlog payload for {event_type!r}")
     await conn.execute(
         "INSERT INTO outbox_events"
         " (id, aggregate_type, aggregate_id, event_type, payload, traceparent)"
-        " SELECT gen_random_uuid(), 'model', 'm' || (g % $2), 'model_published',"
-        " jsonb_build_object('model_id', 'm' || (g % $2), 'name', 'bench model ' || g),"
+        " SELECT gen_random_uuid(), 'model', k.model, 'model_published',"
+        " jsonb_build_object('model_id', k.model, 'name', 'bench model ' || g),"
         " CASE WHEN $3 THEN '00-' || md5(g || ':' || random()) || '-'"
         "   || left(md5(random()::text), 16) || CASE WHEN random() < $4 THEN '-01' ELSE '-00' END"
         " END"
-        " FROM generate_series(1, $1) g",
+        " FROM generate_series(1, $1) g,"
+        " LATERAL (SELECT 'm' || CASE WHEN $5 THEN (hashint4(g)::bigint & 2147483647) % $2"
+        "   ELSE g % $2 END AS model) k"
+        " ORDER BY g",
         rows,
         AGGREGATES,
         traced,
         float(TRACES_RATIO),
+        scattered,
     )
 
 
@@ -297,19 +314,14 @@ async def publisher_drain(bench: Bench, mode: str) -> None:
 
 
 async def _commit_backlog(
-    bench: Bench, conn: asyncpg.Connection, rows: int, mode: str
+    bench: Bench, conn: asyncpg.Connection, rows: int, mode: str, *, scattered: bool = False
 ) -> tuple[dict[str, float], float]:
     """Insert the backlog in one transaction; the CPU book opens just before its commit."""
     async with conn.transaction():
-        await fill_outbox(conn, rows, traced=mode == "on")
+        await fill_outbox(conn, rows, traced=mode == "on", scattered=scattered)
         before = bench.servers.book.snapshot()
         started = time.monotonic()
     return before, started
-
-
-async def _acked(js: Any, stream: str, durable: str) -> int:
-    info = await js.consumer_info(stream, durable)
-    return int(info.ack_floor.stream_seq if info.ack_floor else 0)
 
 
 async def _stream_count(js: Any, stream: str) -> int:
@@ -318,30 +330,99 @@ async def _stream_count(js: Any, stream: str) -> int:
 
 async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
     """A backlog through publisher, stream, consumer(s), inbox and the example handler."""
+    await _e2e_drain(bench, mode, replicas, ordered=False)
+
+
+async def ordered_drain(bench: Bench, mode: str) -> None:
+    """The same backlog and handler as :func:`e2e_drain`, the durable ``ordering: key`` on a
+    stream of ``--ordered-partitions`` partitions, consumed by ``--ordered-replicas``
+    consumer processes; every key's events must reach the handler in publish order."""
+    await _e2e_drain(bench, mode, bench.options.ordered_replicas, ordered=True)
+
+
+def _ordered_topology(partitions: int) -> Callable[[dict[str, Any]], None]:
+    """The change that makes the sea→vibespro lane ordered: SEA_EVENTS with ``partitions``
+    partitions (its subjects ``sea.event.>`` capture the token) and the durable
+    ``ordering: key`` (key: the aggregate; a dead letter holds its key)."""
+
+    def patch(doc: dict[str, Any]) -> None:
+        doc["contexts"]["sea"]["stream"]["partitions"] = partitions
+        durable = doc["durables"][SEA_DURABLE]
+        durable["ordering"] = "key"
+        durable["on_dead_letter"] = "hold"
+
+    return patch
+
+
+@dataclass
+class _DrainKind:
+    """What tells the drains apart: their row, their section, their topology."""
+
+    label: str
+    key: str
+    section: str
+    tag: str
+    target: Target | None = None
+    patch: Callable[[dict[str, Any]], None] | None = None
+
+
+def _drain_kind(bench: Bench, mode: str, replicas: int, ordered: bool) -> _DrainKind:
+    rows = bench.options.rows
+    many = "s" if replicas > 1 else ""
+    if not ordered:
+        say(f"end-to-end drain of {rows:,} events, {replicas} consumer replica{many}, "
+            f"tracing {mode}")  # fmt: skip
+        target = Target(">=", 3000, "≥ 3,000 msg/s") if replicas == 1 else None
+        return _DrainKind(
+            f"end-to-end backlog drain, {rows:,} events, {replicas} consumer{many}",
+            f"ferry.e2e_drain_{replicas}", f"e2e_drain_{replicas}", f"drain{replicas}", target,
+        )  # fmt: skip
+    partitions = bench.options.ordered_partitions
+    say(f"end-to-end ORDERED drain of {rows:,} events over {AGGREGATES:,} keys, "
+        f"{partitions} partition(s), {replicas} consumer replica{many}, "
+        f"tracing {mode}")  # fmt: skip
+    return _DrainKind(
+        f"end-to-end ordered drain, {rows:,} events, {AGGREGATES:,} keys, "
+        f"{partitions} partition{'s' if partitions > 1 else ''}, {replicas} consumer{many}",
+        "ferry.e2e_drain_ordered", "e2e_drain_ordered", f"ordered{replicas}",
+        patch=_ordered_topology(partitions),
+    )  # fmt: skip
+
+
+async def _e2e_drain(bench: Bench, mode: str, replicas: int, *, ordered: bool) -> None:
     rows, budget = bench.options.rows, bench.options.drain_budget
-    say(f"end-to-end drain of {rows:,} events, {replicas} consumer replica(s), tracing {mode}")
-    label = f"end-to-end backlog drain, {rows:,} events, {replicas} consumer" + (
-        "s" if replicas > 1 else ""
-    )
-    target = Target(">=", 3000, "≥ 3,000 msg/s") if replicas == 1 else None
-    row = ferry_row(bench, f"ferry.e2e_drain_{replicas}", label, "msg/s", target=target)
-    async with bench.deployment("sea-vibespro", mode, f"drain{replicas}-{mode}") as dep:
+    kind = _drain_kind(bench, mode, replicas, ordered)
+    label = kind.label
+    row = ferry_row(bench, kind.key, label, "msg/s", target=kind.target)
+    if ordered:  # its rows under it; the ratio is filled in once every drain has run
+        ordered_ratio_row(bench.results, replicas)
+        ferry_row(bench, "ferry.order_violations",
+                  "per-key order violations seen by the handler, ordered drain", "events",
+                  target=Target("<=", 0, "= 0"))  # fmt: skip
+    async with bench.deployment("sea-vibespro", mode, f"{kind.tag}-{mode}", kind.patch) as dep:
+        names = [plan.name for plan in dep.topology.consumers(SEA_DURABLE)]
         handler_url = await dep.start_handler("vibespro")
         for replica in range(1, replicas + 1):
             await dep.start_consumer(SEA_DURABLE, handler_url, replica)
-        await dep.start_publisher("sea")
-        spans0 = await sink_spans(bench)
         nc = await nats.connect(bench.servers.nats.url)
         sea = await asyncpg.connect(dep.dsn("sea"))
         target_db = await asyncpg.connect(dep.dsn("vibespro"))
         try:
+            if ordered:
+                # Replicas share the partitions out before the backlog is committed, so the
+                # figure is the drain's, not the replicas' first lease rounds.
+                owners = await settle_ownership(nc.jetstream(), target_db, names, replicas)
+                say(f"    partitions owned: {owners}")
+            await dep.start_publisher("sea")
+            spans0 = await sink_spans(bench)
             statements0 = await bench.servers.statement_counts()
             batches0 = await dep.batch_counts()
-            before, started = await _commit_backlog(bench, sea, rows, mode)
-            # The durable's ack floor is cheap to poll (a consumer acks after marking
-            # the inbox); the inbox itself is counted once it says everything is done.
+            # Every end-to-end drain, ordered or not, drains the same scattered backlog.
+            before, started = await _commit_backlog(bench, sea, rows, mode, scattered=True)
+            # The durable's consumers are cheap to poll (a consumer acks after marking the
+            # inbox, or after parking); the inbox is counted once they say all is done.
             acked = await wait_for(
-                "acked", lambda: _acked(nc.jetstream(), SEA_STREAM, SEA_DURABLE), rows, budget
+                "acked", lambda: _settled(nc.jetstream(), SEA_STREAM, names), rows, budget
             )
             if acked >= rows:
                 await wait_for("processed", lambda: processed(target_db, SEA_DURABLE), rows)
@@ -355,6 +436,10 @@ async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
                 " WHERE durable = $1", SEA_DURABLE,
             )  # fmt: skip
             books = await handler_books(target_db, "vibespro")
+            order = await order_check(sea, target_db, "vibespro")
+            order["parked_left"] = int(await target_db.fetchval(
+                "SELECT count(*) FROM parked_messages WHERE durable = $1", SEA_DURABLE
+            ))  # fmt: skip
         finally:
             await sea.close()
             await target_db.close()
@@ -363,9 +448,11 @@ async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
     rate = done / max(float(last) - first, 1e-3)
     bench.results.book_cpu(label, mode, done, time.monotonic() - started, cpu)
     bench.results.book_statements(label, mode, done, statements)
-    bench.results.sections.setdefault(f"e2e_drain_{replicas}", {})[mode] = {
+    partitions = bench.options.ordered_partitions if ordered else 1
+    bench.results.sections.setdefault(kind.section, {})[mode] = {
         "rows": rows, "processed": done, "msg_s": rate, "seconds": float(last) - first,
-        **books, "spans_exported": spans, "cpu_s": cpu, "batches": batches,
+        "replicas": replicas, "partitions": partitions, "keys": AGGREGATES, **books,
+        **order, "spans_exported": spans, "cpu_s": cpu, "batches": batches,
     }  # fmt: skip
     row.set(mode, rate)
     if done < rows:
@@ -376,7 +463,107 @@ async def e2e_drain(bench: Bench, mode: str, replicas: int) -> None:
         row.notes.append(f"tracing {mode}: {books['ids_called_twice']:,} events called twice "
                          "(a timed-out call retried and answered 409; applied once)")  # fmt: skip
     _note_spans(bench, mode, spans)
-    say(f"  end-to-end drain x{replicas}, tracing {mode}: {rate:,.0f} msg/s")
+    if ordered:
+        _judge_order(bench, label, mode, order)
+    shown = f"{order['order_violations']:,} order violations over {order['keys']:,} keys"
+    say(f"  end-to-end {'ordered ' if ordered else ''}drain x{replicas}, tracing {mode}: "
+        f"{rate:,.0f} msg/s ({shown})")  # fmt: skip
+
+
+def _judge_order(bench: Bench, label: str, mode: str, order: dict[str, int]) -> None:
+    """The ordered drain's violations in the table; any, or a message left parked, is an
+    error of the run."""
+    row = ferry_row(bench, "ferry.order_violations", "", "events")
+    row.set(mode, float(order["order_violations"]), f"{order['order_violations']:,}")
+    problems = []
+    if order["order_violations"]:
+        problems.append(f"{order['order_violations']:,} events applied after a later event "
+                        "of their key")  # fmt: skip
+    if order["parked_left"]:
+        problems.append(f"{order['parked_left']:,} messages still parked")
+    if order["order_unknown"]:
+        problems.append(f"{order['order_unknown']:,} applied events not in the outbox")
+    if problems:
+        bench.results.errors.append(f"{label} [tracing {mode}]: " + "; ".join(problems))
+
+
+async def _settled(js: Any, stream: str, consumers: list[str]) -> int:
+    """Messages of ``stream`` that ``consumers`` (together reading all of it once) acked:
+    every stored message less those not yet delivered or not yet acked."""
+    stored = await _stream_count(js, stream)
+    waiting = 0
+    for name in consumers:
+        info = await js.consumer_info(stream, name)
+        waiting += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+    return stored - waiting
+
+
+#: Longest wait for the replicas of an ordered durable to share its partitions out.
+OWNERSHIP_WAIT = 120.0
+
+
+async def settle_ownership(
+    js: Any, conn: asyncpg.Connection, consumers: list[str], replicas: int
+) -> dict[str, int]:
+    """Wait until the partitions are held by ``replicas`` owners in fair shares and every
+    partition's consumer has a pull request waiting; the partitions each owner holds."""
+    partitions = len(consumers)
+    fair = -(-partitions // replicas)
+    deadline = time.monotonic() + OWNERSHIP_WAIT
+    owners: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        held = await conn.fetch(
+            "SELECT owner, count(*) AS n FROM partition_leases WHERE durable = $1"
+            " AND NOT released AND expires_at > clock_timestamp() GROUP BY owner", SEA_DURABLE,
+        )  # fmt: skip
+        owners = {r["owner"]: int(r["n"]) for r in held}
+        shared = (
+            sum(owners.values()) == partitions
+            and len(owners) == min(replicas, partitions)
+            and max(owners.values()) <= fair
+        )
+        if shared:
+            infos = [await js.consumer_info(SEA_STREAM, name) for name in consumers]
+            if all(int(info.num_waiting or 0) > 0 for info in infos):
+                return owners
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"partitions not shared out by {replicas} replicas within "
+                       f"{OWNERSHIP_WAIT:.0f}s: {owners}")  # fmt: skip
+
+
+async def order_check(
+    source: asyncpg.Connection, target: asyncpg.Connection, handler: str
+) -> dict[str, int]:
+    """Per key (the event's aggregate), whether the handler applied its events in the order
+    the producer committed them (the outbox's ``seq``; the publisher keeps each key's order
+    into the stream).
+
+    The handler's ledger (``handler_calls``, its ``id`` taken in the applying transaction)
+    gives the order of application. An event applied after an event of its key committed
+    later is one violation.
+    """
+    outbox = await source.fetch(
+        "SELECT id, aggregate_type || '/' || aggregate_id AS key, seq FROM outbox_events"
+    )
+    place = {r["id"]: (r["key"], int(r["seq"])) for r in outbox}
+    applied = await target.fetch(
+        "SELECT message_id FROM handler_calls WHERE handler = $1 AND status = 200 ORDER BY id",
+        handler,
+    )
+    latest: dict[str, int] = {}
+    violations = unknown = 0
+    for record in applied:
+        found = place.get(record["message_id"])
+        if found is None:
+            unknown += 1
+            continue
+        key, seq = found
+        if seq < latest.get(key, -1):
+            violations += 1
+        else:
+            latest[key] = seq
+    return {"keys": len(latest), "order_checked": len(applied) - unknown,
+            "order_violations": violations, "order_unknown": unknown}  # fmt: skip
 
 
 def _check_books(
@@ -1002,6 +1189,45 @@ def finish_peer_ratio(results: Results) -> None:
     for mode, value in pub.values.items():
         if value is not None:
             ratio.set(mode, value / peer_rate, f"{value / peer_rate:.2f}")
+
+
+def ordered_ratio_row(results: Results, replicas: int) -> Row:
+    """The row of the ordered drain's throughput against the unordered one's."""
+    return results.row(
+        "ferry.ordered_vs_unordered",
+        f"ordered drain / unordered drain, {replicas} consumer" + ("s" if replicas > 1 else ""),
+        "x", target=Target(">=", 0.8, "≥ 0.8 x"),
+    )  # fmt: skip
+
+
+def finish_ordered_ratio(results: Results) -> None:
+    """Ordered drain over unordered drain, per mode, once both are known.
+
+    The yardstick is the unordered drain with as many consumer replicas as the ordered one
+    (what ordering costs, everything else equal); the one-consumer drain's ratio is noted.
+    """
+    rows = {r.key: r for r in results.rows}
+    ordered = rows.get("ferry.e2e_drain_ordered")
+    if ordered is None:
+        return
+    replicas = results.sections.get("e2e_drain_ordered", {})
+    count = next((int(d["replicas"]) for d in replicas.values()), 2)
+    same = rows.get(f"ferry.e2e_drain_{count}")
+    ratio = ordered_ratio_row(results, count)
+    if same is None:
+        ratio.notes.append(f"not measured: no unordered drain with {count} consumers")
+        return
+    one = rows.get("ferry.e2e_drain_1")
+    for mode, value in ordered.values.items():
+        base = same.values.get(mode)
+        if value is None or not base:
+            ratio.not_measured(mode, "not measured: a drain of this mode is missing")
+            continue
+        ratio.set(mode, value / base, f"{value / base:.2f}")
+        single = one.values.get(mode) if one is not None and count != 1 else None
+        if single:
+            ratio.notes.append(f"tracing {mode}: {value / single:.2f} x the unordered drain "
+                               "with 1 consumer")  # fmt: skip
 
 
 # -------------------------------------------------------------------------------- soak

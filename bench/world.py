@@ -407,6 +407,9 @@ class Deployment:
     role_settings: dict[str, str] = field(default_factory=dict)
     #: Each role's /metrics address, by its name in the CPU book.
     metrics_urls: dict[str, str] = field(default_factory=dict)
+    #: Changes the topology document before it is written (the ordered drain declares a
+    #: partitioned stream and an ``ordering: key`` durable this way).
+    patch: Callable[[dict[str, Any]], None] | None = None
 
     async def __aenter__(self) -> Self:
         doc: dict[str, Any] = yaml.safe_load(
@@ -414,6 +417,8 @@ class Deployment:
         )
         for ctx in doc["contexts"].values():
             ctx["database"] = f"{self.prefix}_{ctx['database']}"
+        if self.patch is not None:
+            self.patch(doc)
         self.path = self.servers.base / f"{self.prefix}-{self.topology_name}.yaml"
         self.path.write_text(yaml.safe_dump(doc))
         self.topology: Topology = load_topology(self.path)
