@@ -37,9 +37,12 @@ plus ``ttl`` (a little less: :data:`FENCE_MARGIN`), measured with :func:`time.mo
 moment passes without a renewal (the database is unreachable or slow), or a renewal finds
 the lease is no longer ours, the partition's stop event is set at once and it stops
 counting as owned; it is not released (it is not ours any more). The work must then stop
-touching the partition's messages — no more ``in_progress``, which would push their
-redelivery past the new owner's start. Database outages are retried every round, each
-statement bounded by ``ttl``; fencing happens by the clock alone.
+touching the partition's messages (:meth:`PartitionOwnership.lost` tells it apart from a
+graceful stop): no more ``in_progress``, which would push their redelivery past the new
+owner's start, and no pull request left open (unsubscribing the pull inbox is enough: the
+server drops waiting requests nobody listens to). A handler call in flight ends within the
+handler's timeout, which lint keeps below ``ack_wait``. Database outages are retried every
+round, each statement bounded by ``ttl``; fencing happens by the clock alone.
 
 **Work.** ``work(k, stop_k)`` consumes partition ``k`` until ``stop_k`` is set. If it ends
 by itself while the lease is held (it raised, or returned), it is logged and restarted
@@ -193,6 +196,12 @@ class PartitionOwnership:
             for k, slot in self._slots.items()
             if slot.running and not slot.fenced and slot.valid_until > now
         )
+
+    def lost(self, partition: int) -> bool:
+        """Whether ``partition`` was fenced while its work still runs: its stop event means
+        "abandon what you hold" (stop heart-beating, stop pulling), not "finish it"."""
+        slot = self._draining.get(partition)
+        return slot is not None and not slot.done.is_set()
 
     def held(self) -> frozenset[int]:
         """Partitions leased (waiting for ack_wait, running, or being shed)."""

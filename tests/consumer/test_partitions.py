@@ -155,6 +155,14 @@ class Replica:
         self.owner, self.stop = owner, asyncio.Event()
         #: When pending(k) was asked, per partition (that is, just after acquiring it).
         self.asked: dict[int, float] = {}
+        #: What ownership.lost(k) said when the work of k saw its stop event.
+        self.lost: dict[int, bool] = {}
+
+        def stopped(k: int) -> None:
+            self.lost[k] = self.ownership.lost(k)
+            if on_stop is not None:
+                on_stop(k)
+
         self.ownership = PartitionOwnership(
             pool,
             durable=DURABLE,
@@ -162,7 +170,7 @@ class Replica:
             owner=owner,
             ttl=ttl,
             ack_wait=ack_wait,
-            work=record.work(owner, crash=crash, on_stop=on_stop),
+            work=record.work(owner, crash=crash, on_stop=stopped),
             pending=None if pending is None else self._pending(pending),
             restart_pause=restart_pause,
         )
@@ -268,6 +276,7 @@ async def test_one_owner_takes_every_partition_and_releases_them_on_stop(
     assert await member_rows(pool) == ["a"]
     await alone.stop_cleanly()
     assert all(run.end is not None for run in record.runs)
+    assert alone.lost == dict.fromkeys(ALL4, False)
     rows = await lease_rows(pool)
     assert [(r.partition, r.owner, r.released) for r in rows] == [(k, "a", True) for k in ALL4]
     assert await member_rows(pool) == []
@@ -385,9 +394,12 @@ async def test_an_owner_cut_off_from_the_database_fences_itself(
     async with watching(a, b) as clashes:
         await until(lambda: len(a.owned()) == 2 and len(b.owned()) == 2, "a and b own two each")
         lost = a.owned()
+        a.lost.clear()
         flaky.mode = outage
         await until(lambda: a.ownership.fences == 2, "a fenced its two partitions")
         assert a.owned() == frozenset()
+        await until(lambda: set(a.lost) == lost, "a's work saw its stop events")
+        assert all(a.lost.values()), "a fenced partition's work is told it lost the lease"
         a_runs = [run for run in record.runs if run.owner == "a"]
         await until(lambda: all(run.end is not None for run in a_runs), "a's work stopped")
         await until(lambda: b.owned() == ALL4, "b took a's partitions over")
