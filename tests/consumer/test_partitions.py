@@ -492,3 +492,50 @@ async def test_a_churning_replica_set_never_runs_a_partition_twice_at_once(
     record.assert_no_overlap()
     assert sum(r.ownership.takeovers for r in everyone) > 0
     assert sum(r.ownership.sheds for r in everyone) > 0
+
+
+async def test_a_renewal_that_finds_another_owner_fences_the_partition(
+    pool: asyncpg.Pool,
+) -> None:
+    record = Record()
+    a = Replica(pool, "a", record, partitions=4)
+    await until(lambda: a.owned() == ALL4, "a owns everything")
+    a.lost.clear()
+    async with pool.acquire() as conn:  # an intruder holds partition 2 now (say, by hand)
+        await conn.execute(
+            "UPDATE partition_leases SET owner = 'intruder',"
+            " expires_at = clock_timestamp() + interval '1 hour'"
+            " WHERE durable = $1 AND partition = 2",
+            DURABLE,
+        )
+    await until(lambda: a.ownership.fences == 1, "a fenced partition 2")
+    assert a.owned() == {0, 1, 3}
+    assert a.lost == {2: True}
+    await asyncio.sleep(1.0)  # three renewal rounds: a does not take it back
+    assert a.owned() == {0, 1, 3}
+    await a.stop_cleanly()
+    rows = {r.partition: r for r in await lease_rows(pool)}
+    assert rows[2].owner == "intruder" and rows[2].held
+
+
+async def test_a_partition_given_up_while_waiting_for_ack_wait_is_not_released_clean(
+    pool: asyncpg.Pool,
+) -> None:
+    """The wait for the dead owner's messages is not laundered by a release: the next
+    owner waits too."""
+    record = Record()
+    a = Replica(pool, "a", record, partitions=2)
+    await until(lambda: a.owned() == {0, 1}, "a owns everything")
+    await a.kill()
+    kw: dict[str, Any] = {"partitions": 2, "pending": 4, "ack_wait": 120.0}
+    b = Replica(pool, "b", record, **kw)
+    await until(lambda: b.ownership.held() == {0, 1}, "b took both over")
+    assert b.owned() == frozenset() and b.ownership.waits == 2
+    await b.stop_cleanly()
+    rows = await lease_rows(pool)
+    assert [(r.owner, r.released, r.held) for r in rows] == [("b", False, False)] * 2
+    c = Replica(pool, "c", record, **kw)
+    await until(lambda: c.ownership.held() == {0, 1}, "c took both over")
+    assert c.owned() == frozenset() and c.ownership.waits == 2
+    await c.stop_cleanly()
+    assert [run.owner for run in record.runs] == ["a", "a"]
