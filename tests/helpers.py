@@ -15,7 +15,7 @@ from nats.js.errors import NotFoundError
 
 from services.dlq_replayer.replayer import DlqReplayer
 from services.dlq_router.router import DlqRouter
-from services.outbox_publisher.publisher import OutboxPublisher
+from services.outbox_publisher.publisher import OutboxPublisher, ordering_fields_of
 from shared.adapters.notify import listen
 from shared.adapters.producer import record_event
 from shared.contracts.topology import Topology
@@ -129,6 +129,8 @@ class RunningPublisher:
             publish_timeout=2.0,
             retry_initial=0.05,
             retry_max=0.5,
+            partitions=ctx.stream.partitions,
+            ordering_fields=ordering_fields_of(self.topology, self.context),
         )
         self.tasks.append(
             asyncio.create_task(listen(self.dsn, "ferry_outbox", publisher.notify, self.stop))

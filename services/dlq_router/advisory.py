@@ -30,6 +30,8 @@ class Advisory:
 
     kind: str  # "max_deliveries" | "terminated"
     stream: str
+    #: The JetStream consumer the advisory names (the router maps a partition's consumer,
+    #: ``{durable}_p{k}``, to its durable).
     durable: str
     stream_seq: int
     deliveries: int

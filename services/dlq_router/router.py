@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import asyncpg
@@ -48,6 +48,7 @@ from shared.adapters import dead_letters, inbox
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.contracts.topology import Topology
 from shared.domain.envelope import SURROGATE_NAMESPACE, identify
+from shared.domain.ordering import durable_of_consumer
 from shared.runtime.metrics import RoleMetrics
 
 from .advisory import MAX_DELIVER_TYPE, TERMINATED_TYPE, Advisory, InvalidAdvisory
@@ -202,11 +203,15 @@ class DlqRouter:
             log.error("unusable advisory on %s (seq %s): %s", msg.subject, _seq(msg), exc)
             await _quiet(msg.term())
             return
-        if advisory.durable not in self.topology.durables:
+        # A partitioned, ordered durable's advisories name one of its partition consumers
+        # ({durable}_p{k}): dead letters, inbox rows and metrics are the durable's.
+        durable = durable_of_consumer(advisory.durable, self.topology.durables)
+        if durable is None:
             self.stats.invalid += 1
             log.error("advisory for %s, which is not in this topology", advisory.durable)
             await _quiet(msg.term())
             return
+        advisory = replace(advisory, durable=durable)
         attempt = _delivered(msg)
         try:
             delay = await self._route(advisory)

@@ -39,6 +39,7 @@ from shared.domain.dead_letter import (
     redelivery_horizon,
 )
 from shared.domain.envelope import identify
+from shared.domain.ordering import split_partition
 
 log = logging.getLogger("ferry.dlq_router.sweep")
 
@@ -104,29 +105,49 @@ class Sweep:
                 log.warning("sweep of %s failed (%s); next sweep tries again", name, exc)
         return recorded
 
+    async def _progress(self, name: str, spec: DurableSpec) -> dict[int | None, DurableProgress]:
+        """Each consumer's progress, by partition (None: the durable's only consumer)."""
+        progress: dict[int | None, DurableProgress] = {}
+        for plan in self.topology.consumers(name):
+            try:
+                info = await self.js.consumer_info(spec.stream, plan.name)
+            except NotFoundError:
+                log.warning("consumer %s of %s is not provisioned; not swept", plan.name, name)
+                return {}
+            progress[plan.partition] = DurableProgress(
+                ack_floor=info.ack_floor.stream_seq if info.ack_floor else 0,
+                delivered=info.delivered.stream_seq if info.delivered else 0,
+                ack_pending=int(info.num_ack_pending or 0),
+            )
+        return progress
+
     async def sweep_durable(self, name: str, spec: DurableSpec) -> int:
         """Sweep one durable; how many dead letters it recorded."""
-        try:
-            info = await self.js.consumer_info(spec.stream, name)
-        except NotFoundError:
-            log.warning("durable %s is not provisioned; not swept", name)
+        progress = await self._progress(name, spec)
+        if not progress:
             return 0
-        progress = DurableProgress(
-            ack_floor=info.ack_floor.stream_seq if info.ack_floor else 0,
-            delivered=info.delivered.stream_seq if info.delivered else 0,
-            ack_pending=int(info.num_ack_pending or 0),
-        )
         horizon = self.horizon(spec)
         recorded = 0
         pool = self.pools[self.topology.context(spec.target).database]
         async with pool.acquire() as conn:
             for row in await inbox.unreported(conn, name, horizon, BATCH):
-                if may_still_be_delivered(
-                    stream_seq=row["stream_seq"],
-                    attempts=row["attempts"],
-                    replayed=row["replayed"],
-                    progress=progress,
-                    max_deliver=spec.max_deliver,
+                # A partition's consumer knows only its own messages: the partition is the
+                # message's last subject token in the stream (the inbox keeps the event's
+                # subject without it); if the message is gone, any consumer may have it.
+                partition = None
+                if len(progress) > 1:
+                    partition = await self._partition(spec.stream, row["stream_seq"])
+                known = progress.get(partition)
+                candidates = [known] if known is not None else list(progress.values())
+                if any(
+                    may_still_be_delivered(
+                        stream_seq=row["stream_seq"],
+                        attempts=row["attempts"],
+                        replayed=row["replayed"],
+                        progress=seen,
+                        max_deliver=spec.max_deliver,
+                    )
+                    for seen in candidates
                 ):
                     self.stats.still_pending += 1
                     continue
@@ -138,6 +159,14 @@ class Sweep:
                     self.stats.errors += 1
                     log.warning("could not sweep %s/%s (%s)", name, row["message_id"], exc)
         return recorded
+
+    async def _partition(self, stream: str, seq: int) -> int | None:
+        """The partition token of the message at ``seq`` (None: gone, or no token)."""
+        try:
+            msg = await self.js.get_msg(stream, seq)
+        except NotFoundError:
+            return None
+        return split_partition(msg.subject or "")[1]
 
     async def _dead_letter(
         self, conn: Any, name: str, spec: DurableSpec, message_id: uuid.UUID, horizon: float

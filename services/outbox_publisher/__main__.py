@@ -19,7 +19,7 @@ from shared.runtime.metrics import RoleMetrics
 from shared.runtime.settings import PublisherSettings
 from shared.telemetry import set_log_fields
 
-from .publisher import OutboxPublisher
+from .publisher import OutboxPublisher, ordering_fields_of
 
 ROLE = "outbox-publisher"
 log = logging.getLogger("ferry.outbox_publisher")
@@ -65,6 +65,8 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
         metrics=publisher_metrics,
         max_publish_attempts=settings.max_publish_attempts,
         max_message_bytes=context.stream.max_msg_size,
+        partitions=context.stream.partitions,
+        ordering_fields=ordering_fields_of(topology, settings.context),
     )
     publisher.linger = settings.linger
     listener_stop = asyncio.Event()

@@ -8,6 +8,9 @@ that can never be published must not be retried forever in front of its aggregat
   written with plain SQL), or the message is larger than NATS or the stream accepts
   (``MESSAGE_TOO_LARGE``; sizes are the UTF-8 bytes that go out). Retrying changes
   nothing until the data or the limits change, and then an operator republishes it.
+  On a partitioned stream, a row whose ordering key cannot be read (the payload lacks
+  the event's ``ordering_key`` field, or it is not a string or an integer) has no
+  partition: ``ORDERING_KEY_MISSING``.
 * **outage** — JetStream did not answer (no PubAck in time, no responders, connection
   closed or reconnecting, no stream leader): says nothing about the row. Retried with
   the capped back-off for as long as it lasts; never sets a row aside.
@@ -50,6 +53,19 @@ def unbuildable(exc: BaseException) -> Failure:
     return Failure(
         f"cannot build the message: {_text(exc)}",
         set_aside=PAYLOAD_INVALID,
+        kind=type(exc).__name__,
+    )
+
+
+#: Reason code of a row on a partitioned stream whose ordering key cannot be read.
+ORDERING_KEY_MISSING = "ORDERING_KEY_MISSING"
+
+
+def no_ordering_key(exc: BaseException) -> Failure:
+    """The row's ordering key cannot be read, so it has no partition to go to."""
+    return Failure(
+        f"no partition: {exc}",
+        set_aside=ORDERING_KEY_MISSING,
         kind=type(exc).__name__,
     )
 

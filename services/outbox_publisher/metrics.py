@@ -91,7 +91,7 @@ class PublisherMetrics:
         self._set_aside = Counter(
             "ferry_outbox_rows_set_aside",
             "Outbox rows this publisher set aside, by reason code (PAYLOAD_INVALID, "
-            "MESSAGE_TOO_LARGE, PUBLISH_REFUSED).",
+            "MESSAGE_TOO_LARGE, PUBLISH_REFUSED, ORDERING_KEY_MISSING).",
             ["context", "reason"],
             registry=reg,
         )
@@ -144,6 +144,7 @@ class PublisherMetrics:
 
     def watch_outbox(self, pool: Any) -> None:
         """Refresh the QRY-050 gauges from ``pool`` at scrape time."""
+
         async def refresh() -> None:
             async with pool.acquire() as conn:
                 doc = await outbox.backlog(conn)

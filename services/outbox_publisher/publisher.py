@@ -23,6 +23,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
+from urllib.parse import quote
 
 import asyncpg
 from nats.js import JetStreamContext
@@ -34,7 +35,14 @@ from shared.adapters import outbox
 from shared.adapters.outbox import Failure
 from shared.adapters.postgres import DATABASE_ERRORS, Conn
 from shared.adapters.stores import PostgresOutboxStore
+from shared.contracts.topology import Topology
 from shared.domain.envelope import Envelope, payload_digest
+from shared.domain.ordering import (
+    OrderingKeyError,
+    ordering_key,
+    partition_of,
+    partitioned_subject,
+)
 from shared.domain.pacing import ArrivalGap
 from shared.domain.ports import OutboxRecord, OutboxStore
 from shared.domain.subjects import event_subject
@@ -71,12 +79,48 @@ class PublisherStats:
     errors_by_kind: dict[str, int] = field(default_factory=dict)
 
 
+#: Informational header: the event's ordering key (percent-encoded, at most this long).
+ORDERING_KEY_HEADER = "Ferry-Ordering-Key"
+ORDERING_KEY_HEADER_MAX = 256
+#: The ordering-key field of each (event type, version) a context publishes (None: the
+#: aggregate); events missing from it are keyed by their aggregate.
+OrderingFields = Mapping[tuple[str, int], str | None]
+
+
+def ordering_fields_of(topology: Topology, context: str) -> dict[tuple[str, int], str | None]:
+    """The ordering-key field of each event ``context`` publishes (None: the aggregate)."""
+    return {(e.type, e.version): e.ordering_key for e in topology.events if e.context == context}
+
+
 def build_message(
-    row: OutboxRecord, *, namespace: str, context: str
+    row: OutboxRecord,
+    *,
+    namespace: str,
+    context: str,
+    partitions: int = 1,
+    ordering_fields: OrderingFields | None = None,
 ) -> tuple[str, bytes, dict[str, str]]:
-    """Subject, body and headers of one row's JetStream message."""
+    """Subject, body and headers of one row's JetStream message.
+
+    On a partitioned stream (``partitions`` > 1) the subject ends in the partition of the
+    event's ordering key (:func:`shared.domain.ordering.partition_of`); the envelope's own
+    ``subject`` stays without it. A row whose key field is missing raises
+    :class:`OrderingKeyError` (the publisher sets it aside: ``ORDERING_KEY_MISSING``).
+    """
     subject = str(event_subject(namespace, row.event_type, row.event_version))
     payload = json.loads(row.payload)
+    field = (ordering_fields or {}).get((row.event_type, row.event_version))
+    key_doc = {
+        "aggregate_type": row.aggregate_type,
+        "aggregate_id": row.aggregate_id,
+        "payload": payload,
+    }
+    try:
+        key: str | None = ordering_key(key_doc, field)
+    except OrderingKeyError:
+        if partitions > 1:
+            raise
+        key = None  # one partition: the key only labels the message
     envelope = Envelope(
         message_id=str(row.id),
         subject=subject,
@@ -96,7 +140,12 @@ def build_message(
         headers["traceparent"] = row.traceparent
     if row.tracestate:
         headers["tracestate"] = row.tracestate
-    return subject, envelope.to_wire(), headers
+    wire_subject = subject
+    if key is not None:
+        headers[ORDERING_KEY_HEADER] = quote(key, safe="/:@-._~")[:ORDERING_KEY_HEADER_MAX]
+        if partitions > 1:
+            wire_subject = partitioned_subject(subject, partition_of(key, partitions))
+    return wire_subject, envelope.to_wire(), headers
 
 
 class Batch(NamedTuple):
@@ -127,6 +176,8 @@ class OutboxPublisher:
         max_publish_attempts: int = 20,
         max_message_bytes: int | None = None,
         store: OutboxStore[Conn] | None = None,
+        partitions: int = 1,
+        ordering_fields: OrderingFields | None = None,
     ) -> None:
         self.pool, self.js = pool, js
         #: The outbox (the port; PostgreSQL's unless a test passes another). The commit
@@ -139,6 +190,9 @@ class OutboxPublisher:
         #: Refusals after which a row is set aside; the stream's max_msg_size (None: the
         #: server's answer decides).
         self.max_publish_attempts, self.max_message_bytes = max_publish_attempts, max_message_bytes
+        #: The stream's partitions (the subject's last token when > 1) and each event's
+        #: ordering-key field (from the topology's events).
+        self.partitions, self.ordering_fields = partitions, dict(ordering_fields or {})
         self.stats = PublisherStats()
         self.metrics = metrics or PublisherMetrics(
             RoleMetrics("outbox-publisher"), context=context, stream=stream
@@ -384,8 +438,14 @@ class OutboxPublisher:
         PubAck); a row that cannot be built or is too large is not sent."""
         try:
             subject, body, headers = build_message(
-                row, namespace=self.namespace, context=self.context
+                row,
+                namespace=self.namespace,
+                context=self.context,
+                partitions=self.partitions,
+                ordering_fields=self.ordering_fields,
             )
+        except OrderingKeyError as exc:
+            return None, None, fail.no_ordering_key(exc)
         except Exception as exc:  # RecursionError, ValueError, … whatever the row holds
             return None, None, fail.unbuildable(exc)
         if self.max_message_bytes is not None:

@@ -7,8 +7,9 @@ exactly the subjects its nats-py calls use, and nothing else:
     publishes only into its context's namespace (``{namespace}.>``, e.g. ``sea.event.>``)
     and receives only its own PubAck replies.
 ``inbox-consumer-{durable}``
-    pulls from, acks and reads the info of its own durable only
-    (``$JS.API.CONSUMER.MSG.NEXT|INFO.{STREAM}.{durable}``, ``$JS.ACK.{STREAM}.{durable}.>``),
+    pulls from, acks and reads the info of its own durable's consumers only
+    (``$JS.API.CONSUMER.MSG.NEXT|INFO.{STREAM}.{consumer}``, ``$JS.ACK.{STREAM}.{consumer}.>``
+    for the durable itself, or each partition's ``{durable}_p{k}`` under ``ordering: key``),
     reads its stream by sequence for the lag gauge (``$JS.API.STREAM.MSG.GET.{STREAM}``)
     and publishes its dead-letter subject.
 ``dlq-router-{topology}``
@@ -18,7 +19,8 @@ exactly the subjects its nats-py calls use, and nothing else:
     max_msg_size).
 ``dlq-replayer-{topology}``
     publishes only the replay subjects of its topology's durables
-    (``ferry.replay.{STREAM}.{durable}``).
+    (``ferry.replay.{STREAM}.{durable}``, ``….{durable}.{k}`` for each partition of an
+    ordered durable on a partitioned stream).
 
 Replies: every client uses a private inbox prefix (``_INBOX.{user}``, see
 :func:`~shared.domain.reply_subjects.inbox_prefix`) and may subscribe only there, so no
@@ -45,7 +47,6 @@ from shared.access.streams import ROUTER_DURABLE
 from shared.adapters.nats import NatsAuth
 from shared.contracts.topology import Topology
 from shared.domain.reply_subjects import inbox_prefix
-from shared.domain.subjects import replay_subject
 
 
 def password_variable(user: str) -> str:
@@ -91,7 +92,11 @@ def permissions_of(identity: Identity, topology: Topology) -> Permissions | None
     if identity.kind == "inbox-consumer":
         spec = topology.durables[identity.of]
         publish = [
-            *_durable_api(spec.stream, identity.of),
+            *(
+                subject
+                for plan in topology.consumers(identity.of)
+                for subject in _durable_api(spec.stream, plan.name)
+            ),
             _stream_read(spec.stream),
             spec.dead_letter_subject,
         ]
@@ -104,12 +109,20 @@ def permissions_of(identity: Identity, topology: Topology) -> Permissions | None
             *sorted({spec.dead_letter_subject for _, spec in durables}),
             # The sweep reads each durable's progress; records are sized to each
             # dead-letter stream's max_msg_size.
-            *(f"$JS.API.CONSUMER.INFO.{spec.stream}.{name}" for name, spec in durables),
+            *(
+                f"$JS.API.CONSUMER.INFO.{spec.stream}.{plan.name}"
+                for name, spec in durables
+                for plan in topology.consumers(name)
+            ),
             *(f"$JS.API.STREAM.INFO.{s.name}" for s in topology.dead_letter_streams),
         ]
         return Permissions(_unique(publish), reply)
     if identity.kind == "dlq-replayer":
-        publish = [replay_subject(s.stream, n) for n, s in sorted(topology.durables.items())]
+        publish = [
+            plan.replay_subject
+            for name in sorted(topology.durables)
+            for plan in topology.consumers(name)
+        ]
         return Permissions(_unique(publish), reply)
     return None
 

@@ -33,6 +33,7 @@ from shared.adapters.postgres import connect, migrate_database, redact
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
 from shared.ops import access as access_cli
 from shared.ops import outbox as outbox_cli
+from shared.ops import parked as parked_cli
 from shared.ops import registry as registry_cli
 from shared.ops.dlq import add_dlq_commands, check_key
 from shared.ops.purge import add_purge_command
@@ -67,7 +68,11 @@ async def cmd_provision(settings: CommonSettings, args: argparse.Namespace) -> i
     )
     try:
         changes = await provision(
-            nc.jetstream(), topology, apply=not args.check, caps=settings.stream_caps()
+            nc.jetstream(),
+            topology,
+            apply=not args.check,
+            caps=settings.stream_caps(),
+            repartition=args.repartition,
         )
     finally:
         await nc.close()
@@ -127,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.set_defaults(func=cmd_migrate)
     prov = sub.add_parser("provision", help="create/update streams and consumers")
     prov.add_argument("--check", action="store_true", help="report drift, change nothing")
+    prov.add_argument(
+        "--repartition",
+        action="store_true",
+        help="change an ordered durable's partition layout even while its consumers hold "
+        "messages, and delete consumers of an old layout (docs: Ordering)",
+    )
     prov.set_defaults(func=cmd_provision)
     out = sub.add_parser("outbox-backlog", help="QRY-050: outbox backlog of a context")
     out.add_argument("context")
@@ -136,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     inb.set_defaults(func=cmd_inbox_backlog)
     add_dlq_commands(sub)
     outbox_cli.add_commands(sub)
+    parked_cli.add_commands(sub)
     add_where_command(sub)
     add_purge_command(sub)
     for p in (migrate, prov, out, inb):
