@@ -3,7 +3,8 @@
 A scenario's events have no fixed fate: a long outage or a hostile handler may leave an
 event processed, dead-lettered or (in the outbox) set aside. What must hold:
 
-* every committed event is **settled**: processed; or dead-lettered with a reason code
+* every committed event is **settled**: processed (a dead letter replayed and then
+  processed counts as processed); or dead-lettered with a reason code
   (``dead_letters`` row, inbox ``failed``); or set aside by the publisher with a reason
   (visible to the operator), or held behind such a row of its aggregate (order kept);
 * an event whose INSERT PostgreSQL refused was never committed: it is counted *refused
@@ -123,8 +124,12 @@ async def read_inbox(dsn: str, durable: str) -> tuple[dict[str, str], dict[str, 
             " WHERE durable = $1",
             durable,
         )
+        # A dead letter replayed and then processed is settled as processed.
         dead = await conn.fetch(
-            "SELECT message_id::text AS id, reason_code FROM dead_letters WHERE durable = $1",
+            "SELECT message_id::text AS id, reason_code FROM dead_letters d WHERE durable = $1"
+            " AND NOT (status IN ('replaying', 'replayed') AND EXISTS (SELECT 1 FROM"
+            " inbox_messages i WHERE i.durable = d.durable AND i.message_id = d.message_id"
+            " AND i.status = 'processed'))",
             durable,
         )
     finally:

@@ -31,6 +31,10 @@ class ScenarioResult:
     exit_causes: Counter[str] = field(default_factory=Counter)
     #: Dead letters the hostile handler's answers do not account for.
     without_cause: list[str] = field(default_factory=list)
+    #: A scenario's own rows of the table (the ordering scenario's counts).
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: A scenario's own broken invariants.
+    extra_violations: list[str] = field(default_factory=list)
 
     @property
     def violations(self) -> list[str]:
@@ -40,6 +44,7 @@ class ScenarioResult:
         if self.without_cause:
             shown = ", ".join(self.without_cause[:4])
             extra.append(f"dead-lettered without cause: {len(self.without_cause)} ({shown})")
+        extra += self.extra_violations
         return extra + self.settled.violations() + (exits if self.unexpected_exits else [])
 
     @property
@@ -68,6 +73,7 @@ class ScenarioResult:
             "applied, then dead-lettered": s.applied_then_dead_lettered,
             "duplicate deliveries absorbed by the inbox": s.duplicates_absorbed,
             "dead-lettered without cause": len(self.without_cause),
+            **self.extra,
             "unexpected role exits": len(self.unexpected_exits),
             "unexpected exits by cause": dict(self.exit_causes),
             "exits": self.unexpected_exits,
@@ -87,7 +93,11 @@ def render_table(result: ScenarioResult) -> str:
             continue
         if isinstance(value, dict):
             lines.append(f"  {key:<44}" + (" " if value else " 0"))
-            lines += [f"      {k:<40}{v:>8}" for k, v in sorted(value.items())]
+            for k, v in sorted(value.items()):
+                if isinstance(v, dict):  # one durable's counts, on one line
+                    lines.append(f"      {k}: " + ", ".join(f"{a} {b}" for a, b in v.items()))
+                else:
+                    lines.append(f"      {k:<40}{v!s:>8}")
         else:
             lines.append(f"  {key:<44} {value}")
     lines += [f"  VIOLATED: {v}" for v in result.violations]

@@ -98,6 +98,16 @@ class Tuning:
     #: durable -> ``python -m`` argv of a process put between its consumer and its
     #: handler; it is given ``--port P --upstream URL`` and runs as role ``front-<durable>``.
     fronts: dict[str, list[str]] = field(default_factory=dict)
+    #: durable -> topology fields set on it after the clocks (``ordering``, ...).
+    durables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: context -> fields set on its stream (``partitions``, ...).
+    streams: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Consumer processes planned per durable: ``consumer-<durable>``, then
+    #: ``consumer-<durable>-r2`` ... (each with links of its own).
+    consumer_replicas: int = 1
+    #: How many of them start with the world (the others wait, held down, for the run to
+    #: start them); None: all.
+    replicas_at_start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -115,9 +125,12 @@ def chaos_topology_doc(tuning: Tuning | None = None) -> dict[str, Any]:
     """The shipped sea-vibespro topology with the chaos clocks on its durables."""
     tuning = tuning or Tuning()
     doc: dict[str, Any] = yaml.safe_load(TOPOLOGY.read_text())
-    for durable in doc["durables"].values():
+    for name, durable in doc["durables"].items():
         durable.update(tuning.clocks)
         durable["handler"]["timeout"] = tuning.handler_timeout
+        durable.update(tuning.durables.get(name, {}))
+    for name, fields_ in tuning.streams.items():
+        doc["contexts"][name]["stream"].update(fields_)
     return doc
 
 
@@ -189,7 +202,8 @@ class World:
             await asyncio.to_thread(self._create_proxy, link)
         for kind in ("handler", "front", "router", "publisher", "consumer"):
             for role in self.roles_of(kind):
-                role.start()
+                if not role.held_down:  # a replica planned for later stays down
+                    role.start()
 
     def _create_proxy(self, link: ProxyLink) -> None:
         """Create one proxy; an error names the proxy and says what the server answered."""
@@ -245,7 +259,9 @@ class World:
     def _plan_roles(self) -> None:
         topo = self.topo
         # Every port at once: separate free_port() calls may hand out one port twice.
-        self._ports = iter(free_ports(4 * len(topo.durables) + 4 * len(topo.contexts) + 4))
+        replicas = max(self.tuning.consumer_replicas, 1)
+        count = (3 * replicas + 1) * len(topo.durables) + 4 * len(topo.contexts) + 4
+        self._ports = iter(free_ports(count))
         self.secrets = {name: secrets.token_urlsafe(24) for name in topo.durables}
         targets = sorted({d.target for d in topo.durables.values()})
         for service in targets:
@@ -277,14 +293,24 @@ class World:
         for durable, spec in sorted(topo.durables.items()):
             if durable in self.tuning.fronts:
                 self._add_front(durable, spec.target)
-            self._add_role(
-                f"consumer-{durable}",
-                "consumer",
-                ["-m", "services.inbox_consumer", "--durable", durable],
-                links=("nats", "pg", "handler"),
-                durables=frozenset({durable}),
-                handler_service=spec.target,
-            )
+            starting = self.tuning.replicas_at_start or replicas
+            for replica in range(1, replicas + 1):
+                name = f"consumer-{durable}" + (f"-r{replica}" if replica > 1 else "")
+                self._add_role(
+                    name,
+                    "consumer",
+                    ["-m", "services.inbox_consumer", "--durable", durable],
+                    links=("nats", "pg", "handler"),
+                    durables=frozenset({durable}),
+                    handler_service=spec.target,
+                )
+                self.roles[name].held_down = replica > starting
+
+    def consumer_replicas(self, durable: str) -> list[Role]:
+        """Every consumer process planned for ``durable``, replica 1 first."""
+        first = self.roles[f"consumer-{durable}"]
+        rest = [r for n, r in sorted(self.roles.items()) if n.startswith(f"{first.name}-r")]
+        return [first, *sorted(rest, key=lambda r: int(r.name.rsplit("-r", 1)[1]))]
 
     def _add_front(self, durable: str, service: str) -> None:
         """A process between ``durable``'s consumer and its handler (see :class:`Tuning`)."""
