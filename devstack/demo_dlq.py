@@ -57,6 +57,7 @@ async def operator_replay(
                             actor=ACTOR,
                             reason="demo: the handler bug was fixed",
                             automatic=False,
+                            topology=topology,
                         )
                     except store.NotReplayable:
                         continue

@@ -166,7 +166,7 @@ class DlqReplayer:
     async def _republish(self, conn: Conn, durable: str) -> None:
         try:
             self.stats.republished += await dead_letters.republish_unconfirmed(
-                conn, self.js, durable, older_than=self.unconfirmed_after
+                conn, self.js, durable, older_than=self.unconfirmed_after, topology=self.topology
             )
         except ERRORS as exc:
             self.stats.errors += 1
@@ -190,6 +190,7 @@ class DlqReplayer:
                         reason="automatic replay (REQ-059)",
                         automatic=True,
                         allowed=("dead",),
+                        topology=self.topology,
                     )
                 except dead_letters.NoEnvelope as exc:
                     await self._park(conn, durable, message_id, str(exc))

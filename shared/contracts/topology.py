@@ -9,6 +9,7 @@ the field path and the reason, e.g.::
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -23,7 +24,9 @@ from shared.domain.ordering import (
     PartitionFilterError,
     all_partitions_filter,
     consumer_name,
+    ordering_key,
     partition_filters,
+    partition_of,
     partition_replay_subject,
 )
 from shared.domain.subjects import NAMESPACE, SNAKE_CASE, replay_subject
@@ -334,6 +337,29 @@ class Topology(_Model):
                 )
             )
         return plans
+
+    def ordering_field(self, context: str, event_type: str, version: int) -> str | None:
+        """The payload field an event of ``context`` is keyed by (None: its aggregate)."""
+        for event in self.events:
+            if (event.context, event.type, event.version) == (context, event_type, version):
+                return event.ordering_key
+        return None
+
+    def replay_subject_for(self, durable: str, envelope: Mapping[str, Any]) -> str:
+        """Where a replay of ``envelope`` (its JSON document) for ``durable`` is published:
+        the durable's replay subject, with the partition of the event's ordering key when
+        the durable has a consumer per partition — so the replay comes back through its
+        key's partition. Raises :class:`OrderingKeyError` when the key cannot be read."""
+        plans = self.consumers(durable)
+        if len(plans) == 1:
+            return plans[0].replay_subject
+        context = self.context_of_stream(self.durable(durable).stream)
+        event_type, version = envelope.get("event_type"), envelope.get("event_version")
+        field = None
+        if isinstance(event_type, str) and isinstance(version, int):
+            field = self.ordering_field(context, event_type, version)
+        key = ordering_key(envelope, field)
+        return plans[partition_of(key, len(plans))].replay_subject
 
     def delivers(self, durable: str, subject: str) -> bool:
         """Whether ``durable``'s filters take events published on ``subject``

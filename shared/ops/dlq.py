@@ -262,6 +262,7 @@ async def _replay_one(
             actor=_actor(args),
             reason=args.reason,
             automatic=False,
+            topology=topology,
         )
     except store.NotReplayable as exc:
         print(f"refused: {exc}", file=sys.stderr)

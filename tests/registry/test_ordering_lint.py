@@ -234,3 +234,42 @@ def test_a_malformed_ordering_key_is_refused_on_load(project: Path) -> None:
     edit_yaml(manifest, lambda doc: doc["publishes"][0].update(ordering_key="config id"))
     with pytest.raises(ConfigurationError, match="ordering_key 'config id' must be a payload"):
         check(project)
+
+
+# --- replay subjects ------------------------------------------------------------------------
+
+
+def test_a_replay_goes_back_through_its_keys_partition() -> None:
+    from shared.domain.ordering import OrderingKeyError, partition_of
+
+    topology = load_topology(ROOT / MEDIATION)
+    archived = {
+        "event_type": "opportunity_archived",
+        "event_version": 1,
+        "aggregate_type": "opportunity",
+        "aggregate_id": "o-9",
+        "payload": {"opportunity_key": "o-9"},
+    }
+    k = partition_of("opportunity/o-9", 4)
+    assert (
+        topology.replay_subject_for("cg_g_archive", archived)
+        == f"ferry.replay.MEDIATION_F_TO_G_ARCHIVE.cg_g_archive.{k}"
+    )
+    config = {
+        "event_type": "config_publish_requested",
+        "event_version": 1,
+        "aggregate_type": "config",
+        "aggregate_id": "whatever",
+        "payload": {"config_id": "cfg-3", "revision": 2},
+    }
+    k = partition_of("cfg-3", 2)  # the manifest's ordering_key, not the aggregate
+    assert (
+        topology.replay_subject_for("cg_h_publish", config)
+        == f"ferry.replay.MEDIATION_H_PUBLISH_JOBS.cg_h_publish.{k}"
+    )
+    assert (
+        topology.replay_subject_for("cg_f_ingest", {})
+        == "ferry.replay.MEDIATION_E_TO_F_EVENTS.cg_f_ingest"
+    )
+    with pytest.raises(OrderingKeyError):
+        topology.replay_subject_for("cg_h_publish", {**config, "payload": {"revision": 2}})

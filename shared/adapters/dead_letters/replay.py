@@ -2,7 +2,9 @@
 
 :func:`replay` republishes the original envelope under a fresh ``Nats-Msg-Id`` (JetStream's
 duplicate window would swallow the old one) on ``ferry.replay.{STREAM}.{durable}``, which
-only the failed durable's filter covers; ``message_id`` — the inbox key — is unchanged, so
+only the failed durable's filter covers — for an ``ordering: key`` durable on a partitioned
+stream ``….{durable}.{k}``, k the partition of the event's ordering key now, so the replay
+comes back through its key's partition; ``message_id`` — the inbox key — is unchanged, so
 a replay of something a handler already applied is answered 409 and processed once.
 :func:`republish_unconfirmed` heals a replay whose publish was never confirmed,
 :func:`settle_replayed` marks those processed since, :func:`set_status` parks or discards.
@@ -24,6 +26,7 @@ from shared.adapters import inbox
 from shared.adapters.dead_letters import records
 from shared.adapters.dead_letters.audit import record_action
 from shared.adapters.postgres import Conn
+from shared.contracts.topology import Topology
 from shared.domain.dead_letter import (
     DISCARDABLE_STATUSES,
     PARKABLE_STATUSES,
@@ -31,6 +34,7 @@ from shared.domain.dead_letter import (
     history_event,
 )
 from shared.domain.envelope import format_timestamp
+from shared.domain.ordering import OrderingKeyError
 from shared.domain.subjects import replay_subject
 
 
@@ -92,8 +96,13 @@ async def replay(
     reason: str,
     automatic: bool,
     allowed: Sequence[str] = REPLAYABLE_STATUSES,
+    topology: Topology | None = None,
 ) -> Replayed:
     """Replay one dead letter: record it, then publish it, then confirm the publish.
+
+    ``topology`` (the durable's) places the replay on its key's partition when the
+    durable has a consumer per partition; without it the replay goes to the durable's
+    plain replay subject, which only an unpartitioned consumer reads.
 
     The inbox row is reopened and committed *before* the publish — otherwise the consumer
     could receive the replay while the row still says failed, and skip it as a duplicate.
@@ -114,6 +123,7 @@ async def replay(
                 f"{durable}/{message_id} has no parseable envelope to replay "
                 f"({record.get('reasonCode')}); discard it or republish it at the source"
             )
+        subject = _replay_subject(topology, durable, message_id, row, record)
         attempt = row["replay_attempts"] + 1
         event = history_event("replayed", reason, "", actor=actor, attempt=attempt)
         await conn.execute(_MARK_REPLAYING, durable, message_id, attempt, json.dumps(event))
@@ -141,9 +151,31 @@ async def replay(
     # A failed publish leaves the entry 'replaying' and unconfirmed: republish_unconfirmed
     # publishes it again under the same Nats-Msg-Id (undoing instead could race a publish
     # that did land but whose PubAck was lost).
-    seq = await _publish_replay(js, durable, message_id, row, record, attempt)
+    seq = await _publish_replay(js, durable, message_id, row, record, attempt, subject)
     await conn.execute(_PUBLISHED, durable, message_id, attempt, seq)
-    return Replayed(durable, message_id, attempt, replay_subject(row["stream"], durable), seq)
+    return Replayed(durable, message_id, attempt, subject, seq)
+
+
+def _replay_subject(
+    topology: Topology | None, durable: str, message_id: UUID, row: Any, record: dict[str, Any]
+) -> str:
+    """The replay's subject (see :meth:`Topology.replay_subject_for`)."""
+    if topology is None or durable not in topology.durables:
+        return replay_subject(row["stream"], durable)
+    body = records.replay_body(record)
+    try:
+        envelope = json.loads(body) if body is not None else None
+    except ValueError:
+        envelope = None
+    if not isinstance(envelope, dict):
+        envelope = {}
+    try:
+        return topology.replay_subject_for(durable, envelope)
+    except OrderingKeyError as exc:
+        raise NotReplayable(
+            f"{durable}/{message_id}: its ordering key cannot be read ({exc}), so it has no "
+            "partition to replay through; discard it or republish it at the source"
+        ) from None
 
 
 async def _publish_replay(
@@ -153,6 +185,7 @@ async def _publish_replay(
     row: Any,
     record: dict[str, Any],
     attempt: int,
+    subject: str,
 ) -> int:
     headers = {
         "Nats-Msg-Id": f"replay:{durable}:{message_id}:{attempt}",
@@ -164,7 +197,6 @@ async def _publish_replay(
     body = records.replay_body(record)  # UTF-8, byte for byte as stored
     if body is None:
         raise NoEnvelope(f"{durable}/{message_id} has no envelope to replay")
-    subject = replay_subject(row["stream"], durable)
     # A replay starts a new trace, linked to the message's original one.
     with telemetry.publish_span(
         subject,
@@ -179,7 +211,12 @@ async def _publish_replay(
 
 
 async def republish_unconfirmed(
-    conn: Conn, js: JetStreamContext, durable: str, *, older_than: float
+    conn: Conn,
+    js: JetStreamContext,
+    durable: str,
+    *,
+    older_than: float,
+    topology: Topology | None = None,
 ) -> int:
     """Publish again the replays whose publish was never confirmed; how many."""
     count = 0
@@ -194,7 +231,8 @@ async def republish_unconfirmed(
             continue
         record = json.loads(row["record"])
         attempt = due["replay_attempts"]
-        seq = await _publish_replay(js, durable, due["message_id"], row, record, attempt)
+        subject = _replay_subject(topology, durable, due["message_id"], row, record)
+        seq = await _publish_replay(js, durable, due["message_id"], row, record, attempt, subject)
         await conn.execute(_PUBLISHED, durable, due["message_id"], attempt, seq)
         count += 1
     return count
