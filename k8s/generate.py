@@ -703,6 +703,12 @@ def scaled_object(topology: Topology, durable: str) -> Doc:
     spec = topology.durables[durable]
     instance = f"inbox-consumer-{dns_name(durable, f'durable {durable}')}"
     ceiling = max(MIN_REPLICAS, min(MAX_REPLICAS, spec.max_ack_pending // MIN_INFLIGHT_PER_REPLICA))
+    # An ordered durable runs each partition on one replica at a time: replicas beyond its
+    # partitions would only wait (scaling moves partitions, it never splits a key).
+    plans = topology.consumers(durable)
+    if spec.ordering == "key":
+        ceiling = min(ceiling, plans[0].partitions)
+    floor = min(MIN_REPLICAS, ceiling)
     labels = _labels("inbox-consumer", instance, "consumer", {"ferry/durable": durable})
     return {
         "apiVersion": "keda.sh/v1alpha1",
@@ -710,7 +716,7 @@ def scaled_object(topology: Topology, durable: str) -> Doc:
         "metadata": {"name": instance, "labels": labels},
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": instance},
-            "minReplicaCount": MIN_REPLICAS,
+            "minReplicaCount": floor,
             "maxReplicaCount": ceiling,
             "pollingInterval": 15,
             "cooldownPeriod": 300,
@@ -725,6 +731,8 @@ def scaled_object(topology: Topology, durable: str) -> Doc:
                     }
                 }
             },
+            # One trigger per JetStream consumer (each partition's, for an ordered durable
+            # on a partitioned stream): KEDA scales to the largest of them.
             "triggers": [
                 {
                     "type": "nats-jetstream",
@@ -732,12 +740,13 @@ def scaled_object(topology: Topology, durable: str) -> Doc:
                         "natsServerMonitoringEndpoint": NATS_MONITORING_ENDPOINT,
                         "account": "$G",
                         "stream": spec.stream,
-                        "consumer": durable,
+                        "consumer": plan.name,
                         # One replica per window of max_ack_pending messages waiting.
                         "lagThreshold": str(spec.max_ack_pending),
                         "useHttps": "false",
                     },
                 }
+                for plan in plans
             ],
         },
     }

@@ -296,6 +296,7 @@ def test_settings_named_in_manifests_exist(rendered: dict[str, list[Doc]]) -> No
 
 def test_keda_scales_each_consumer_on_its_own_durable(rendered: dict[str, list[Doc]]) -> None:
     from shared.contracts.loading import load_topology
+    from shared.domain.ordering import durable_of_consumer
 
     durables = {
         name: spec
@@ -313,10 +314,12 @@ def test_keda_scales_each_consumer_on_its_own_durable(rendered: dict[str, list[D
     for obj in scaled:
         target = deployments[obj["spec"]["scaleTargetRef"]["name"]]
         durable = target["metadata"]["labels"]["ferry/durable"]
-        meta = obj["spec"]["triggers"][0]["metadata"]
         assert pod_spec(target)["containers"][0]["args"][-1] == durable
-        assert (meta["consumer"], meta["stream"]) == (durable, durables[durable].stream)
-        assert meta["natsServerMonitoringEndpoint"].endswith(f":{monitor_port}")
+        # One trigger per JetStream consumer of the durable (each partition's when ordered).
+        for meta in (t["metadata"] for t in obj["spec"]["triggers"]):
+            assert durable_of_consumer(meta["consumer"], {durable}) == durable
+            assert meta["stream"] == durables[durable].stream
+            assert meta["natsServerMonitoringEndpoint"].endswith(f":{monitor_port}")
         # Replicas beyond max_ack_pending / 10 would idle at JetStream's ack-pending cap.
         assert obj["spec"]["maxReplicaCount"] <= max(2, durables[durable].max_ack_pending // 10)
 
