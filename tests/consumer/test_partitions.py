@@ -145,7 +145,7 @@ class Replica:
         record: Record,
         *,
         partitions: int,
-        ttl: float = 1.0,
+        ttl: float = 1.5,
         ack_wait: float = 1.0,
         pending: dict[int, int] | int | None = 0,
         crash: dict[int, str] | None = None,
