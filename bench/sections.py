@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -536,34 +537,45 @@ async def order_check(
 ) -> dict[str, int]:
     """Per key (the event's aggregate), whether the handler applied its events in the order
     the producer committed them (the outbox's ``seq``; the publisher keeps each key's order
-    into the stream).
-
-    The handler's ledger (``handler_calls``, its ``id`` taken in the applying transaction)
-    gives the order of application. An event applied after an event of its key committed
-    later is one violation.
+    into the stream): :func:`count_order_violations` over the handler's ledger
+    (``handler_calls``, whose ``id`` is taken in the applying transaction) in ``id`` order.
     """
     outbox = await source.fetch(
         "SELECT id, aggregate_type || '/' || aggregate_id AS key, seq FROM outbox_events"
     )
-    place = {r["id"]: (r["key"], int(r["seq"])) for r in outbox}
     applied = await target.fetch(
         "SELECT message_id FROM handler_calls WHERE handler = $1 AND status = 200 ORDER BY id",
         handler,
     )
+    return count_order_violations(
+        {r["id"]: (r["key"], int(r["seq"])) for r in outbox}, [r["message_id"] for r in applied]
+    )
+
+
+def count_order_violations(
+    place: Mapping[uuid.UUID, tuple[str, int]], applied: Iterable[uuid.UUID]
+) -> dict[str, int]:
+    """Events applied after an event of their key that was committed later.
+
+    ``place``: each event's key and commit position; ``applied``: events in the order the
+    handler applied them. Returns the keys seen, the events checked, the violations and
+    the applied events ``place`` does not know.
+    """
     latest: dict[str, int] = {}
-    violations = unknown = 0
-    for record in applied:
-        found = place.get(record["message_id"])
+    checked = violations = unknown = 0
+    for message_id in applied:
+        found = place.get(message_id)
         if found is None:
             unknown += 1
             continue
+        checked += 1
         key, seq = found
         if seq < latest.get(key, -1):
             violations += 1
         else:
             latest[key] = seq
-    return {"keys": len(latest), "order_checked": len(applied) - unknown,
-            "order_violations": violations, "order_unknown": unknown}  # fmt: skip
+    return {"keys": len(latest), "order_checked": checked, "order_violations": violations,
+            "order_unknown": unknown}  # fmt: skip
 
 
 def _check_books(
@@ -717,9 +729,11 @@ async def pipeline_idle(bench: Bench, dep: Deployment) -> bool:
     try:
         js = nc.jetstream()
         for name, durable in dep.topology.durables.items():
-            info = await js.consumer_info(durable.stream, name)
-            if info.num_pending or info.num_ack_pending:
-                return False
+            # An ordered durable on a partitioned stream has a consumer per partition.
+            for plan in dep.topology.consumers(name):
+                info = await js.consumer_info(durable.stream, plan.name)
+                if info.num_pending or info.num_ack_pending:
+                    return False
     finally:
         await nc.close()
     return True

@@ -53,8 +53,15 @@ def test_every_section_produces_its_figures(run: tuple[Path, dict[str, Any], str
                 "peer.faststream_outbox"):  # fmt: skip
         assert rows[key]["values"]["raw"] > 0, key
     for key in ("ferry.publisher_drain", "ferry.e2e_drain_1", "ferry.e2e_drain_2",
+                "ferry.e2e_drain_ordered", "ferry.ordered_vs_unordered",
                 "ferry.vs_peer"):  # fmt: skip
         assert rows[key]["values"]["on"] > 0, key
+    # The ordered drain is judged against the unordered one with as many replicas.
+    ordered, unordered = rows["ferry.e2e_drain_ordered"], rows["ferry.e2e_drain_2"]
+    assert rows["ferry.ordered_vs_unordered"]["values"]["on"] == pytest.approx(
+        ordered["values"]["on"] / unordered["values"]["on"]
+    )
+    assert rows["ferry.order_violations"]["values"]["on"] == 0
     for key in (f"ferry.latency_{RATE}", "ferry.mediation_e_to_f", "ferry.mediation_f_to_g",
                 "ferry.mediation_e_to_g", "ferry.rss_growth", "ferry.sustained"):  # fmt: skip
         assert key in rows, key
@@ -92,6 +99,20 @@ def test_drains_count_every_event_once(run: tuple[Path, dict[str, Any], str]) ->
         assert e2e["handler_applied"] == ROWS
         assert e2e["handler_calls"] >= ROWS
         assert e2e["dead_lettered"] == 0
+        assert e2e["order_checked"] == ROWS
+
+
+def test_ordered_drain_keeps_every_keys_order(run: tuple[Path, dict[str, Any], str]) -> None:
+    ordered = run[1]["sections"]["e2e_drain_ordered"]["on"]
+    # Four partitions shared out by two consumer processes, the scattered backlog's keys
+    # each applied in commit order, nothing left parked or dead-lettered.
+    assert (ordered["partitions"], ordered["replicas"]) == (4, 2)
+    assert ordered["handler_applied"] == ordered["order_checked"] == ROWS
+    assert ordered["keys"] > 1
+    assert (ordered["order_violations"], ordered["order_unknown"]) == (0, 0)
+    assert (ordered["parked_left"], ordered["dead_lettered"]) == (0, 0)
+    consumers = [name for name in ordered["batches"] if name.startswith("consumer-")]
+    assert len(consumers) == 2  # both replicas fetched batches
 
 
 def test_latency_covers_every_committed_event(run: tuple[Path, dict[str, Any], str]) -> None:
