@@ -297,13 +297,14 @@ async def provision_consumer(
     js: JetStreamContext, stream: str, want: js_api.ConsumerConfig, *, apply: bool
 ) -> Change:
     """Create, compare or update one durable consumer."""
-    assert want.durable_name is not None
+    name = want.durable_name
+    assert name is not None
     try:
-        info = await js.consumer_info(stream, want.durable_name)
+        info = await js.consumer_info(stream, name)
     except NotFoundError:
         if not apply:
-            return Change("consumer", want.durable_name, "missing")
-        return await _create("consumer", want.durable_name, lambda: js.add_consumer(stream, want))
+            return Change("consumer", name, "missing")
+        return await _create("consumer", name, lambda: js.add_consumer(stream, want))
     want = _as_provisioned(want, info.config)
     diffs = _diff(want, info.config, _CONSUMER_FIELDS)
     wanted_meta, have_meta = _ferry_metadata(want), _ferry_metadata(info.config)
@@ -311,7 +312,7 @@ async def provision_consumer(
         diffs["metadata"] = (have_meta, wanted_meta)
         want = replace(want, metadata={**(info.config.metadata or {}), **wanted_meta})
     return await _settle(
-        Change("consumer", want.durable_name, "unchanged", diffs),
+        Change("consumer", name, "unchanged", diffs),
         immutable=IMMUTABLE_CONSUMER_FIELDS,
         apply=apply,
         update=lambda: js.add_consumer(stream, want),
