@@ -9,6 +9,8 @@ import os
 import socket
 import sys
 
+import asyncpg
+
 from services.inbox_consumer.metrics import ConsumerMetrics
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import create_pool_when_up
@@ -106,6 +108,7 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
 
     consumer = build(0, plans[0].name, None)
     ownership: PartitionOwnership | None = None
+    lease_pool: asyncpg.Pool | None = None
     if spec.ordering == "key":
         # One partition consumer at a time per replica and partition, under a lease.
         consumers = {p.partition or 0: build(p.partition or 0, p.name, consumer.stats)
@@ -117,10 +120,24 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
             return int(info.num_ack_pending or 0)
 
         async def partition_work(k: int, stop_k: asyncio.Event) -> None:
-            await consumers[k].run(stop_k, fetch_timeout=settings.fetch_timeout)
+            running = asyncio.create_task(
+                consumers[k].run(stop_k, fetch_timeout=settings.fetch_timeout)
+            )
+            stopped = asyncio.create_task(stop_k.wait())
+            try:
+                await asyncio.wait({running, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                assert ownership is not None
+                if not running.done() and ownership.lost(k):
+                    consumers[k].fence()  # abandon, do not finish: the lease is gone
+                await running
+            finally:
+                stopped.cancel()
 
+        # Renewals get connections of their own: queued behind inbox writes under load, a
+        # renewal could come too late and the replica would fence itself.
+        lease_pool = await create_pool_when_up(dsn, max_size=2, stop=stop)
         ownership = PartitionOwnership(
-            pool,
+            lease_pool,
             durable=settings.durable,
             partitions=len(plans),
             owner=owner,
@@ -162,6 +179,8 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
         await handler.close()
         await nc.close()
         await pool.close()
+        if lease_pool is not None:
+            await lease_pool.close()
         log.info("stopped", extra={"processed": consumer.stats.processed})
 
 

@@ -189,6 +189,7 @@ class InboxConsumer:
         the next batch is claimed in the inbox and the previous one is settled.
         """
         self.holder.stop = self.decider.stop = stop
+        self.keeper.fenced = False
         # fails clearly if absent
         await self.js.consumer_info(self.spec.stream, self.js_consumer)
         draining: asyncio.Task[None] | None = None
@@ -264,6 +265,14 @@ class InboxConsumer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=pause)
                 pause = min(pause * 2, INBOX_RETRY_MAX)
+
+    def fence(self) -> None:
+        """The partition was lost (another replica may own it now): stop heart-beating what
+        is in hand, so JetStream redelivers it to the new owner once ack_wait has run out;
+        the run loop ends at its next turn (its stop event is set)."""
+        log.warning("partition %d of %s lost: messages in hand are no longer kept alive",
+                    self.partition, self.durable)  # fmt: skip
+        self.keeper.fenced = True
 
     def _batch_done(self, task: asyncio.Task[None], busy: set[asyncio.Task[None]]) -> None:
         """Forget a finished batch (:meth:`process_batch` settles its own failures)."""

@@ -29,6 +29,9 @@ class KeepAlive:
         self._held: dict[int, Msg] = {}
         #: Heartbeats sent (tests and logs read it).
         self.beats = 0
+        #: Set when the partition these messages belong to was lost (its lease fenced):
+        #: no more heartbeats, so JetStream redelivers them to the new owner on time.
+        self.fenced = False
 
     def __len__(self) -> int:
         return len(self._held)
@@ -57,6 +60,8 @@ class KeepAlive:
         """Beat until cancelled."""
         while True:
             await asyncio.sleep(self.every)
+            if self.fenced:
+                continue
             try:
                 await self.beat()
                 if extra is not None:

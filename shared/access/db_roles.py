@@ -10,7 +10,10 @@ producer-{ctx}              INSERT of the SDS-047 columns of ``outbox_events`` (
                             ``published_at``), nothing else
 inbox-consumer-{durable}    its target's database: its own rows of ``inbox_messages`` and
                             ``dead_letters`` (read, insert, update) and ``dead_letter_actions``
-                            (insert), enforced per row (row-level security on ``durable``)
+                            (insert), enforced per row (row-level security on ``durable``);
+                            an ``ordering: key`` durable also its ``parked_messages`` and
+                            ``partition_members`` (all four) and ``partition_leases`` (no
+                            delete)
 handler-{ctx}               its context's database: create and use its own ``handler_*``
                             tables; a handler that forwards events (module_f) may also
                             INSERT into ``outbox_events``
@@ -76,8 +79,16 @@ OUTBOX_INSERT_COLUMNS = (
 KPI_TABLES = ("kpi_windows", "kpi_reasons", "kpi_watermarks", "kpi_runs")
 #: Tables holding one durable's rows, guarded by row-level security on ``durable``.
 PER_DURABLE_TABLES = ("inbox_messages", "dead_letters", "dead_letter_actions")
+#: ``ordering: key`` durables' tables (migrations 0009, 0010), also one durable's rows each.
+ORDERING_TABLES = ("parked_messages", "parked_actions", "partition_leases", "partition_members")
 #: Every table of the migrations that a grant here may touch.
-FERRY_TABLES = ("outbox_events", "outbox_actions", *PER_DURABLE_TABLES, *KPI_TABLES)
+FERRY_TABLES = (
+    "outbox_events",
+    "outbox_actions",
+    *PER_DURABLE_TABLES,
+    *ORDERING_TABLES,
+    *KPI_TABLES,
+)
 #: Handler services that record events in their own outbox while handling one
 #: (services/handlers/contexts/module_f.py forwards lane E→F into lane F→G).
 FORWARDING_HANDLERS = frozenset({"module_f"})
@@ -158,6 +169,14 @@ def role_access(identity: Identity, topology: Topology) -> list[RoleAccess]:
         spec = topology.durables[of]
         database = topology.contexts[spec.target].database
         tables = _per_durable([of], inbox=_READ_WRITE, dead=_READ_WRITE)
+        if spec.ordering == "key":
+            # Its parked messages and its partition leases and members (issue 23).
+            every = ("SELECT", "INSERT", "UPDATE", "DELETE")
+            tables += (
+                TableAccess("parked_messages", every, (of,)),
+                TableAccess("partition_leases", _READ_WRITE, (of,)),
+                TableAccess("partition_members", every, (of,)),
+            )
         return [RoleAccess(identity, database, tables)]
     if kind in ("dlq-router", "dlq-replayer"):
         inbox = _READ_WRITE if kind == "dlq-router" else _READ_UPDATE
@@ -301,7 +320,7 @@ class DatabasePlan:
             sql.append(f"REVOKE CREATE ON SCHEMA public FROM {ident(role)}")
             sql.append(f"REVOKE CONNECT, TEMPORARY ON DATABASE {ident(self.database)} "
                        f"FROM {ident(role)}")  # fmt: skip
-        for name in PER_DURABLE_TABLES:
+        for name in (*PER_DURABLE_TABLES, *ORDERING_TABLES):
             sql.append(f"ALTER TABLE {name} ENABLE ROW LEVEL SECURITY")
         wanted = {(t.table, a.role) for a in self.accesses for t in a.tables if t.durables}
         managed = set(self.managed)
