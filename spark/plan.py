@@ -2,9 +2,10 @@
 
 A *source* is a context with a stream: its database's ``outbox_events`` holds what it
 produced. A *route* says that an event (context, type, version) is published on a subject
-and that a durable should receive it: the durable consumes the context's stream and one
-of its ``filter_subjects`` matches the subject (what JetStream itself delivers). Events no
-durable subscribes to get the route ``-`` so that they still count as produced.
+and that a durable should receive it: the durable consumes the context's stream and its
+filters take the subject (:meth:`Topology.delivers`: what JetStream itself delivers, the
+partition token of a partitioned stream included). Events no durable subscribes to get the
+route ``-`` so that they still count as produced.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from shared.contracts.topology import Topology, subject_matches
+from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError
 
 #: The durable of events nobody subscribes to (they count for the delivery rate only).
@@ -122,9 +123,7 @@ class Plan:
             target
             for name, target in self.targets.items()
             if self.topology.durables[name].stream == spec.stream.name
-            and any(
-                subject_matches(f, subject) for f in self.topology.durables[name].filter_subjects
-            )
+            and self.topology.delivers(name, subject)
         ]
 
     def routes(self, kinds: Iterable[tuple[str, str, int]]) -> list[Route]:

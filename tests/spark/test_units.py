@@ -125,6 +125,41 @@ def test_routes_follow_the_durables_filters(tmp_path: Path) -> None:
     }
 
 
+def test_routes_on_partitioned_streams_follow_what_each_consumer_delivers(
+    tmp_path: Path,
+) -> None:
+    # Subjects of a partitioned stream end in a partition token: an unordered durable's
+    # filter names it with '*', an ordered durable's consumers narrow theirs per partition.
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "topologies/sea-vibespro.yaml").read_text())
+    doc["contexts"]["sea"]["stream"]["partitions"] = 4
+    doc["contexts"]["vibespro"]["stream"]["partitions"] = 2
+    doc["durables"]["vibespro__from_sea"]["filter_subjects"] = [
+        "sea.event.model_published.v1.*",
+        "sea.event.model_archived.>",
+    ]
+    ordered = doc["durables"]["sea__from_vibespro"]
+    ordered.update(ordering="key", filter_subjects=["vibespro.event.vibe_created.v2"])
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    plan = Plan(load_topology(path))
+    routes = plan.routes(
+        [
+            ("sea", "model_published", 1),
+            ("sea", "model_published", 2),
+            ("sea", "model_archived", 3),
+            ("vibespro", "vibe_created", 1),
+            ("vibespro", "vibe_created", 2),
+        ]
+    )
+    assert {(r.subject, r.durable) for r in routes} == {
+        ("sea.event.model_published.v1", "vibespro__from_sea"),
+        ("sea.event.model_published.v2", NO_DURABLE),
+        ("sea.event.model_archived.v3", "vibespro__from_sea"),
+        ("vibespro.event.vibe_created.v1", NO_DURABLE),
+        ("vibespro.event.vibe_created.v2", "sea__from_vibespro"),
+    }
+
+
 def test_combos_cover_manifests_and_roll_ups(tmp_path: Path) -> None:
     plan = _topology(tmp_path, narrow=False)
     combos = plan.combos([Combo("sea", "vibespro__from_sea", "sea.event.other.v1", "vibespro")])
