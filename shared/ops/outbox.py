@@ -5,8 +5,10 @@
     ferry outbox republish --context C (--id ID ... | --all-failed) --reason WHY [--actor A]
 
 A row is set aside when it cannot be published (reason codes PAYLOAD_INVALID,
-MESSAGE_TOO_LARGE, PUBLISH_REFUSED; see services/outbox_publisher/failures.py). The later
-rows of its aggregate wait behind it — ``list`` shows how many. ``republish`` makes it
+MESSAGE_TOO_LARGE, PUBLISH_REFUSED, and on a partitioned stream ORDERING_KEY_MISSING: its
+payload lacks the event's ``ordering_key`` field, so it has no partition; see
+services/outbox_publisher/failures.py). The later rows of its aggregate wait behind it —
+``list`` shows how many. ``republish`` makes it
 pending again with 0 attempts (fix the row or the limits first, or it is set aside again)
 and records who, when and why in ``outbox_actions``.
 """
