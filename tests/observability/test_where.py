@@ -1,5 +1,7 @@
 """``ferry where``: the journey of a processed, a dead-lettered, a replayed and an
-unpublished event, read back from the real tables and streams they went through."""
+unpublished event, read back from the real tables and streams they went through; and, for
+an ``ordering: key`` durable on a partitioned stream, an event's key, partition and place
+in its key's parked queue."""
 
 from __future__ import annotations
 
@@ -15,21 +17,35 @@ import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
 
-from shared.adapters import dead_letters
+from services.inbox_consumer.__main__ import accepted_events, ordering_keys
+from services.inbox_consumer.consumer import InboxConsumer
+from services.inbox_consumer.dispatch import HttpHandler
+from shared.access.streams import provision
+from shared.adapters import dead_letters, parking
 from shared.adapters.producer import record_event
+from shared.domain.ack import RetryPolicy
+from shared.domain.ordering import partition_of
 from shared.ops.where import journey, render
 from shared.runtime.settings import CommonSettings
-from tests.conftest import ROOT, Env, admin_settings
-from tests.consumer.conftest import DURABLE, STREAM, RunningConsumer
-from tests.helpers import RunningPublisher, eventually
+from tests.conftest import CAPS, ROOT, Env, admin_settings
+from tests.consumer.conftest import (
+    DURABLE,
+    STREAM,
+    RunningConsumer,
+    ScriptedHandler,
+    fast_durable,
+)
+from tests.helpers import RunningPublisher, eventually, stream_messages
 
 from .conftest import handler_app
 
 pytestmark = pytest.mark.integration
 
 
-async def _record(env: Env, faults: dict[str, Any] | None = None) -> tuple[str, str]:
-    payload: dict[str, Any] = {"vibe_id": f"v-{uuid.uuid4().hex[:6]}", "title": "t"}
+async def _record(
+    env: Env, faults: dict[str, Any] | None = None, *, vibe_id: str | None = None
+) -> tuple[str, str]:
+    payload: dict[str, Any] = {"vibe_id": vibe_id or f"v-{uuid.uuid4().hex[:6]}", "title": "t"}
     if faults:
         payload["_ferry_test"] = faults
     traceparent = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
@@ -129,6 +145,8 @@ async def test_where_follows_processed_dead_lettered_replayed_and_unpublished_ev
 
     doc = await journey(settings, topology, uuid.UUID(processed))
     [hop] = doc["durables"]
+    assert hop["ordering"] is None  # an unordered durable: no key, no partition
+    assert "ordering:" not in render(doc)
     assert doc["found"] and doc["outbox"]["context"] == "vibespro"
     assert doc["outbox"]["published_at"] is not None and doc["outbox"]["publish_attempts"] == 1
     assert doc["stream"]["stream"] == STREAM
@@ -173,3 +191,200 @@ async def test_where_follows_processed_dead_lettered_replayed_and_unpublished_ev
     assert done.returncode == 1 and json.loads(done.stdout)["found"] is False
     done = _ferry(env, "where", "not-a-uuid")
     assert done.returncode == 2 and "is not a message id" in done.stderr
+
+
+MIRROR = "sea__mirror"
+
+
+def _vibe_on(partition: int, partitions: int, avoid: str = "") -> str:
+    """A vibe id whose key (``vibe/<id>``) falls on ``partition``."""
+    for n in range(10_000):
+        vibe = f"v-{partition}-{n}"
+        if vibe != avoid and partition_of(f"vibe/{vibe}", partitions) == partition:
+            return vibe
+    raise AssertionError("no vibe id on that partition")
+
+
+class PartitionConsumer:
+    """The role's consumer class on one partition consumer of an ordered durable."""
+
+    def __init__(self, env: Env, nc: NATS, url: str, partition: int) -> None:
+        self.env, self.nc, self.url, self.partition = env, nc, url, partition
+        self.stop = asyncio.Event()
+
+    async def __aenter__(self) -> InboxConsumer:
+        topology = self.env.topology
+        spec = topology.durable(DURABLE)
+        plan = topology.consumers(DURABLE)[self.partition]
+        self.pool = await asyncpg.create_pool(self.env.dsn("sea"), min_size=1, max_size=4)
+        self.http = HttpHandler(self.url, timeout=spec.handler.timeout, connections=4)
+        consumer = InboxConsumer(
+            pool=self.pool,
+            js=self.nc.jetstream(),
+            durable=DURABLE,
+            spec=spec,
+            handler=self.http,
+            owner=f"test-{uuid.uuid4().hex[:6]}",
+            concurrency=4,
+            lease_seconds=spec.handler.timeout + 2,
+            policy=RetryPolicy(tuple(spec.backoff), spec.max_deliver, 5.0),
+            accepted=accepted_events(topology, DURABLE),
+            partition=self.partition,
+            js_consumer=plan.name,
+            key_fields=ordering_keys(topology, DURABLE),
+        )
+        self.task = asyncio.create_task(consumer.run(self.stop, fetch_timeout=0.2))
+        return consumer
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, timeout=20)
+        await self.http.close()
+        await self.pool.close()
+
+
+async def test_where_shows_an_ordered_events_key_partition_and_what_it_waits_behind(
+    env: Env, nc: NATS, handler: ScriptedHandler
+) -> None:
+    # VibesPro's stream in 4 partitions; SEA's durable ordered by key (the aggregate);
+    # beside it an unordered durable reading one event on every partition ('.*').
+    env.doc["contexts"]["vibespro"]["stream"]["partitions"] = 4
+    fast_durable(env, handler.url, ordering="key", on_dead_letter="hold")
+    env.doc["durables"][MIRROR] = {
+        **env.doc["durables"][DURABLE],
+        "filter_subjects": ["vibespro.event.vibe_created.v1.*"],
+        "ordering": "none",
+        "dead_letter_subject": f"sea.dlq.{MIRROR}",
+    }
+    env.write()
+    js = nc.jetstream()
+    await provision(js, env.topology, caps=CAPS)
+
+    flowing = _vibe_on(1, 4)  # its partition's consumer runs: processed normally
+    blocked = _vibe_on(3, 4)  # a key parked behind a held head (its consumer is not run)
+    head, _ = await _record(env, vibe_id=blocked)
+    waiting, _ = await _record(env, vibe_id=blocked)
+    done, _ = await _record(env, vibe_id=flowing)
+    last, _ = await _record(env, vibe_id=blocked)
+    arriving, _ = await _record(env, vibe_id=blocked)  # not parked (yet): not delivered
+    async with RunningPublisher(env.topology, "vibespro", env.dsn("vibespro"), js):
+
+        async def published() -> bool:
+            return len(await stream_messages(js, STREAM)) == 5
+
+        await eventually(published, timeout=30, what="five events published")
+    stored = {m.msg_id: m for m in await stream_messages(js, STREAM)}
+    assert stored[done].subject == "vibespro.event.vibe_created.v1.1"
+    assert stored[waiting].subject == "vibespro.event.vibe_created.v1.3"
+
+    # The blocked key's queue, as the consumer would have parked it: a held head (dead-
+    # lettered under on_dead_letter: hold) and two later events of its key behind it.
+    key = f"vibe/{blocked}"
+
+    def entry(mid: str, **state: Any) -> parking.ParkedEntry:
+        msg = stored[mid]
+        return parking.ParkedEntry(
+            message_id=uuid.UUID(mid), ordering_key=key, stream_seq=msg.seq, partition=3,
+            subject=msg.subject, headers=msg.headers, data=json.dumps(msg.body).encode(),
+            **state,
+        )  # fmt: skip
+
+    conn = await asyncpg.connect(env.dsn("sea"))
+    try:
+        await parking.park(
+            conn,
+            DURABLE,
+            [
+                entry(head, state="held", attempts=4, reason="HANDLER_REJECTED scripted 422"),
+                entry(waiting),
+                entry(last),
+            ],
+        )
+    finally:
+        await conn.close()
+
+    async with PartitionConsumer(env, nc, handler.url, partition=1) as consumer:
+        await eventually(
+            lambda: _true(consumer.stats.processed == 1), timeout=30, what="one processed"
+        )
+
+    settings = _settings(env)
+    topology = env.topology
+
+    # Processed normally: its key and partition, nothing parked.
+    doc = await journey(settings, topology, uuid.UUID(done))
+    hops = {h["durable"]: h for h in doc["durables"]}
+    assert set(hops) == {DURABLE, MIRROR}  # the '.*' filter takes it too
+    hop = hops[DURABLE]
+    assert hop["inbox"]["status"] == "processed"
+    assert hop["ordering"] == {
+        "key": f"vibe/{flowing}",
+        "key_field": None,
+        "key_from": "outbox",
+        "key_error": None,
+        "partitions": 4,
+        "partition": 1,
+        "consumer": f"{DURABLE}_p1",
+        "on_dead_letter": "hold",
+        "parked": None,
+        "key_parked": None,
+    }
+    assert hop["delivery"]["consumer"] == f"{DURABLE}_p1"
+    assert hop["delivery"]["state"] == "acknowledged"
+    assert hops[MIRROR]["ordering"] is None
+    assert hops[MIRROR]["delivery"]["consumer"] == MIRROR
+    assert hops[MIRROR]["delivery"]["state"] == "pending (not delivered yet)"
+    text = render(doc)
+    assert f"ordering: key vibe/{flowing} (aggregate), partition 1 of 4" in text
+    assert f"jetstream (consumer {DURABLE}_p1): acknowledged" in text
+    assert "parked:" not in text
+
+    # Parked behind the held head: one before it (the head), one after it.
+    doc = await journey(settings, topology, uuid.UUID(waiting))
+    hop = next(h for h in doc["durables"] if h["durable"] == DURABLE)
+    ordering = hop["ordering"]
+    assert (ordering["key"], ordering["partition"]) == (key, 3)
+    assert hop["delivery"]["consumer"] == f"{DURABLE}_p3"
+    assert hop["delivery"]["state"] == "pending (not delivered yet)"
+    parked = ordering["parked"]
+    assert (parked["state"], parked["attempts"]) == ("queued", 0)
+    assert parked["next_attempt_at"] is not None
+    assert (parked["before"], parked["after"], parked["is_head"]) == (1, 1, False)
+    assert parked["head"]["message_id"] == head
+    assert (parked["head"]["state"], parked["head"]["attempts"]) == ("held", 4)
+    assert parked["head"]["reason"] == "HANDLER_REJECTED scripted 422"
+    text = render(doc)
+    assert (
+        f"waits behind 1 parked event(s) of its key (1 behind it); the head {head} is held x4"
+        in text
+    )
+    assert f"ferry dlq replay {DURABLE} {head} --reason" in text
+    assert f"ferry parked discard --durable {DURABLE} --key {key}" in text
+
+    # The head itself: held, two waiting behind it.
+    doc = await journey(settings, topology, uuid.UUID(head))
+    parked = next(h for h in doc["durables"] if h["durable"] == DURABLE)["ordering"]["parked"]
+    assert (parked["state"], parked["is_head"], parked["head"]) == ("held", True, None)
+    assert (parked["before"], parked["after"]) == (0, 2)
+    assert "the head of its key: 2 parked event(s) wait behind it" in render(doc)
+
+    # Not parked itself, but its key is: the key's head and how many are parked.
+    doc = await journey(settings, topology, uuid.UUID(arriving))
+    ordering = next(h for h in doc["durables"] if h["durable"] == DURABLE)["ordering"]
+    assert ordering["parked"] is None
+    assert ordering["key_parked"]["events"] == 3
+    assert ordering["key_parked"]["head"]["message_id"] == head
+    assert ordering["key_parked"]["head"]["state"] == "held"
+    assert f"its key has 3 parked event(s) now, head {head} held x4" in render(doc)
+
+    # The command, as an operator runs it.
+    done_cli = _ferry(env, "where", last, "--json")
+    assert done_cli.returncode == 0, done_cli.stderr
+    hop = next(h for h in json.loads(done_cli.stdout)["durables"] if h["durable"] == DURABLE)
+    assert hop["ordering"]["parked"]["before"] == 2
+    assert hop["ordering"]["parked"]["after"] == 0
+    assert hop["ordering"]["parked"]["head"]["message_id"] == head
+
+
+async def _true(value: bool) -> bool:
+    return value
