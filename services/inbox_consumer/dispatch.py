@@ -10,7 +10,8 @@ is only its detail, read best-effort: at most :data:`BODY_READ_LIMIT` bytes, dec
 UTF-8 with replacement characters and cut to :data:`DETAIL_LIMIT` characters. A body
 that is not UTF-8, huge, reset mid-way or trickled past the timeout changes the detail,
 never the outcome. ``Retry-After`` is read by :mod:`shared.domain.retry_after`; an
-invalid one is ignored, logged once per message.
+invalid one is ignored, logged once per message. A JSON object body's ``retryable`` flag
+(INFRA-005 §3.1) is read from the same head (:func:`shared.domain.ack.body_retryable`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from shared.domain.ack import HandlerFailure, HandlerResponse, Outcome
+from shared.domain.ack import HandlerFailure, HandlerResponse, Outcome, body_retryable
 from shared.domain.envelope import wire_json
 from shared.domain.retry_after import parse_retry_after
 from shared.domain.signing import sign
@@ -74,8 +75,8 @@ class HttpHandler:
                 self.url, data=data, headers=headers, allow_redirects=False
             ) as resp:
                 retry_after = self._retry_after(resp, headers.get("Idempotency-Key", ""))
-                detail = await _detail(resp)
-                return HandlerResponse(resp.status, retry_after, detail)
+                detail, retryable = await _detail(resp)
+                return HandlerResponse(resp.status, retry_after, detail, retryable)
         except TimeoutError:
             return HandlerFailure("timeout", f"no answer within {self.timeout}s")
         except (aiohttp.ClientError, OSError) as exc:
@@ -100,8 +101,9 @@ class HttpHandler:
         return seconds
 
 
-async def _detail(resp: aiohttp.ClientResponse) -> str:
-    """The head of the body, decoded safely; what went wrong reading it, if anything."""
+async def _detail(resp: aiohttp.ClientResponse) -> tuple[str, bool | None]:
+    """The head of the body, decoded safely (with what went wrong reading it, if anything),
+    and its ``retryable`` flag when the whole body is a JSON object that has one."""
     head = b""
     try:
         while len(head) < BODY_READ_LIMIT:
@@ -111,8 +113,9 @@ async def _detail(resp: aiohttp.ClientResponse) -> str:
             head += chunk
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         text = head.decode("utf-8", "replace")
-        return _bounded(f"{text} [body unreadable: {type(exc).__name__}]".lstrip())
-    return _bounded(head.decode("utf-8", "replace"))
+        return _bounded(f"{text} [body unreadable: {type(exc).__name__}]".lstrip()), None
+    retryable = body_retryable(head) if resp.status >= 400 else None
+    return _bounded(head.decode("utf-8", "replace")), retryable
 
 
 def _bounded(text: str, limit: int = DETAIL_LIMIT) -> str:

@@ -15,8 +15,15 @@ handler outcome                    decision
 408, 425, 429, 5xx                 Nak, honouring Retry-After (see below)
 3xx                                Nak: Ferry does not follow redirects; fix the URL
 timeout, connection refused/reset  Nak
+a retry with ``retryable: false``  DeadLetter HANDLER_NOT_RETRYABLE, then ack
 any Nak at attempt >= max_deliver  DeadLetter MAX_DELIVERIES_EXCEEDED, then ack
 =================================  ===============================================
+
+``retryable`` (INFRA-005 §3.1, "retry only when retryable=true") is read from a 4xx/5xx
+JSON object body (:func:`body_retryable`): ``"retryable": false`` makes an answer the
+table would retry (404, 405, 408, 425, 429, 5xx) final at once instead of spending the
+ladder. It never turns a dead letter into a retry, and never applies to 401/403: a
+credentials mismatch is the configuration's fault, never the message's, and is held.
 
 A Nak carries an explicit delay from the durable's back-off ladder (JetStream's
 BackOff list does not apply to naks). A handler's Retry-After can lengthen it, never
@@ -27,6 +34,7 @@ and ≥ 0 whatever the inputs (a nak with ``nan`` raises in the client).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -36,6 +44,8 @@ ACK_STATUSES = frozenset({409})
 RETRYABLE_4XX = frozenset({401, 403, 404, 405, 408, 425, 429})
 #: 4xx statuses that mean this configuration, not this message, is wrong (alert).
 CONFIG_4XX = frozenset({401, 403, 404, 405})
+#: Credentials refused: held whatever the body says (``retryable`` does not apply).
+HELD_4XX = frozenset({401, 403})
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +55,8 @@ class HandlerResponse:
     status: int
     retry_after: float | None = None
     detail: str = ""
+    #: The body's ``retryable`` flag (:func:`body_retryable`); None when it has none.
+    retryable: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +147,25 @@ def _first_decision(outcome: Outcome, *, attempt: int, policy: RetryPolicy) -> D
         return DeadLetter("HANDLER_REJECTED", outcome.detail or "handler answered 422")
     if 400 <= status < 500 and status not in RETRYABLE_4XX:
         return DeadLetter("HANDLER_BAD_REQUEST", f"handler answered {status}: {outcome.detail}")
+    if outcome.retryable is False and status >= 400 and status not in HELD_4XX:
+        return DeadLetter(
+            "HANDLER_NOT_RETRYABLE",
+            f"handler answered {status} with retryable: false: {outcome.detail}",
+        )
     delay = policy.retry_delay(attempt, outcome.retry_after)
     reason = f"handler answered {status}"
     return Nak(delay, reason, alert=status in CONFIG_4XX or 300 <= status < 400)
+
+
+def body_retryable(body: bytes | str) -> bool | None:
+    """The ``retryable`` member of a JSON object body, or None (absent, not a boolean, not
+    a JSON object, or cut short: the consumer reads at most the body's first 2 kB)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    value = doc.get("retryable") if isinstance(doc, dict) else None
+    return value if isinstance(value, bool) else None
 
 
 def _usable(seconds: float) -> bool:

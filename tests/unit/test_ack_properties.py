@@ -35,6 +35,7 @@ outcomes: st.SearchStrategy[Outcome] = st.one_of(
         status=st.integers(min_value=-1000, max_value=10_000),
         retry_after=st.one_of(st.none(), st.floats()),
         detail=st.text(max_size=50),
+        retryable=st.one_of(st.none(), st.booleans()),
     ),
     st.builds(HandlerFailure, kind=st.sampled_from(["timeout", "unreachable"]), detail=st.text()),
 )
@@ -56,6 +57,7 @@ def test_decide_always_returns_a_valid_decision(
         assert decision.reason_code in {
             "HANDLER_REJECTED",
             "HANDLER_BAD_REQUEST",
+            "HANDLER_NOT_RETRYABLE",
             "MAX_DELIVERIES_EXCEEDED",
         }
 
