@@ -149,6 +149,7 @@ async def cmd_show(settings: CommonSettings, args: argparse.Namespace) -> int:
         query = store.Query(durables=[args.target_durable], message_ids=[args.message_id])
         rows = await store.find(conn, query)
         done = await store.actions(conn, args.target_durable, args.message_id)
+        ordering = await _ordering(conn, args.target_durable, rows[0]) if rows else None
     finally:
         await conn.close()
     if not rows:
@@ -157,6 +158,7 @@ async def cmd_show(settings: CommonSettings, args: argparse.Namespace) -> int:
     row = _public(rows[0])
     row["trace_id"] = _trace_id(row.get("traceparent"))
     row["actions"] = done
+    row["ordering"] = ordering
     if args.json:
         print(json.dumps(row, indent=2, default=str))
         return 0
@@ -167,6 +169,8 @@ async def cmd_show(settings: CommonSettings, args: argparse.Namespace) -> int:
         "dead_lettered_at", "source", "trace_id",
     ):  # fmt: skip
         print(f"{key:>17}: {row.get(key)}")
+    if ordering is not None:
+        print(f"{'ordering':>17}: {_ordering_line(ordering)}")
     print("    retry history:")
     for entry in record.get("retryHistory", []):
         print(f"      {json.dumps(entry, default=str)}")
@@ -179,6 +183,44 @@ async def cmd_show(settings: CommonSettings, args: argparse.Namespace) -> int:
     print("          payload:")
     print(json.dumps(record.get("payload"), indent=2, default=str))
     return 0
+
+
+async def _ordering(conn: Any, durable: str, row: dict[str, Any]) -> dict[str, Any] | None:
+    """An ``ordering: key`` dead letter's key, policy, and its key's parked queue now."""
+    record = row.get("record")
+    if isinstance(record, str):
+        record = json.loads(record)
+    found = record.get("ordering") if isinstance(record, dict) else None
+    if not isinstance(found, dict) or not isinstance(found.get("key"), str):
+        return None
+    doc = dict(found)
+    queue = await parking.keys(conn, durable, found["key"], 1)
+    if queue:
+        head = queue[0]
+        doc["parked"] = {
+            "events": head["events"],
+            "head_id": str(head["head_id"]),
+            "head_state": head["head_state"],
+            "this_is_the_head": head["head_id"] == row["message_id"],
+            "waiting_behind_head": head["events"] - 1,
+        }
+    else:
+        doc["parked"] = None
+    return doc
+
+
+def _ordering_line(doc: dict[str, Any]) -> str:
+    text = f"key {doc['key']} (on_dead_letter: {doc.get('policy')})"
+    parked = doc.get("parked")
+    if doc.get("order_broken_after"):
+        text += "; its later events went on: order broken after it"
+    if parked is None:
+        return text + "; nothing of the key is parked now"
+    who = "this dead letter" if parked["this_is_the_head"] else f"head {parked['head_id']}"
+    return (
+        f"{text}; parked behind {who} ({parked['head_state']}): "
+        f"{parked['waiting_behind_head']} event(s) waiting"
+    )
 
 
 def _trace_id(traceparent: Any) -> str | None:

@@ -188,6 +188,12 @@ async def test_discarding_a_held_head_lets_the_rest_of_its_key_go(
             "held",
         )
         assert key["waiting_behind"] == 2
+        shown = await ferry(env, "dlq", "show", DURABLE, head)
+        assert shown.returncode == 0, shown.stderr
+        assert "key vibe/held (on_dead_letter: hold)" in shown.stdout
+        assert "parked behind this dead letter (held): 2 event(s) waiting" in shown.stdout
+        shown_json = json.loads((await ferry(env, "dlq", "show", DURABLE, head, "--json")).stdout)
+        assert shown_json["ordering"]["parked"]["waiting_behind_head"] == 2
         not_held = await ferry(
             env, "parked", "discard", "--durable", DURABLE, "--key", "vibe/nope", "--reason", "x"
         )
