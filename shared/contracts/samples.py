@@ -128,10 +128,9 @@ class _Builder:
         ref = schema.get("$ref")
         if not isinstance(ref, str):
             return schema
-        try:
-            target = self.root._resolver.lookup(ref).contents
-        except Exception as exc:  # referencing's errors have no common public base
-            raise SampleError(f"{path}: cannot resolve $ref {ref!r}: {exc}") from None
+        target = _pointer(self.root.schema, ref)
+        if target is None:
+            raise SampleError(f"{path}: cannot resolve $ref {ref!r} (only #/... within the schema)")
         rest = {k: v for k, v in schema.items() if k != "$ref"}
         return {**target, **rest} if isinstance(target, Mapping) else rest
 
@@ -174,9 +173,8 @@ class _Builder:
         return _string(schema, path)
 
     def _object(self, schema: Mapping[str, Any], path: str, depth: int) -> dict[str, Any]:
-        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        required = schema.get("required") if isinstance(schema.get("required"), list) else []
-        names = list(dict.fromkeys(required))
+        properties = _mapping(schema.get("properties"))
+        names = list(dict.fromkeys(_sequence(schema.get("required"))))
         wanted = schema.get("minProperties", 0)
         for name in properties:
             if len(names) >= wanted:
@@ -190,14 +188,39 @@ class _Builder:
         }
 
     def _array(self, schema: Mapping[str, Any], path: str, depth: int) -> list[Any]:
-        prefix = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else []
+        prefix = _sequence(schema.get("prefixItems"))
         items = schema.get("items", True)
-        count = max(int(schema.get("minItems", 0)), len(prefix) if schema.get("minItems") else 0)
-        built = [
+        count = int(schema.get("minItems", 0))
+        return [
             self.build(prefix[i] if i < len(prefix) else items, f"{path}[{i}]", depth + 1)
             for i in range(count)
         ]
-        return built
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _sequence(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _pointer(root: Any, ref: str) -> Any:
+    """The part of ``root`` a local ``$ref`` (``#`` or ``#/a/b``) names; None otherwise."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return None
+    node = root
+    for token in ref[2:].split("/"):
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
 
 
 def _merged(schema: Mapping[str, Any]) -> dict[str, Any]:

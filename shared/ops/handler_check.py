@@ -89,7 +89,14 @@ WRONG_SECRET = b"ferry-handler-check-wrong-secret"
 
 Verdict = Literal["conforms", "breach", "unverified"]
 Signing = Literal["valid", "none", "wrong-secret", "altered", "expired"]
-AUTH_CHECKS = ("unsigned", "bad-signature", "altered-body", "expired-timestamp")
+#: The checks a handler must refuse (401), each with how its call is signed.
+AUTH_SIGNING: tuple[tuple[str, Signing], ...] = (
+    ("unsigned", "none"),
+    ("bad-signature", "wrong-secret"),
+    ("altered-body", "altered"),
+    ("expired-timestamp", "expired"),
+)
+AUTH_CHECKS = tuple(check for check, _ in AUTH_SIGNING)
 #: The contract's answer per check, as shown in the report.
 EXPECTED = {
     **dict.fromkeys(AUTH_CHECKS, "401"),
@@ -400,9 +407,7 @@ class Plan:
     def probes(self) -> Iterator[Probe | tuple[str, str, str]]:
         """Every call, in order; a check that cannot be built is (check, event, why)."""
         first = self.events[0]
-        for check, signing in zip(
-            AUTH_CHECKS, ("none", "wrong-secret", "altered", "expired"), strict=True
-        ):
+        for check, signing in AUTH_SIGNING:
             note = f"{self.stale_seconds:g}s ago" if signing == "expired" else ""
             yield Probe(
                 check, first.name, self.body(first, self.valid_payload(first)), signing, note
