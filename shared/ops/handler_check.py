@@ -65,10 +65,12 @@ from shared.domain.ack import (
     Nak,
     Outcome,
     RetryPolicy,
+    body_retryable,
     decide,
 )
 from shared.domain.envelope import format_timestamp, payload_digest, wire_json
 from shared.domain.errors import ConfigurationError, TransientError
+from shared.domain.retry_after import parse_retry_after
 from shared.domain.signing import sign
 from shared.runtime.settings import CommonSettings, ConsumerSettings
 
@@ -146,12 +148,16 @@ class Answer:
     status: int | None
     detail: str = ""
     failure: str | None = None
+    #: ``Retry-After`` in seconds, as the consumer reads it (None: absent or invalid).
+    retry_after: float | None = None
+    #: The body's ``retryable`` flag (INFRA-005 §3.1), as the consumer reads it.
+    retryable: bool | None = None
 
     def outcome(self) -> Outcome:
         """As the consumer sees it."""
         if self.status is None:
             return HandlerFailure(self.failure or "timeout", self.detail)
-        return HandlerResponse(self.status, None, self.detail)
+        return HandlerResponse(self.status, self.retry_after, self.detail, self.retryable)
 
     def shown(self) -> str:
         """The status, or the failure."""
@@ -242,7 +248,9 @@ def consumer_action(answer: Answer, durable: DurableSpec) -> str:
     return f"retry it in {decision.delay:g}s{alert} (dead-letter after {durable.max_deliver})"
 
 
-def judge(check: str, answer: Answer, effect_changed: bool | None) -> tuple[Verdict, str]:
+def judge(
+    check: str, answer: Answer, effect_changed: bool | None, consumer: str = ""
+) -> tuple[Verdict, str]:
     """Whether ``answer`` to ``check`` keeps the contract, and why (empty when it plainly
     does). ``effect_changed`` is None without an effect query."""
     status = answer.status
@@ -259,7 +267,7 @@ def judge(check: str, answer: Answer, effect_changed: bool | None) -> tuple[Verd
         return _judge_duplicate(status, effect_changed)
     if check in AUTH_CHECKS:
         return _judge_auth(check, status)
-    return _judge_refusal(check, status)
+    return _judge_refusal(check, status, consumer)
 
 
 def _judge_normal(status: int, effect_changed: bool | None) -> tuple[Verdict, str]:
@@ -306,7 +314,7 @@ def _judge_auth(check: str, status: int) -> tuple[Verdict, str]:
     return "breach", f"{what} must be refused with 401, not {status}"
 
 
-def _judge_refusal(check: str, status: int) -> tuple[Verdict, str]:
+def _judge_refusal(check: str, status: int, consumer: str) -> tuple[Verdict, str]:
     what = {
         "poison": "a payload its schema refuses",
         "unknown-version": "an event version the durable does not accept",
@@ -316,10 +324,10 @@ def _judge_refusal(check: str, status: int) -> tuple[Verdict, str]:
         return "conforms", ""
     if 200 <= status < 300 or status == 409:
         return "breach", f"{what} was accepted as applied: it must be refused with 422"
-    if 400 <= status < 500 and status not in (401, 403, 404, 405, 408, 425, 429):
+    if consumer.startswith("dead-letter"):
         return "breach", (
-            f"{what} is dead-lettered as HANDLER_BAD_REQUEST with {status}: the contract's "
-            "answer is 422 (HANDLER_REJECTED, a reason_code in the body)"
+            f"{what} must be answered 422 (HANDLER_REJECTED, a reason_code in the body); "
+            f"with {status} the consumer would {consumer}"
         )
     return "breach", (
         f"{what} can never succeed: {status} makes the consumer retry it until max_deliver "
@@ -532,14 +540,24 @@ async def call(
     try:
         async with session.post(url, data=data, headers=headers, allow_redirects=False) as resp:
             head = await resp.content.read(BODY_READ_LIMIT)
-            text = " ".join(head.decode("utf-8", "replace").split())
-            return Answer(resp.status, text[:DETAIL_SHOWN])
+            return _answer(resp.status, head, resp.headers.get("Retry-After"))
     except TimeoutError:
         return Answer(None, f"no answer within {session.timeout.total}s", "timeout")
     except aiohttp.ClientConnectorError as exc:
         raise Unreachable(f"cannot reach {url}: {exc}") from None
     except (aiohttp.ClientError, OSError) as exc:
         return Answer(None, f"{type(exc).__name__}: {exc}", "unreachable")
+
+
+def _answer(status: int, head: bytes, retry_after: str | None) -> Answer:
+    """An answer as the consumer reads it: detail, ``Retry-After``, ``retryable``."""
+    text = " ".join(head.decode("utf-8", "replace").split())
+    return Answer(
+        status,
+        text[:DETAIL_SHOWN],
+        retry_after=parse_retry_after(retry_after, now=datetime.now(UTC)),
+        retryable=body_retryable(head) if status >= 400 else None,
+    )
 
 
 async def run_checks(
@@ -575,7 +593,8 @@ async def run_checks(
             data, headers = signed_request(probe, secret, time.time(), plan.stale_seconds)
             answer = await call(session, url, data, headers)
             changed = None if effects is None else (await effects.value()) != before
-            verdict, why = judge(probe.check, answer, changed)
+            action = consumer_action(answer, plan.durable)
+            verdict, why = judge(probe.check, answer, changed, action)
             report.results.append(
                 Result(
                     check=probe.check,
@@ -584,7 +603,7 @@ async def run_checks(
                     expected=EXPECTED[probe.check],
                     answer=answer.shown(),
                     detail=answer.detail,
-                    consumer=consumer_action(answer, plan.durable),
+                    consumer=action,
                     verdict=verdict,
                     why=why,
                     effect_changed=changed,

@@ -20,6 +20,7 @@ from shared.ops.handler_check import (
     EXPECTED,
     Answer,
     Probe,
+    _answer,
     consumer_action,
     judge,
     plan_for,
@@ -144,3 +145,17 @@ def test_usage_errors_name_what_is_wrong(tmp_path: Path) -> None:
     for bad in ("vibe_created.v1", f"vibe_created.v1={tmp_path / 'missing.json'}"):
         with pytest.raises(ConfigurationError, match="--payload"):
             read_payloads([bad])
+
+
+def test_answers_are_read_as_the_consumer_reads_them() -> None:
+    durable = topology().durable("sea__from_vibespro")
+    final = _answer(500, b'{"error": "bug", "retryable": false}', None)
+    assert final.retryable is False
+    action = consumer_action(final, durable)
+    assert action == "dead-letter it as HANDLER_NOT_RETRYABLE"
+    verdict, why = judge("poison", final, None, action)
+    assert verdict == "breach" and "422" in why and "HANDLER_NOT_RETRYABLE" in why
+    later = _answer(503, b"busy", "90")
+    assert later.retry_after == 90 and later.retryable is None
+    assert consumer_action(later, durable).startswith("retry it in 90s")
+    assert _answer(200, b'{"retryable": false}', None).retryable is None  # only on 4xx/5xx
