@@ -121,6 +121,15 @@ def _default(info: FieldInfo) -> str:
         return f"`{value:,}` bytes"
     if isinstance(value, float) and _unit(info) == "" and value >= 1000:
         return f"`{value:g}`"
+    return _shown(value)
+
+
+def _shown(value: object) -> str:
+    """A default as code; one of Ferry's own files relative to Ferry, wherever it is."""
+    from shared.contracts.layout import ROOT
+
+    if isinstance(value, Path) and value.is_absolute() and value.is_relative_to(ROOT):
+        return f"Ferry's `{value.relative_to(ROOT)}`"
     return f"`{value}`"
 
 

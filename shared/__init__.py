@@ -5,7 +5,7 @@
     access     identities, NATS and PostgreSQL permissions, stream provisioning
     adapters   the only code that touches PostgreSQL, NATS and HTTP; the producer API
     telemetry  OpenTelemetry set-up, spans, log context
-    contracts  topology, manifests, the generated handler registry, lint
+    contracts  topology, manifests, the handler registry (a data file), lint, AsyncAPI
     domain     pure: envelope, subjects, ACK rules, policy, ports (standard library only)
 
 ``lint-imports`` (``[tool.importlinter]`` in pyproject.toml) keeps the order. Every role

@@ -7,10 +7,10 @@
 
 If the transaction rolls back, neither the state change nor the event exists; if it
 commits, both do, and the outbox-publisher takes it from there. The event must be one the
-manifests declare, and its payload must fit that version's schema (the generated registry,
-:mod:`shared.contracts.events`); otherwise nothing is written. Producers in other
-languages INSERT the SDS-047 columns into ``outbox_events`` themselves; the table's
-constraints enforce the same rules.
+manifests declare, and its payload must fit that version's schema (the registry file
+``FERRY_REGISTRY`` names, else Ferry's own: :mod:`shared.contracts.events`); otherwise
+nothing is written. Producers in other languages INSERT the SDS-047 columns into
+``outbox_events`` themselves; the table's constraints enforce the same rules.
 """
 
 from __future__ import annotations

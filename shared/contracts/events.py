@@ -1,9 +1,10 @@
-"""The handler registry at run time: what the workers take from the generated module.
+"""The handler registry at run time: what the workers take from the registry file.
 
-:mod:`shared.contracts.generated_registry` is compiled from the manifests by ``ferry registry
-generate`` and imported once; nothing here reads a manifest or reloads anything, so a
-change to what a context publishes or handles takes a regeneration and a rebuild
-(REQ-060). From it:
+The registry is a data file (:mod:`shared.contracts.registry_file`) written from the
+manifests by ``ferry registry generate``: Ferry's own (``shared/contracts/registry.json``)
+unless ``FERRY_REGISTRY`` names another, a team's, generated from manifests outside
+Ferry's tree. It is read once, at start, and never reloaded: a change to what a context
+publishes or handles takes a regeneration and a restart (REQ-060). From it:
 
 * :func:`attach_events` gives a loaded topology its events (``load_topology`` calls it);
 * :func:`accepted_events` tells an inbox-consumer which (type, version) pairs its durable
@@ -13,18 +14,25 @@ change to what a context publishes or handles takes a regeneration and a rebuild
   written (``SCHEMA_INVALID``, ``UNDECLARED_EVENT``);
 * :func:`handler_routes` builds a handler service's routing table from the handler
   references the manifests name.
+
+:func:`active_registry` is the process's registry: the file ``FERRY_REGISTRY`` names (read
+here as well as by the settings, so that the producer API of a service that builds no
+Ferry settings follows it too), else the shipped one; :func:`use_registry` replaces it.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
-from shared.contracts import generated_registry
+from shared.contracts.layout import SHIPPED_REGISTRY
 from shared.contracts.manifests import DeclaredEvent, event_specs, missing_contexts
+from shared.contracts.registry_file import Registry, read_registry
 from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError, OutboxValidationError
 
@@ -40,19 +48,78 @@ MAX_MESSAGE = 200
 EventKey = tuple[str, int]
 
 
-def declared_events(topology_name: str) -> tuple[DeclaredEvent, ...]:
-    """The events the generated registry holds for the topology called ``topology_name``."""
-    return generated_registry.EVENTS.get(topology_name, ())
+#: The environment variable naming the registry file (``CommonSettings.registry``).
+REGISTRY_VARIABLE = "FERRY_REGISTRY"
+
+_ACTIVE: Registry | None = None
+#: Registry files read so far, by resolved path, with the (mtime, size) they had.
+_READ: dict[Path, tuple[tuple[int, int], Registry]] = {}
 
 
-def attach_events(topology: Topology, *, source: str) -> Topology:
+def registry_path() -> Path:
+    """The registry file of this process: ``FERRY_REGISTRY`` if set, else the shipped one."""
+    named = os.environ.get(REGISTRY_VARIABLE, "").strip()
+    return Path(named) if named else SHIPPED_REGISTRY
+
+
+def load_registry(path: Path | str | None = None) -> Registry:
+    """The registry in ``path`` (default: :func:`registry_path`), read once per file version."""
+    target = Path(path) if path is not None else registry_path()
+    try:
+        stat = target.stat()
+        key, version = target.resolve(), (stat.st_mtime_ns, stat.st_size)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"{target}: cannot read the registry file: {exc.strerror or exc}"
+            + (
+                f" (set by {REGISTRY_VARIABLE})"
+                if path is None and target != SHIPPED_REGISTRY
+                else ""
+            )
+        ) from None
+    cached = _READ.get(key)
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    registry = read_registry(target)
+    _READ[key] = (version, registry)
+    return registry
+
+
+def active_registry() -> Registry:
+    """The process's registry: the one :func:`use_registry` set, else :func:`load_registry`."""
+    global _ACTIVE
+    if _ACTIVE is None:
+        _ACTIVE = load_registry()
+    return _ACTIVE
+
+
+def use_registry(registry: Registry | Path | str | None) -> Registry | None:
+    """Make ``registry`` (or the file it names) the process's; None: resolve it again on
+    next use. Returns the previous one (tests put it back)."""
+    global _ACTIVE
+    previous = _ACTIVE
+    _ACTIVE = (
+        registry if registry is None or isinstance(registry, Registry) else load_registry(registry)
+    )
+    return previous
+
+
+def declared_events(
+    topology_name: str, registry: Registry | None = None
+) -> tuple[DeclaredEvent, ...]:
+    """The events the registry holds for the topology called ``topology_name``."""
+    return (registry or active_registry()).declared(topology_name)
+
+
+def attach_events(topology: Topology, *, source: str, registry: Registry | None = None) -> Topology:
     """``topology`` with its declared events (``handled_by`` worked out from its durables)."""
-    events = declared_events(topology.name)
+    registry = registry or active_registry()
+    events = declared_events(topology.name, registry)
     missing = missing_contexts(topology, events)
     if missing:
         raise ConfigurationError(
-            f"{source}: contexts: the generated registry's events for topology "
-            f"{topology.name!r} name context(s) {', '.join(missing)}, which this file lacks"
+            f"{source}: contexts: the registry's events for topology {topology.name!r} "
+            f"({registry.source}) name context(s) {', '.join(missing)}, which this file lacks"
         )
     return topology.model_copy(update={"events": event_specs(topology, events)})
 
@@ -141,8 +208,7 @@ def _outgoing_validator(event: DeclaredEvent) -> Draft202012Validator:
 def _declarations(event_type: str, version: int) -> list[tuple[str, DeclaredEvent]]:
     return [
         (topology, event)
-        for topology, events in sorted(generated_registry.EVENTS.items())
-        for event in events
+        for topology, event in active_registry().all_events()
         if (event.type, event.version) == (event_type, version)
     ]
 
@@ -185,8 +251,7 @@ def _undeclared(event_type: str, version: int, context: str | None) -> str:
     versions = sorted(
         {
             e.version
-            for events in generated_registry.EVENTS.values()
-            for e in events
+            for _, e in active_registry().all_events()
             if e.type == event_type and (context is None or e.producer == context)
         }
     )
@@ -197,7 +262,10 @@ def _undeclared(event_type: str, version: int, context: str | None) -> str:
         head = f"{event_type}.v{version} is declared by {where}"
     if versions:
         return head + f" (declared versions: {', '.join(f'v{v}' for v in versions)})"
-    return head + " (add it to manifests/<topology>/<context>.yaml and regenerate)"
+    return head + (
+        f" (registry {active_registry().source}: add it to the manifests, "
+        "`ferry registry generate` and restart)"
+    )
 
 
 # --- the handler side ---------------------------------------------------------------------
@@ -227,6 +295,5 @@ def handler_routes(module: str, namespace: Mapping[str, Any]) -> dict[EventKey, 
 
 
 def _all_events() -> Iterable[tuple[tuple[str, str, str, int], DeclaredEvent]]:
-    for topology, events in generated_registry.EVENTS.items():
-        for event in events:
-            yield (topology, event.producer, event.type, event.version), event
+    for topology, event in active_registry().all_events():
+        yield (topology, event.producer, event.type, event.version), event

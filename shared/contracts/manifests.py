@@ -21,8 +21,9 @@ One file per context of a topology, ``manifests/<topology>/<context>.yaml``::
         handler: services.handlers.contexts.vibespro:model_published_v1
 
 An event's handling contexts are the contexts whose manifests list it under ``handles``.
-``ferry registry generate`` compiles the manifests into :mod:`shared.contracts.generated_registry`
-and locks each version's schema fingerprint in ``manifests/schemas.lock``.
+``ferry registry generate`` compiles the manifests into a registry file
+(:mod:`shared.contracts.registry_file`) and locks each version's schema fingerprint in
+``manifests/schemas.lock``.
 """
 
 from __future__ import annotations
@@ -66,14 +67,12 @@ _SCHEMA_ONE = frozenset(
         "propertyNames", "unevaluatedItems", "unevaluatedProperties", "contentSchema",
     }
 )  # fmt: skip
-#: A field of a compiled dataclass the generated registry leaves out at its default.
-OMIT_DEFAULT = "ferry_omit_default"
 #: A dotted path of payload field names (``config_id``, ``target.id``).
 _FIELD_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _HANDLER_REF = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
-# --- compiled form (what the generated registry holds) ------------------------------------
+# --- compiled form (what the registry file holds) ------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +98,7 @@ class DeclaredEvent:
     description: str = ""
     #: The payload field (dotted path) whose value is the event's ordering key; None: its
     #: aggregate. Not a schema constraint: it is not part of the fingerprint.
-    ordering_key: str | None = field(default=None, metadata={OMIT_DEFAULT: True})
+    ordering_key: str | None = None
 
     @property
     def name(self) -> str:
@@ -415,6 +414,7 @@ def event_specs(topology: Topology, events: Iterable[DeclaredEvent]) -> list[Eve
                     "manifest": event.manifest,
                     "fingerprint": event.fingerprint,
                     "ordering_key": event.ordering_key,
+                    "description": event.description,
                 }
             )
         )

@@ -188,8 +188,8 @@ class DurableSpec(_Model):
 class EventSpec(_Model):
     """One published event version, as the deployment sees it.
 
-    Declared in ``manifests/<topology>/<context>.yaml`` and compiled into the generated
-    registry (:mod:`shared.contracts.events`); :func:`load_topology` attaches them, working out
+    Declared in ``manifests/<topology>/<context>.yaml`` and compiled into the registry
+    file (:mod:`shared.contracts.events`); :func:`load_topology` attaches them, working out
     ``handled_by`` from this topology's durables.
     """
 
@@ -205,6 +205,8 @@ class EventSpec(_Model):
     handlers: dict[str, str] = Field(default_factory=dict)
     #: The manifest file that declares it (named in error messages).
     manifest: str = ""
+    #: What the event means, as its manifest describes it.
+    description: str = ""
     #: ``sha256:`` fingerprint of the schema's constraints (locked per version).
     fingerprint: str = ""
     #: The payload field (dotted path) whose value is the ordering key; None: the
@@ -453,7 +455,7 @@ def subject_matches(pattern: str, subject: str) -> bool:
 def read_topology(path: Path | str) -> Topology:
     """Read and validate a topology file, without its events; errors name file and field.
 
-    :func:`shared.contracts.loading.load_topology` adds the events from the generated
+    :func:`shared.contracts.loading.load_topology` adds the events from the
     registry (the registry imports this module, so this one cannot call it).
     """
     return _load_file(Path(path))

@@ -33,7 +33,7 @@ from shared.runtime.settings import CommonSettings
 
 def _topologies(settings: CommonSettings, args: argparse.Namespace) -> list[Topology]:
     paths = args.topology or [settings.topology]
-    return [load_topology(Path(p)) for p in paths]
+    return [load_topology(Path(p), registry=settings.registry) for p in paths]
 
 
 async def cmd_nats_auth(settings: CommonSettings, args: argparse.Namespace) -> int:

@@ -1,7 +1,9 @@
 """Runtime settings, read from the environment (prefix ``FERRY_``) and nothing else.
 
 One class per role, each built from :class:`CommonSettings`. This module is the only
-place in Ferry that reads ``os.environ`` (through pydantic-settings). Every field is
+place in Ferry that reads ``os.environ`` (through pydantic-settings), but for
+``FERRY_REGISTRY``, which :mod:`shared.contracts.events` also reads so that the producer
+API of a service that builds no Ferry settings follows it too. Every field is
 documented in docs/reference/settings.md, generated from the ``#:`` comments here.
 """
 
@@ -14,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.access.streams import Caps
 from shared.adapters.nats import NatsAuth
+from shared.contracts.layout import DEFAULT_TOPOLOGY
 from shared.contracts.loading import load_topology
 from shared.contracts.topology import Topology
 from shared.domain import policy
@@ -51,8 +54,13 @@ class CommonSettings(BaseSettings):
     # still be given by field name in code.
     model_config = SettingsConfigDict(env_prefix="FERRY_", extra="ignore", populate_by_name=True)
 
-    #: Path of the topology file (see topologies/).
-    topology: Path = Path("topologies/sea-vibespro.yaml")
+    #: Path of the topology file; unset: Ferry's ``topologies/sea-vibespro.yaml``, found
+    #: from Ferry's installation (never from the working directory).
+    topology: Path = DEFAULT_TOPOLOGY
+    #: Registry file (JSON, written by ``ferry registry generate --manifests DIR --out FILE``)
+    #: holding the events, schemas and handlers of the topologies this process serves; unset:
+    #: the registry Ferry ships, compiled from its own manifests. Read once, at start.
+    registry: Path | None = None
     #: NATS server URLs, comma-separated.
     nats_url: str = "nats://127.0.0.1:4222"
     #: Per-database DSNs as JSON, e.g. ``{"sea": "postgresql://..."}``; wins over the template.
@@ -153,8 +161,8 @@ class CommonSettings(BaseSettings):
     )
 
     def load_topology(self) -> Topology:
-        """The topology named by ``FERRY_TOPOLOGY``."""
-        return load_topology(self.topology)
+        """The topology named by ``FERRY_TOPOLOGY``, its events from ``FERRY_REGISTRY``."""
+        return load_topology(self.topology, registry=self.registry)
 
     def dsn(self, database: str) -> str:
         """DSN of ``database``: the explicit one if set, else the template."""

@@ -1,7 +1,7 @@
 """Helpers for the registry, gate and lint tests: a copy of the project's declarations.
 
-Build-time tests work on a copy of ``topologies/``, ``manifests/`` and the generated
-module under a temporary root, so they can break and regenerate them freely.
+Build-time tests work on a copy of ``topologies/``, ``manifests/`` and the registry
+file under a temporary root, so they can break and regenerate them freely.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from shared.contracts.codegen import LOCK, MANIFESTS, MODULE, TOPOLOGIES
+from shared.contracts.codegen import LOCK, MANIFESTS, REGISTRY, TOPOLOGIES
 from shared.contracts.lint import Problem, lint_topology
 from shared.contracts.loading import load_topology
 from shared.contracts.topology import Topology
@@ -26,12 +26,12 @@ MEDIATION = "topologies/mediation.yaml"
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A root holding copies of the topologies, manifests, lock and generated module."""
+    """A root holding copies of the topologies, manifests, lock and registry file."""
     root = tmp_path / "project"
     shutil.copytree(ROOT / TOPOLOGIES, root / TOPOLOGIES)
     shutil.copytree(ROOT / MANIFESTS, root / MANIFESTS)
-    (root / MODULE).parent.mkdir(parents=True)
-    shutil.copy(ROOT / MODULE, root / MODULE)
+    (root / REGISTRY).parent.mkdir(parents=True)
+    shutil.copy(ROOT / REGISTRY, root / REGISTRY)
     assert (root / LOCK).exists()
     return root
 

@@ -220,7 +220,7 @@ def test_ordering_key_is_carried_into_the_registry_not_the_lock(project: Path) -
     generate(project)
     assert check(project) == []
     assert (project / "manifests/schemas.lock").read_text() == lock_before
-    assert "ordering_key" not in (project / "shared/contracts/generated_registry.py").read_text()
+    assert "ordering_key" not in (project / "shared/contracts/registry.json").read_text()
     assert read_yaml(manifest)["publishes"][0].get("ordering_key") is None
 
 

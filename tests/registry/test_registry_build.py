@@ -1,7 +1,7 @@
 """Registry generation, staleness, the schema lock (immutable versions) and manifest errors.
 
 ``test_the_shipped_registry_is_current_and_clean`` is CI's gate: it fails when
-``shared/contracts/generated_registry.py`` or ``manifests/schemas.lock`` is stale, a locked version
+``shared/contracts/registry.json`` or ``manifests/schemas.lock`` is stale, a locked version
 changed, a handler reference is broken, or either shipped topology fails a lint rule or a
 coverage gate.
 """
@@ -9,6 +9,8 @@ coverage gate.
 from __future__ import annotations
 
 import copy
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +18,15 @@ import pytest
 
 from shared.contracts.codegen import (
     LOCK,
-    MODULE,
+    REGISTRY,
     ROUTE_FORMS,
     check,
     generate,
     read_lock,
-    render_module,
 )
 from shared.contracts.loading import load_topology
 from shared.contracts.manifests import fingerprint
+from shared.contracts.registry_file import read_registry
 from shared.domain.errors import ConfigurationError
 from shared.ops.cli import main as ferry
 from tests.conftest import ROOT
@@ -33,8 +35,8 @@ from .conftest import edit_yaml, read_yaml
 
 VIBESPRO = "manifests/sea-vibespro/vibespro.yaml"
 SEA = "manifests/sea-vibespro/sea.yaml"
-STALE_MODULE = (
-    f"{MODULE}: (file): differs from what the manifests generate (first at line {{line}}): "
+STALE_REGISTRY = (
+    f"{REGISTRY}: (file): differs from what the manifests generate (first at line {{line}}): "
     "run `ferry registry generate` and commit the result [stale-registry]"
 )
 
@@ -49,7 +51,7 @@ def _version(doc: dict[str, Any], version: int) -> dict[str, Any]:
 
 
 def _line_of(root: Path, text: str) -> int:
-    lines = (root / MODULE).read_text().splitlines()
+    lines = (root / REGISTRY).read_text().splitlines()
     return next(n for n, line in enumerate(lines, start=1) if text in line)
 
 
@@ -69,9 +71,9 @@ def test_ferry_registry_check_and_lint_exit_0_on_the_shipped_tree(
 
 
 def test_generation_is_deterministic(project: Path) -> None:
-    first = (project / MODULE).read_bytes()
+    first = (project / REGISTRY).read_bytes()
     assert generate(project).written == []
-    assert (project / MODULE).read_bytes() == first == (ROOT / MODULE).read_bytes()
+    assert (project / REGISTRY).read_bytes() == first == (ROOT / REGISTRY).read_bytes()
 
     def shuffle(doc: dict[str, Any]) -> None:
         """Same declarations, other order: entries, keys, properties."""
@@ -84,10 +86,10 @@ def test_generation_is_deterministic(project: Path) -> None:
 
     edit_yaml(project / VIBESPRO, shuffle)
     assert generate(project).written == []
-    assert (project / MODULE).read_bytes() == first
+    assert (project / REGISTRY).read_bytes() == first
 
 
-def test_a_changed_manifest_makes_the_module_stale_until_regenerated(
+def test_a_changed_manifest_makes_the_registry_stale_until_regenerated(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     old = "A model was published (or renamed) in SEA."
@@ -97,18 +99,18 @@ def test_a_changed_manifest_makes_the_module_stale_until_regenerated(
         doc["publishes"][0]["description"] = "A model went live."
 
     edit_yaml(project / SEA, describe)
-    assert _strs(project) == [STALE_MODULE.format(line=line)]
+    assert _strs(project) == [STALE_REGISTRY.format(line=line)]
     assert ferry(["registry", "check", "--root", str(project)]) == 1
-    assert STALE_MODULE.format(line=line) in capsys.readouterr().out
-    assert generate(project).written == [MODULE]
+    assert STALE_REGISTRY.format(line=line) in capsys.readouterr().out
+    assert generate(project).written == [REGISTRY]
     assert _strs(project) == []
-    assert "A model went live." in (project / MODULE).read_text()
+    assert "A model went live." in (project / REGISTRY).read_text()
 
 
-def test_a_missing_module_is_stale(project: Path) -> None:
-    (project / MODULE).unlink()
+def test_a_missing_registry_is_stale(project: Path) -> None:
+    (project / REGISTRY).unlink()
     assert _strs(project) == [
-        f"{MODULE}: (file): is missing: run `ferry registry generate` and commit the result "
+        f"{REGISTRY}: (file): is missing: run `ferry registry generate` and commit the result "
         "[stale-registry]"
     ]
 
@@ -137,11 +139,9 @@ def test_a_new_version_is_locked_by_generate(project: Path) -> None:
     assert {p.rule for p in check(project)} == {"stale-registry"}
     result = generate(project)
     assert result.locked == ["sea-vibespro/vibespro/vibe_created.v3"]
-    assert result.written == [LOCK, MODULE]
+    assert result.written == [LOCK, REGISTRY]
     schema = _version(read_yaml(project / VIBESPRO), 3)["schema"]
-    assert read_lock(project / LOCK)["sea-vibespro/vibespro/vibe_created.v3"] == fingerprint(
-        schema
-    )
+    assert read_lock(project / LOCK)["sea-vibespro/vibespro/vibe_created.v3"] == fingerprint(schema)
     assert _strs(project) == []
 
 
@@ -162,11 +162,11 @@ def test_a_breaking_change_to_a_locked_version_fails_and_points_to_the_next(
         "[immutable-version]"
     )
     assert expected in _strs(project)
-    before = {path: (project / path).read_bytes() for path in (LOCK, MODULE)}
+    before = {path: (project / path).read_bytes() for path in (LOCK, REGISTRY)}
     with pytest.raises(ConfigurationError) as refused:
         generate(project)
     assert str(refused.value) == f"refusing to generate: {expected}"
-    assert {path: (project / path).read_bytes() for path in (LOCK, MODULE)} == before
+    assert {path: (project / path).read_bytes() for path in (LOCK, REGISTRY)} == before
 
 
 def test_documentation_changes_keep_the_fingerprint(project: Path) -> None:
@@ -285,7 +285,7 @@ def test_manifests_for_unknown_contexts_and_topologies(project: Path) -> None:
         "[unknown-context]"
     ) in problems
     assert (
-        "manifests/ghost: (directory): no topology in topologies/ is named 'ghost' "
+        "manifests/ghost: (directory): no topology file is named 'ghost' "
         "(known: mediation, sea-vibespro) [unknown-topology]"
     ) in problems
 
@@ -308,7 +308,34 @@ def test_a_topology_file_may_not_declare_events(tmp_path: Path) -> None:
     )
 
 
-def test_render_splits_long_strings_within_the_line_length() -> None:
-    text = render_module({})
-    assert text.endswith("EVENTS: Final[Mapping[str, tuple[DeclaredEvent, ...]]] = {\n}\n")
-    assert all(len(line) <= 100 for line in (ROOT / MODULE).read_text().splitlines())
+def test_the_registry_file_holds_what_the_manifests_declare(project: Path) -> None:
+    doc = json.loads((project / REGISTRY).read_text())
+    assert (doc["format"], doc["format_version"]) == ("ferry-registry", 1)
+    assert doc["lock"] == read_lock(project / LOCK)
+    v2 = next(
+        e
+        for e in doc["topologies"]["sea-vibespro"]
+        if (e["type"], e["version"]) == ("vibe_created", 2)
+    )
+    declared = _version(read_yaml(project / VIBESPRO), 2)
+    assert v2["schema"] == declared["schema"]
+    assert v2["fingerprint"] == fingerprint(declared["schema"])
+    assert v2["handlers"] == [
+        {"context": "sea", "handler": "services.handlers.contexts.sea:vibe_created_v2",
+         "manifest": SEA}
+    ]  # fmt: skip
+    assert "ordering_key" not in v2
+    assert read_registry(project / REGISTRY).declared("sea-vibespro")[2].schema == v2["schema"]
+
+
+def test_a_hand_edited_registry_file_is_stale_and_refused_at_start(project: Path) -> None:
+    path = project / REGISTRY
+    doc = json.loads(path.read_text())
+    doc["topologies"]["sea-vibespro"][0]["schema"]["required"] = []
+    path.write_text(json.dumps(doc))
+    first = "topologies.sea-vibespro[0](model_published.v1): the schema fingerprints as "
+    with pytest.raises(ConfigurationError, match=re.escape(f"{path}: {first}")):
+        read_registry(path)
+    [stale] = _strs(project)
+    assert stale.startswith(f"{REGISTRY}: (file): is not a valid registry file ({first}")
+    assert stale.endswith("run `ferry registry generate` and commit the result [stale-registry]")

@@ -1,4 +1,4 @@
-"""What the workers take from the generated registry: events, routes, payload validation."""
+"""What the workers take from the registry: events, routes, payload validation."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import pytest
 
 from services.handlers.specs import SERVICES
 from services.inbox_consumer.__main__ import accepted_events
-from shared.contracts import generated_registry
-from shared.contracts.events import check_outgoing
+from shared.contracts.events import active_registry, check_outgoing
 from shared.contracts.loading import load_topology
 from shared.domain.errors import ConfigurationError, OutboxValidationError
 from tests.conftest import ROOT
 
 from .conftest import SEA_VIBESPRO, load_doc, shipped
+
+SHIPPED = ROOT / "shared/contracts/registry.json"
 
 
 def test_a_loaded_topology_carries_its_declared_events() -> None:
@@ -49,8 +50,9 @@ def test_a_topology_file_lacking_a_declared_context_is_refused(tmp_path: Path) -
     with pytest.raises(ConfigurationError) as refused:
         load_doc(tmp_path, doc)
     assert str(refused.value) == (
-        f"{tmp_path / 'topology.yaml'}: contexts: the generated registry's events for topology "
-        "'sea-vibespro' name context(s) vibespro, which this file lacks"
+        f"{tmp_path / 'topology.yaml'}: contexts: the registry's events for topology "
+        f"'sea-vibespro' ({ROOT / 'shared/contracts/registry.json'}) name context(s) vibespro, "
+        "which this file lacks"
     )
 
 
@@ -58,8 +60,7 @@ def test_handler_services_route_what_the_manifests_name() -> None:
     """Every route of every example service is the function its manifest names, and back."""
     named = {
         (binding.context, event.type, event.version): binding.handler
-        for events in generated_registry.EVENTS.values()
-        for event in events
+        for _, event in active_registry().all_events()
         for binding in event.handlers
     }
     routed = {
@@ -106,13 +107,15 @@ def test_a_topology_without_declared_events_accepts_anything(tmp_path: Path) -> 
         ),
         (
             ("vibe_deleted", 1), {}, None,
-            "UNDECLARED_EVENT: event_type: vibe_deleted.v1 is declared by no manifest (add it "
-            "to manifests/<topology>/<context>.yaml and regenerate)",
+            "UNDECLARED_EVENT: event_type: vibe_deleted.v1 is declared by no manifest "
+            f"(registry {SHIPPED}: add it to the manifests, `ferry registry generate` and "
+            "restart)",
         ),
         (
             ("vibe_created", 1), {"vibe_id": "v1", "title": "t"}, "sea",
             "UNDECLARED_EVENT: event_type: vibe_created.v1 is not declared in context sea's "
-            "manifest (add it to manifests/<topology>/<context>.yaml and regenerate)",
+            f"manifest (registry {SHIPPED}: add it to the manifests, `ferry registry generate` "
+            "and restart)",
         ),
     ],
 )  # fmt: skip
