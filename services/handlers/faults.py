@@ -44,6 +44,7 @@ from typing import Any
 
 from shared.domain.envelope import parse_timestamp
 from shared.domain.errors import PoisonError
+from shared.sdk import Call, Outcome
 
 #: The payload key that carries the directives.
 FAULT_KEY = "_ferry_test"
@@ -170,3 +171,30 @@ def _retry_after(value: object) -> float | None:
     if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
         raise _invalid("retry_after", f"must be a non-negative number of seconds, got {value!r}")
     return float(value)
+
+
+class FaultInjection:
+    """The directives as an SDK hook (:class:`shared.sdk.Hook`), installed only when
+    FERRY_HANDLER_FAULT_INJECTION is on.
+
+    Before the claim: a malformed directive, ``poison`` or ``reject_until`` is a 422, and
+    the routes see the payload without ``_ferry_test`` (the directive was the service's,
+    not business data); then ``slow_ms`` sleeps and a forced status answers instead.
+    """
+
+    def prepare(self, call: Call[Any]) -> Call[Any]:
+        """Check the directive; the call with the payload the routes store."""
+        payload = call.envelope.payload
+        parse_faults(payload).check_poison()
+        if FAULT_KEY not in payload:
+            return call
+        return call.with_payload({k: v for k, v in payload.items() if k != FAULT_KEY})
+
+    async def before(self, call: Call[Any]) -> Outcome | None:
+        """Sleep ``slow_ms``; the injected answer for this attempt, if any."""
+        faults = parse_faults(call.envelope.payload)
+        await faults.pause()
+        forced = faults.forced(call.delivery.attempt)
+        if forced is None:
+            return None
+        return Outcome(forced.status, {"error": forced.error}, forced.headers)

@@ -41,5 +41,5 @@ def integer(payload: Mapping[str, Any], name: str) -> int:
 
 
 def business_json(payload: Mapping[str, Any]) -> str:
-    """``payload`` as JSON for a jsonb column (give it ``request.business_payload``)."""
+    """``payload`` as JSON for a jsonb column."""
     return json.dumps(payload, ensure_ascii=False)

@@ -23,7 +23,8 @@ from services.inbox_consumer.stats import ConsumerStats
 from shared.contracts.events import AcceptedEvents
 from shared.contracts.topology import DurableSpec
 from shared.domain.ack import DeadLetter, Decision, HandlerResponse, RetryPolicy, decide
-from shared.domain.envelope import Envelope, format_timestamp
+from shared.domain.envelope import Envelope
+from shared.domain.handler_call import request_body, request_headers
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -122,35 +123,18 @@ class Decider:
         return outcome
 
     def _request_body(self, delivery: Delivery, envelope: Envelope) -> dict[str, Any]:
-        body = envelope.to_dict()
-        body["delivery"] = {
-            "attempt": delivery.attempt,
-            "max_attempts": self.policy.max_deliver,
-            "stream_sequence": delivery.stream_seq,
-            "durable": self.durable,
-        }
-        # INFRA-005 §2 names, for the Mediation workers.
-        body.update(
-            messageId=envelope.message_id,
-            traceKey=envelope.correlation_id or envelope.message_id,
-            opportunityKey=envelope.payload.get("opportunity_key"),
-            module=envelope.context,
-            eventType=envelope.event_type,
-            payloadDigest=body["payload_digest"],
-            createdAt=format_timestamp(envelope.occurred_at),
-            retryCount=delivery.attempt - 1,
-            maxRetries=self.policy.max_deliver - 1,
+        return request_body(
+            envelope,
+            attempt=delivery.attempt,
+            max_attempts=self.policy.max_deliver,
+            stream_sequence=delivery.stream_seq,
+            durable=self.durable,
         )
-        return body
 
 
 def headers(delivery: Delivery) -> dict[str, str]:
     """The handler call's headers: the idempotency key and the trace context."""
-    found = {"Idempotency-Key": str(delivery.message_id)}
-    traceparent = delivery.traceparent
-    if traceparent:
-        found["traceparent"] = traceparent
-    return found
+    return request_headers(str(delivery.message_id), delivery.traceparent)
 
 
 def refused(outcome: Any) -> bool:

@@ -182,18 +182,27 @@ POISON_CASES: dict[str, tuple[Mutation, str]] = {
 }
 
 
+#: Defects of the request itself (not JSON, not an envelope, headers): 400, not 422.
+MALFORMED = frozenset({
+    "missing envelope field", "missing delivery", "bad attempt", "key mismatch", "key missing",
+    "not json", "not an object", "deep nesting", "huge number", "not a number",
+    "digest mismatch", "subject mismatch",
+})
+
+
 @pytest.mark.parametrize("case", sorted(POISON_CASES))
-async def test_poison_is_422_naming_the_defect(sea: RunningHandler, case: str) -> None:
+async def test_poison_is_400_or_422_naming_the_defect(sea: RunningHandler, case: str) -> None:
     mutate, expected = POISON_CASES[case]
     doc = vibe_v1()
     body, headers = mutate(doc)
     reply = await sea.post(body=body, headers=headers)
-    assert reply.status == 422, reply.body
+    status = 400 if case in MALFORMED else 422
+    assert reply.status == status, reply.body
     assert expected in f"{reply.body['reason_code']}: {reply.body['error']}"
-    assert reply.body["reason_code"]
+    assert reply.body["reason_code"] and reply.body["retryable"] is False
     assert await sea.applied() == 0 and await vibes(sea) == []
     statuses = [r["status"] for r in await sea.pool.fetch("SELECT status FROM handler_calls")]
-    assert statuses == [422], "a rejected call is still recorded"
+    assert statuses == [status], "a rejected call is still recorded"
 
 
 async def test_a_poison_directive_wins_over_every_attempt(sea: RunningHandler) -> None:
@@ -380,7 +389,7 @@ async def test_mediation_message_id_alias_must_agree(mediation_env: Env) -> None
     doc = {**scored(), "messageId": str(uuid.uuid4())}
     async with running(mediation_env, "module_f") as f:
         reply = await f.post(doc)
-    assert reply.status == 422 and "messageId" in reply.body["error"]
+    assert reply.status == 400 and "messageId" in reply.body["error"]
 
 
 async def test_module_g_archives_and_records_replays(mediation_env: Env) -> None:

@@ -19,9 +19,9 @@ import pytest
 
 from services.handlers.request import HandleRequest
 from services.handlers.service import HandlerService, is_one_statement, one_statement
-from services.handlers.store import one_statement_sql
 from shared.adapters.postgres import Statement
 from shared.domain.errors import PoisonError
+from shared.sdk.store import one_statement_sql
 from tests.conftest import Env
 
 from .conftest import make_doc

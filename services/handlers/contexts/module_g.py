@@ -55,7 +55,7 @@ def replay_requested_v1(request: HandleRequest) -> Statement:
         (
             uuid.UUID(request.message_id),
             text(request.payload, "opportunity_key"),
-            business_json(request.business_payload),
+            business_json(request.payload),
         ),
     )
 

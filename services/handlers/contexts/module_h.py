@@ -56,9 +56,7 @@ async def config_publish_requested_v1(conn: Conn, request: HandleRequest) -> Non
     """Publish the requested revision (arrival order wins); report one that goes back."""
     config_id = text(request.payload, "config_id")
     revision = integer(request.payload, "revision")
-    previous = await conn.fetchval(
-        _PUBLISH, config_id, revision, business_json(request.business_payload)
-    )
+    previous = await conn.fetchval(_PUBLISH, config_id, revision, business_json(request.payload))
     if previous is not None and revision < previous:
         report_out_of_order(
             request, handler=NAME, key=config_id, revision=revision, previous=previous

@@ -1,26 +1,26 @@
-"""The handler's own bookkeeping tables, in the target context's database.
+"""The claim, and an optional effects ledger, in the handler's own database.
 
-``handler_applied``
+``handler_applied`` (:data:`CLAIMS_DDL`, the one table a team migrates)
     One row per (handler, message_id) whose effect committed. It is inserted in the
     same transaction as the effect, so "applied" and "effect exists" cannot disagree;
-    a conflicting insert means the event was already processed (409).
-``handler_calls``
+    a conflicting insert means the event was already processed (409). :func:`claim`
+    does it inside a transaction the caller opened; :class:`~shared.sdk.handler.Handler`
+    does it for its routes.
+``handler_calls`` (:data:`LEDGER_DDL`, optional)
     The effects ledger: one row per call that the database decided, whatever its
     outcome, never deduplicated. An applying call's row (status 200) and a duplicate's
     (409) commit in the same transaction as the claim, so "answered 200" and "effect
     exists" cannot disagree; a call whose transaction rolls back is recorded right after
     the rollback with the status it answered. Only a call whose connection died before
-    its commit leaves no row — and no effect. Tests and the chaos suite count it to prove
-    that no call applied an already-processed id twice.
+    its commit leaves no row — and no effect. Ferry's tests and chaos suite count it to
+    prove that no call applied an already-processed id twice.
 
 Round trips: an applying call costs three (``BEGIN`` + claim, the route's statement,
 ledger row + ``COMMIT``), the last two sent as one simple query each — or ONE when the
 route gives its effect as a single statement (:func:`claim_apply_log`). The handler
 service is the benchmark's bottleneck, and each round trip is a write and a wake-up on
 both sides (measured: 30 % of the handler's CPU was socket writes at seven round trips).
-
-Only tables prefixed ``handler_`` are created here; ``outbox_events`` and
-``inbox_messages`` belong to migrations/.
+Without the ledger the same statements run without its row.
 """
 
 from __future__ import annotations
@@ -43,15 +43,18 @@ INSTALL_LOCK_KEY = 0x46455248  # "FERH"
 #: What :func:`literal` accepts as text: handler names are context names (snake_case).
 IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
 
-BOOKKEEPING_DDL = (
-    """
-    CREATE TABLE IF NOT EXISTS handler_applied (
-      message_id UUID NOT NULL,
-      handler TEXT NOT NULL,
-      applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
-      PRIMARY KEY (handler, message_id)
-    )
-    """,
+#: The claim table: the one piece of schema the contract needs (migrate it with your own).
+CLAIMS_DDL = """
+CREATE TABLE IF NOT EXISTS handler_applied (
+  message_id UUID NOT NULL,
+  handler TEXT NOT NULL,
+  applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+  PRIMARY KEY (handler, message_id)
+)
+"""
+
+#: The optional effects ledger (Ferry's example handlers keep one).
+LEDGER_DDL = (
     """
     CREATE TABLE IF NOT EXISTS handler_calls (
       id BIGSERIAL PRIMARY KEY,
@@ -65,13 +68,43 @@ BOOKKEEPING_DDL = (
     "CREATE INDEX IF NOT EXISTS idx_handler_calls_message ON handler_calls (message_id)",
 )
 
+#: Everything :func:`install` creates with the ledger.
+BOOKKEEPING_DDL = (CLAIMS_DDL, *LEDGER_DDL)
 
-async def install(conn: Conn, ddl: Sequence[str]) -> None:
-    """Create the bookkeeping tables and ``ddl`` (a service's own tables), idempotently."""
+
+class NotInTransaction(RuntimeError):
+    """:func:`claim` was called outside a transaction: the claim would commit alone."""
+
+
+async def install(conn: Conn, ddl: Sequence[str], *, ledger: bool = True) -> None:
+    """Create the claim table (and the ledger), then ``ddl`` (a service's own tables),
+    idempotently; replicas starting together take turns."""
+    bookkeeping = BOOKKEEPING_DDL if ledger else (CLAIMS_DDL,)
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", INSTALL_LOCK_KEY)
-        for statement in (*BOOKKEEPING_DDL, *ddl):
+        for statement in (*bookkeeping, *ddl):
             await conn.execute(statement)
+
+
+async def claim(conn: Conn, *, handler: str, message_id: uuid.UUID | str) -> bool:
+    """Claim ``message_id`` for ``handler`` in the transaction open on ``conn``.
+
+    True: ours — do the effect on the same connection and commit; a failure that rolls the
+    transaction back releases the claim with the effect. False: applied before — answer
+    409 and change nothing. A concurrent claimer of the same id waits on the row until
+    the first transaction ends, then sees its outcome.
+    """
+    if not conn.is_in_transaction():
+        raise NotInTransaction("claim() must run inside the transaction of the effect")
+    mid = message_id if isinstance(message_id, uuid.UUID) else uuid.UUID(message_id)
+    taken = await conn.fetchval(
+        "INSERT INTO handler_applied (message_id, handler, applied_at)"
+        " VALUES ($1, $2, clock_timestamp())"
+        " ON CONFLICT (handler, message_id) DO NOTHING RETURNING true",
+        mid,
+        handler,
+    )
+    return bool(taken)
 
 
 def literal(value: uuid.UUID | int | str | None) -> str:
@@ -111,11 +144,12 @@ async def begin_and_claim(conn: Conn, *, handler: str, message_id: uuid.UUID) ->
 #: The claim's primary key: a unique violation on it means the id was applied before.
 CLAIM_CONSTRAINT = "handler_applied_pkey"
 
+
 @functools.lru_cache(maxsize=256)
-def one_statement_sql(sql: str, arg_count: int) -> str:
-    """``sql`` (placeholders ``$1``…``$arg_count``) preceded by the claim and the 200
-    ledger row as data-modifying CTEs, whose own arguments follow: message id, handler,
-    attempt.
+def one_statement_sql(sql: str, arg_count: int, ledger: bool = True) -> str:
+    """``sql`` (placeholders ``$1``…``$arg_count``) preceded by the claim and, with the
+    ledger, the 200 ledger row as data-modifying CTEs, whose own arguments follow:
+    message id, handler (and attempt, with the ledger).
 
     The claim has no ``ON CONFLICT``: an id applied before fails the whole statement
     with a unique violation on :data:`CLAIM_CONSTRAINT`, so the effect and the ledger row
@@ -125,10 +159,13 @@ def one_statement_sql(sql: str, arg_count: int) -> str:
     mid, handler, attempt = arg_count + 1, arg_count + 2, arg_count + 3
     head = (
         "ferry_claim AS (INSERT INTO handler_applied (message_id, handler, applied_at)"
-        f" VALUES (${mid}, ${handler}, clock_timestamp())),"
-        " ferry_call AS (INSERT INTO handler_calls (message_id, handler, attempt, status)"
-        f" VALUES (${mid}, ${handler}, ${attempt}, 200))"
+        f" VALUES (${mid}, ${handler}, clock_timestamp()))"
     )
+    if ledger:
+        head += (
+            ", ferry_call AS (INSERT INTO handler_calls (message_id, handler, attempt, status)"
+            f" VALUES (${mid}, ${handler}, ${attempt}, 200))"
+        )
     return with_ctes(sql, head)
 
 
@@ -140,15 +177,17 @@ async def claim_apply_log(
     handler: str,
     message_id: uuid.UUID,
     attempt: int | None,
+    ledger: bool = True,
 ) -> bool:
-    """Claim ``message_id``, run the route's statement and record the 200, as one
+    """Claim ``message_id``, run the route's statement (and record the 200), as one
     statement in its own transaction (one round trip; ``conn`` autocommits).
 
     False: the id was applied before and nothing changed (the caller records the 409).
     Any other failure raises, with nothing committed.
     """
+    extra: tuple[Any, ...] = (message_id, handler, attempt) if ledger else (message_id, handler)
     try:
-        await conn.execute(one_statement_sql(sql, len(args)), *args, message_id, handler, attempt)
+        await conn.execute(one_statement_sql(sql, len(args), ledger), *args, *extra)
     except asyncpg.PostgresError as exc:
         claim_taken = getattr(exc, "constraint_name", None) == CLAIM_CONSTRAINT
         if claim_taken and isinstance(exc, asyncpg.UniqueViolationError):
@@ -170,17 +209,32 @@ def _call_row(handler: str, message_id: uuid.UUID | None, attempt: int | None, s
 
 
 async def log_and_commit(
-    conn: Conn, *, handler: str, message_id: uuid.UUID, attempt: int | None, status: int
+    conn: Conn,
+    *,
+    handler: str,
+    message_id: uuid.UUID,
+    attempt: int | None,
+    status: int,
+    ledger: bool = True,
 ) -> None:
-    """Record the call with its answer and commit it with the effect (one round trip)."""
-    await conn.execute(_call_row(handler, message_id, attempt, status) + "; COMMIT")
+    """Record the call with its answer (with the ledger) and commit it with the effect
+    (one round trip)."""
+    row = _call_row(handler, message_id, attempt, status) + "; " if ledger else ""
+    await conn.execute(row + "COMMIT")
 
 
 async def rollback_and_log(
-    conn: Conn, *, handler: str, message_id: uuid.UUID, attempt: int | None, status: int
+    conn: Conn,
+    *,
+    handler: str,
+    message_id: uuid.UUID,
+    attempt: int | None,
+    status: int,
+    ledger: bool = True,
 ) -> None:
     """Undo the claim and whatever the route did; record the call (one round trip)."""
-    await conn.execute("ROLLBACK; " + _call_row(handler, message_id, attempt, status))
+    row = "; " + _call_row(handler, message_id, attempt, status) if ledger else ""
+    await conn.execute("ROLLBACK" + row)
 
 
 async def log_call(

@@ -1,0 +1,416 @@
+"""The handler contract as a dispatcher: routes by event, the claim, statuses.
+
+A :class:`Handler` owns an asyncpg pool on the handler's *own* database. One call runs:
+
+1. parse the request (envelope, ``delivery``, ``Idempotency-Key``) — a malformed one is
+   400; look up the route by ``(event_type, event_version)`` — none is 422
+   ``UNKNOWN_EVENT``; check the payload against its JSON Schema with the inbox-consumer's
+   own validator (jsonschema, Draft 2020-12) and build the route's typed model — a
+   failure is 422 ``SCHEMA_INVALID``; run the hooks (a hook may answer instead);
+2. in ONE transaction: claim the message id in ``handler_applied`` (taken: 409, nothing
+   changed), run the route on the same connection, commit — 200. A route marked
+   :func:`one_statement` returns its effect as a :class:`Statement` instead, and the
+   claim and the effect go as one statement (one round trip);
+3. a route that raises rolls everything back, claim included, and its exception picks the
+   answer: :class:`~shared.sdk.outcomes.Reject` (any ``PoisonError``) and a value no
+   column can hold → 422; :class:`~shared.sdk.outcomes.Retry`, a lost connection, a
+   serialization failure or a deadlock → 503; :class:`~shared.sdk.outcomes.GiveUp` →
+   500 ``retryable: false``; anything else → 500 (retried, logged with its traceback).
+
+With ``ledger=True`` every decided call is also recorded in ``handler_calls`` with its
+answer (:mod:`shared.sdk.store`). Every error becomes a status here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, cast
+
+import asyncpg
+from asyncpg.exceptions._base import DataError as ArgumentDataError
+from pydantic import BaseModel, ValidationError
+
+from shared.adapters.postgres import CONNECTION_ERRORS, Conn, Statement
+from shared.contracts.events import MAX_REPORTED, ONE_STATEMENT_MARK, AcceptedEvents
+from shared.contracts.topology import EventSpec, Topology
+from shared.domain.errors import ConfigurationError, PoisonError, TransientError
+
+from . import store
+from .outcomes import GiveUp, Outcome, Retry
+from .request import Call, CallIds, MalformedRequest, call_ids, parse_call
+
+log = logging.getLogger("ferry.handlers")
+
+RouteKey = tuple[str, int]
+#: A route applies one event's state change on ``conn``, inside the claiming transaction.
+Route = Callable[[Conn, Call[Any]], Awaitable[None]]
+#: A route that builds its effect without a connection, marked with :func:`one_statement`.
+StatementRoute = Callable[[Call[Any]], Statement]
+AnyRoute = Route | StatementRoute
+R = TypeVar("R", bound=Callable[..., Any])
+
+#: Seconds to wait for a pooled connection; below the consumer's handler timeouts (10 s+)
+#: so a saturated pool answers 503 instead of letting the consumer time out blind.
+ACQUIRE_TIMEOUT = 5.0
+#: Seconds :meth:`Handler.ready` allows for its ``SELECT 1``.
+READY_TIMEOUT = 2.0
+
+#: The payload (not the database) is at fault: a value no column can hold. Client-side
+#: argument encoding errors subclass InterfaceError, so they must be caught first.
+UNSTORABLE: tuple[type[BaseException], ...] = (asyncpg.exceptions.DataError, ArgumentDataError)
+#: Worth retrying as is: the database is away, busy or lost a race.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    *CONNECTION_ERRORS,
+    TransientError,
+    asyncpg.exceptions.SerializationError,
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.QueryCanceledError,
+)
+
+
+def one_statement(route: R) -> R:
+    """Mark ``route`` (``def f(call) -> Statement``) as giving its effect as one statement.
+
+    The handler then sends claim and effect as ONE statement — one round trip and its own
+    transaction — instead of a transaction of several round trips: the choice for a route
+    whose effect is one statement. One that needs several, or reads before it writes,
+    stays an ``async def f(conn, call)``.
+    """
+    setattr(route, ONE_STATEMENT_MARK, True)
+    return route
+
+
+def is_one_statement(route: Callable[..., Any]) -> bool:
+    """Whether ``route`` was marked with :func:`one_statement`."""
+    return bool(getattr(route, ONE_STATEMENT_MARK, False))
+
+
+class Hook(Protocol):
+    """Runs on every well-formed call before the claim (Ferry's fault injection is one)."""
+
+    def prepare(self, call: Call[Any]) -> Call[Any]:
+        """The call to process (maybe another view of its payload); may raise ``Reject``."""
+
+    async def before(self, call: Call[Any]) -> Outcome | None:
+        """An answer to give instead of processing the call, or None to process it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    call: Call[Any]
+    route: AnyRoute
+
+
+class Handler:
+    """Idempotent dispatch of ``POST /handle`` calls to routes, on one database.
+
+    ``name`` keys the claims (two handlers may share a database). ``schemas`` maps
+    ``(event_type, version)`` to the payload's JSON Schema; ``models`` to its pydantic
+    model (both are in the module :mod:`shared.sdk.models` generates). ``tables`` is DDL
+    :meth:`install` runs after the claim table. ``pool`` may be given later
+    (:meth:`bind`), e.g. in an ASGI lifespan.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        pool: asyncpg.Pool | None = None,
+        schemas: Mapping[RouteKey, Mapping[str, Any] | None] | None = None,
+        models: Mapping[RouteKey, type[BaseModel]] | None = None,
+        tables: Sequence[str] = (),
+        ledger: bool = False,
+        hooks: Sequence[Hook] = (),
+    ) -> None:
+        if not store.IDENTIFIER.fullmatch(name):
+            raise ConfigurationError(f"handler name {name!r} must be snake_case")
+        self.name = name
+        self._pool = pool
+        self._routes: dict[RouteKey, AnyRoute] = {}
+        self._models: dict[RouteKey, type[BaseModel]] = dict(models or {})
+        # The consumer's own validators: one schema dialect, one reason code, so the
+        # handler refuses exactly the payloads the consumer dead-letters.
+        self._schemas = AcceptedEvents(dict(schemas or {}))
+        self.tables = tuple(tables)
+        self.ledger = ledger
+        self.hooks = tuple(hooks)
+        self.installed = False
+
+    # --- configuration ----------------------------------------------------------------
+
+    def route(
+        self, event_type: str, version: int, *, model: type[BaseModel] | None = None
+    ) -> Callable[[R], R]:
+        """Decorator: ``fn`` handles ``event_type`` v``version`` (payload typed by ``model``)."""
+
+        def register(fn: R) -> R:
+            self.add_route((event_type, version), fn, model=model)
+            return fn
+
+        return register
+
+    def add_route(
+        self, key: RouteKey, fn: Callable[..., Any], *, model: type[BaseModel] | None = None
+    ) -> None:
+        """Route ``key`` to ``fn``; a second route for one key is a configuration error."""
+        if key in self._routes and self._routes[key] is not fn:
+            raise ConfigurationError(f"{key[0]}.v{key[1]} already has a route in {self.name!r}")
+        self._routes[key] = cast(AnyRoute, fn)
+        if model is not None:
+            self._models[key] = model
+
+    @property
+    def routes(self) -> Mapping[RouteKey, AnyRoute]:
+        """The routing table."""
+        return dict(self._routes)
+
+    def bind(self, pool: asyncpg.Pool) -> None:
+        """Use ``pool`` for the claims and the routes."""
+        self._pool = pool
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The pool (a :class:`ConfigurationError` until one is bound)."""
+        if self._pool is None:
+            raise ConfigurationError(f"handler {self.name!r} has no database pool: bind() one")
+        return self._pool
+
+    async def install(self) -> None:
+        """Create the claim table (and the ledger) and :attr:`tables`, idempotently."""
+        async with self.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
+            await store.install(conn, self.tables, ledger=self.ledger)
+        self.installed = True
+
+    async def ready(self) -> bool:
+        """Whether the database answers (and :meth:`install` ran, if it is ever run)."""
+        if self._pool is None:
+            return False
+        try:
+            async with asyncio.timeout(READY_TIMEOUT):
+                async with self._pool.acquire() as conn:
+                    await conn.fetchval("SELECT 1")
+        except UNAVAILABLE:
+            return False
+        return True
+
+    # --- one call ---------------------------------------------------------------------
+
+    async def handle(self, body: bytes, headers: Mapping[str, str]) -> Outcome:
+        """Answer one ``POST /handle`` (the signature is the adapter's to check first)."""
+        prepared: _Prepared | PoisonError
+        try:
+            prepared = self.prepare(body, headers)
+        except PoisonError as exc:
+            prepared = exc
+        if isinstance(prepared, _Prepared):
+            call = prepared.call
+            ids = CallIds(uuid.UUID(call.message_id), call.delivery.attempt)
+        else:
+            ids = call_ids(body, headers)
+        try:
+            outcome = await self._answer(prepared, ids)
+        except UNAVAILABLE as exc:
+            # No connection, or the ledger row could not be written (and no effect may
+            # happen without one), or the commit's answer was lost. A retry is safe in
+            # every case: an effect that did commit answers the retry with 409.
+            log.warning("database unavailable: %s", exc, extra={"message_id": ids.message_id})
+            return Outcome.retry(f"database unavailable: {exc}")
+        self._log(outcome, ids.message_id)
+        return outcome
+
+    def prepare(self, body: bytes, headers: Mapping[str, str]) -> _Prepared:
+        """Parse and check a call up to the claim; :class:`PoisonError` when it cannot
+        be applied (:class:`MalformedRequest` when the request itself is wrong)."""
+        call = parse_call(body, headers)
+        route = self._routes.get(call.route_key)
+        if route is None:
+            event_type, version = call.route_key
+            raise PoisonError(
+                "UNKNOWN_EVENT",
+                f"unknown event type/version {event_type}.v{version} for handler {self.name!r}",
+            )
+        self.check_payload(call.route_key, call.payload)
+        for hook in self.hooks:
+            call = hook.prepare(call)
+        model = self._models.get(call.route_key)
+        if model is not None:
+            call = call.with_payload(typed_payload(model, call.route_key, call.payload))
+        return _Prepared(call, route)
+
+    def check_payload(self, key: RouteKey, payload: object) -> None:
+        """Raise ``SCHEMA_INVALID`` (a 422) unless ``payload`` fits the schema of ``key``:
+        the inbox-consumer's verdict and wording (:class:`AcceptedEvents`)."""
+        problem = self._schemas.payload_error(key, payload)
+        if problem is not None:
+            raise PoisonError("SCHEMA_INVALID", problem)
+
+    async def _answer(self, prepared: _Prepared | PoisonError, ids: CallIds) -> Outcome:
+        if isinstance(prepared, PoisonError):
+            return await self._without_effect(answer_poison(prepared), ids)
+        for hook in self.hooks:
+            forced = await hook.before(prepared.call)
+            if forced is not None:
+                return await self._without_effect(forced, ids)
+        async with self.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
+            if is_one_statement(prepared.route):
+                return await self._apply_one_statement(conn, prepared, ids)
+            return await self._apply(conn, prepared, ids)
+
+    async def _without_effect(self, outcome: Outcome, ids: CallIds) -> Outcome:
+        """An answer decided before any claim; recorded alone when there is a ledger."""
+        if self.ledger:
+            async with self.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
+                await store.log_call(
+                    conn,
+                    handler=self.name,
+                    message_id=ids.message_id,
+                    attempt=ids.attempt,
+                    status=outcome.status,
+                )
+        return outcome
+
+    async def _apply(self, conn: Conn, prepared: _Prepared, ids: CallIds) -> Outcome:
+        """Claim, route (and record) in one transaction; a failure rolls all back."""
+        route = cast(Route, prepared.route)
+        message_id = prepared.call.message_id
+        mid = uuid.UUID(message_id)
+        try:
+            if not await store.begin_and_claim(conn, handler=self.name, message_id=mid):
+                outcome = await self._duplicate(conn, mid)
+            else:
+                await route(conn, prepared.call)
+                outcome = Outcome.processed(message_id)
+            await store.log_and_commit(
+                conn,
+                handler=self.name,
+                message_id=mid,
+                attempt=ids.attempt,
+                status=outcome.status,
+                ledger=self.ledger,
+            )
+            return outcome
+        except Exception as exc:
+            outcome = self._failed(exc, message_id)
+        try:
+            await store.rollback_and_log(
+                conn,
+                handler=self.name,
+                message_id=mid,
+                attempt=ids.attempt,
+                status=outcome.status,
+                ledger=self.ledger,
+            )
+        except UNAVAILABLE as exc:
+            # Nothing committed; the answer stands. A ledger misses a call without effect.
+            log.warning("call not recorded after rollback: %s", exc)
+        return outcome
+
+    async def _apply_one_statement(self, conn: Conn, prepared: _Prepared, ids: CallIds) -> Outcome:
+        """Claim, effect (and 200 ledger row) as one statement; any other answer is
+        recorded on its own afterwards (nothing else committed)."""
+        route = cast(StatementRoute, prepared.route)
+        message_id = prepared.call.message_id
+        mid = uuid.UUID(message_id)
+        try:
+            statement = route(prepared.call)
+            if await store.claim_apply_log(
+                conn,
+                statement.sql,
+                statement.args,
+                handler=self.name,
+                message_id=mid,
+                attempt=ids.attempt,
+                ledger=self.ledger,
+            ):
+                return Outcome.processed(message_id)
+            outcome = await self._duplicate(conn, mid)
+        except Exception as exc:
+            outcome = self._failed(exc, message_id)
+        if not self.ledger:
+            return outcome
+        try:
+            await store.log_call(
+                conn, handler=self.name, message_id=mid, attempt=ids.attempt, status=outcome.status
+            )
+        except UNAVAILABLE as exc:
+            if outcome.status == 409:
+                raise  # a 409 always has its ledger row, as in the transaction's form
+            log.warning("call not recorded: %s", exc)
+        return outcome
+
+    def _failed(self, exc: Exception, message_id: str) -> Outcome:
+        """The answer to a route (or claim) that raised; nothing of it committed."""
+        if isinstance(exc, PoisonError):
+            return answer_poison(exc)
+        if isinstance(exc, Retry | GiveUp):
+            return exc.outcome
+        if isinstance(exc, UNSTORABLE):
+            return Outcome.reject("UNSTORABLE_VALUE", f"payload cannot be stored: {exc}")
+        if isinstance(exc, UNAVAILABLE):
+            return Outcome.retry(f"transient failure: {exc}")
+        # The HTTP boundary: an unexpected error is still an answer (5xx, retried).
+        log.error("route failed", exc_info=exc, extra={"message_id": message_id})
+        return Outcome.failed(f"{type(exc).__name__}: {exc}")
+
+    async def _duplicate(self, conn: Conn, message_id: uuid.UUID) -> Outcome:
+        moment = await store.applied_at(conn, handler=self.name, message_id=message_id)
+        return Outcome.duplicate(str(message_id), moment)
+
+    def _log(self, outcome: Outcome, message_id: object) -> None:
+        if outcome.status == 200:
+            return
+        level = logging.WARNING if outcome.status >= 500 else logging.INFO
+        detail = (outcome.body or {}).get("error") or (outcome.body or {}).get("status")
+        log.log(
+            level,
+            "answered %s: %s",
+            outcome.status,
+            detail,
+            extra={"message_id": str(message_id) if message_id else None, "handler": self.name},
+        )
+
+
+def answer_poison(exc: PoisonError) -> Outcome:
+    """400 for a malformed request, 422 for an event that can never be applied."""
+    if isinstance(exc, MalformedRequest):
+        return Outcome.bad_request(exc.reason_code, exc.detail)
+    return Outcome.reject(exc.reason_code, exc.detail)
+
+
+def typed_payload(model: type[BaseModel], key: RouteKey, payload: object) -> BaseModel:
+    """``payload`` as ``model``; a payload the model refuses is ``SCHEMA_INVALID``."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        problems = [
+            "payload"
+            + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
+            + f": {e['msg']}"
+            for e in exc.errors()
+        ]
+        shown = "; ".join(problems[:MAX_REPORTED])
+        raise PoisonError("SCHEMA_INVALID", f"{key[0]}.v{key[1]}: {shown}") from None
+
+
+def handled_events(topology: Topology, context: str) -> dict[RouteKey, EventSpec]:
+    """Events ``topology`` sends to ``context`` (handled by a durable targeting it)."""
+    durables = {name for name, d in topology.durables.items() if d.target == context}
+    return {
+        (event.type, event.version): event
+        for event in topology.events
+        if durables.intersection(event.handled_by)
+    }
+
+
+def topology_schemas(topology: Topology, context: str) -> dict[RouteKey, Mapping[str, Any]]:
+    """The payload schemas of the events ``topology`` sends to ``context``."""
+    return {
+        key: event.payload_schema
+        for key, event in handled_events(topology, context).items()
+        if event.payload_schema is not None
+    }
