@@ -8,6 +8,7 @@
     ferry purge [SCOPE]           delete rows past their retention (shared/ops/purge.py)
     ferry dlq ...                 dead letters: list, show, replay, park, discard, export
     ferry registry generate|check the handler registry from the manifests (shared/ops/registry.py)
+    ferry asyncapi                the AsyncAPI 3.0 document of a topology (shared/ops/registry.py)
     ferry lint [--topology FILE]  the configuration lint every role runs at start
     ferry where MESSAGE_ID        every hop of one event (shared/ops/where.py)
     ferry nats-auth               the nats-server users and permissions of the topologies
