@@ -68,8 +68,9 @@ from shared.domain.ack import (
     body_retryable,
     decide,
 )
-from shared.domain.envelope import format_timestamp, payload_digest, wire_json
+from shared.domain.envelope import Envelope, payload_digest, wire_json
 from shared.domain.errors import ConfigurationError, TransientError
+from shared.domain.handler_call import request_body, request_headers
 from shared.domain.retry_after import parse_retry_after
 from shared.domain.signing import sign
 from shared.runtime.settings import CommonSettings, ConsumerSettings
@@ -357,47 +358,31 @@ class Plan:
         *,
         version: int | None = None,
         event_type: str | None = None,
-        message_id: str | None = None,
-        attempt: int = 1,
     ) -> dict[str, Any]:
-        """A request body as the inbox-consumer builds it (the envelope, ``delivery`` and
-        INFRA-005's names)."""
+        """A first delivery's request body, built by the consumer's own builder
+        (:func:`shared.domain.handler_call.request_body`)."""
         self._sequence += 1
         event_type = event_type or event.type
         version = version or event.version
         namespace = self.topology.context(event.context).namespace
-        message_id = message_id or str(uuid.uuid4())
-        now = format_timestamp(datetime.now(UTC))
-        digest = payload_digest(payload)
-        return {
-            "message_id": message_id,
-            "subject": f"{namespace}.{event_type}.v{version}",
-            "context": event.context,
-            "event_type": event_type,
-            "event_version": version,
-            "occurred_at": now,
-            "correlation_id": None,
-            "causation_id": None,
-            "aggregate_type": "handler_check",
-            "aggregate_id": str(uuid.uuid4()),
-            "payload": payload,
-            "payload_digest": digest,
-            "delivery": {
-                "attempt": attempt,
-                "max_attempts": self.durable.max_deliver,
-                "stream_sequence": self._sequence,
-                "durable": self.durable_name,
-            },
-            "messageId": message_id,
-            "traceKey": message_id,
-            "opportunityKey": payload.get("opportunity_key"),
-            "module": event.context,
-            "eventType": event_type,
-            "payloadDigest": digest,
-            "createdAt": now,
-            "retryCount": attempt - 1,
-            "maxRetries": self.durable.max_deliver - 1,
-        }
+        envelope = Envelope(
+            message_id=str(uuid.uuid4()),
+            subject=f"{namespace}.{event_type}.v{version}",
+            event_type=event_type,
+            event_version=version,
+            occurred_at=datetime.now(UTC),
+            aggregate_type="handler_check",
+            aggregate_id=str(uuid.uuid4()),
+            payload=payload,
+            context=event.context,
+        )
+        return request_body(
+            envelope,
+            attempt=1,
+            max_attempts=self.durable.max_deliver,
+            stream_sequence=self._sequence,
+            durable=self.durable_name,
+        )
 
     def valid_payload(self, event: EventSpec) -> dict[str, Any]:
         """The given payload of ``event``, else its schema's example or a built one."""
@@ -498,10 +483,10 @@ def signed_request(
 ) -> tuple[bytes, dict[str, str]]:
     """The bytes and headers of ``probe``'s call."""
     data = wire_json(probe.body)
+    trace = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
     headers = {
+        **request_headers(probe.body["message_id"], trace),
         "Content-Type": "application/json",
-        "Idempotency-Key": probe.body["message_id"],
-        "traceparent": f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01",
     }
     durable = probe.body["delivery"]["durable"]
     if probe.signing == "valid":
