@@ -14,6 +14,7 @@
     ferry nats-auth               the nats-server users and permissions of the topologies
     ferry db-roles [--check]      PostgreSQL logins and grants per role (shared/access/db_roles.py)
     ferry handler-check URL       does a handler keep the contract (shared/ops/handler_check.py)
+    ferry handler-models CONTEXT  payload models for an SDK handler (shared/ops/handler_models.py)
 
 All read FERRY_* settings (docs/reference/settings.md). ``--json`` prints machine-readable output.
 Exit codes: 0 ok, 1 drift or refusal found, 2 configuration error, 3 cannot connect.
@@ -35,6 +36,7 @@ from shared.adapters.postgres import connect, migrate_database, redact
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
 from shared.ops import access as access_cli
 from shared.ops import handler_check as handler_check_cli
+from shared.ops import handler_models as handler_models_cli
 from shared.ops import outbox as outbox_cli
 from shared.ops import parked as parked_cli
 from shared.ops import registry as registry_cli
@@ -157,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="machine-readable output")
     registry_cli.add_commands(sub)
     handler_check_cli.add_command(sub)
+    handler_models_cli.add_commands(sub)
     access_cli.add_commands(sub)
     return parser
 
