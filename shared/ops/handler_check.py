@@ -262,13 +262,21 @@ def judge(
         )
     if check == "normal":
         return _judge_normal(status, effect_changed)
-    if effect_changed:
-        return "breach", "the effect query's result changed: this call must have no effect"
     if check == "duplicate":
-        return _judge_duplicate(status, effect_changed)
-    if check in AUTH_CHECKS:
-        return _judge_auth(check, status)
-    return _judge_refusal(check, status, consumer)
+        verdict, why = _judge_duplicate(status, effect_changed)
+    elif check in AUTH_CHECKS:
+        verdict, why = _judge_auth(check, status)
+    else:
+        verdict, why = _judge_refusal(check, status, consumer)
+    if not effect_changed:
+        return verdict, why
+    changed = (
+        "the redelivery was applied a second time"
+        if check == "duplicate"
+        else "the call had an effect"
+    )
+    changed += " (the effect query's result changed)"
+    return "breach", f"{why}; {changed}" if verdict == "breach" else changed
 
 
 def _judge_normal(status: int, effect_changed: bool | None) -> tuple[Verdict, str]:
@@ -290,13 +298,15 @@ def _judge_duplicate(status: int, effect_changed: bool | None) -> tuple[Verdict,
     if status == 409:
         return "conforms", ""
     if 200 <= status < 300:
+        if effect_changed:
+            return "breach", "the redelivery was answered as a new message (the contract: 409)"
         if effect_changed is None:
             return "unverified", (
                 "2xx to a redelivery keeps the contract only if it had no second effect; "
                 "give --effect-sql to check it (the SDK and Ferry's handlers answer 409)"
             )
         return "conforms", "2xx with no second effect (the effect query did not change)"
-    return "breach", (f"a redelivered message must be answered 409 (already applied), not {status}")
+    return "breach", f"a redelivered message must be answered 409 (already applied), not {status}"
 
 
 def _judge_auth(check: str, status: int) -> tuple[Verdict, str]:
