@@ -1,0 +1,1 @@
+"""The billing team's handler service (docs/tutorial/own-context.md)."""
