@@ -265,8 +265,8 @@ class Sequencer:
                     await self._park(key, group[index:], claimed=claimed)  # blocked meanwhile
                     return
                 if mid in claim.final:
-                    self.consumer.stats.duplicates += 1
-                    await self.consumer.settler.ack(delivery.msg)
+                    if await self._final(key, group[index:], claimed):
+                        return
                     continue
                 if mid in claim.leased:  # another delivery handles it right now
                     wait = claim.leased[mid] + 1.0
@@ -306,11 +306,42 @@ class Sequencer:
             ordering["held"] = True
         else:
             ordering["order_broken_after"] = True
-        if not await settler.write_dead_letter(delivery, decision, status, ordering=ordering):
+        # Under hold the message is acked once its key is parked, not termed now: killed in
+        # between, it comes back, and its dead letter holds the key then (_holds_its_key).
+        written = await settler.write_dead_letter(
+            delivery, decision, status, ordering=ordering, term=not self.hold
+        )
+        if not written:
             return "retrying", self.consumer.policy.delay(delivery.attempt), "dead letter unwritten"
         if self.hold:
             return "held", 0.0, decision.reason_code
         return None
+
+    async def _final(self, key: str, rest: list[Delivery], claimed: set[uuid.UUID]) -> bool:
+        """``rest[0]`` is final already: a duplicate, acked (False: go on); or a dead letter
+        holding its key, ``rest`` parked behind it (True: stop here; also when stopping)."""
+        held = await self._holds_its_key(rest[0].message_id)
+        if held is None:  # stopping: left to JetStream's redelivery
+            for d in rest:
+                await self.consumer.settler.nak(d.msg, 0.0)
+            return True
+        if held:
+            await self._park(key, rest, claimed=claimed, state="held", reason="dead letter held")
+            return True
+        self.consumer.stats.duplicates += 1
+        await self.consumer.settler.ack(rest[0].msg)
+        return False
+
+    async def _holds_its_key(self, message_id: uuid.UUID) -> bool | None:
+        """Whether a message already final is a dead letter that holds its key (None:
+        stopping). Under ``hold`` a dead letter is recorded, then its key parked: a consumer
+        killed in between leaves it unparked and unacked, and the key must wait behind it
+        when it comes back, not go on."""
+        if not self.hold:
+            return False
+        return await self.consumer.holder.run(
+            "read a dead letter", lambda c: parking.holds_its_key(c, self.durable, message_id)
+        )
 
     async def _park(
         self,
@@ -454,6 +485,12 @@ class Sequencer:
         for index, (row, delivery) in enumerate(zip(rows, deliveries, strict=True)):
             mid = delivery.message_id
             if mid in claim.final:
+                held = await self._holds_its_key(mid)
+                if held is None:
+                    raise _Stopping
+                if held:  # dead-lettered here before a kill, never marked held: hold now
+                    await self._retry_row(row, "held", row.attempts, 0.0, "dead letter held")
+                    return index
                 consumer.stats.duplicates += 1
                 done.append(mid)
                 continue

@@ -179,9 +179,11 @@ class Settler:
         status: int | None,
         *,
         ordering: dict[str, Any] | None = None,
+        term: bool = True,
     ) -> bool:
-        """Record the dead letter, mark the inbox row failed, term the message; False (the
-        attempt recorded as a retry, the message left unsettled) when it cannot be written.
+        """Record the dead letter, mark the inbox row failed, term the message (unless
+        ``term`` is False: the caller settles it); False (the attempt recorded as a retry,
+        the message left unsettled) when it cannot be written.
 
         ``ordering`` (``ordering: key`` durables) goes into the record: the key, and whether
         its later events are held behind it or went on (order broken after it). Such a
@@ -223,7 +225,8 @@ class Settler:
         # term, not ack: JetStream will not redeliver it, and its MSG_TERMINATED advisory
         # reaches the dlq-router, which finds the record and leaves it alone.
         self.keeper.release([delivery.msg])
-        await quiet(delivery.msg.term())
+        if term:
+            await quiet(delivery.msg.term())
         return True
 
     async def _exhausted(

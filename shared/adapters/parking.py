@@ -177,6 +177,14 @@ VALUES ($1, $2, $3, $4, $5, $6)
 #: The ``reason`` of a replayed copy: it un-holds the held copy parked before it.
 REPLAYED = "REPLAYED"
 
+# A dead letter recorded as holding its key (``on_dead_letter: hold``) and not settled
+# since: neither discarded nor replayed.
+_HOLDING = """
+SELECT EXISTS (SELECT 1 FROM dead_letters WHERE durable = $1 AND message_id = $2
+               AND status IN ('dead', 'held', 'parked')
+               AND record -> 'ordering' ->> 'held' = 'true')
+"""
+
 
 async def park(conn: Conn, durable: str, entries: Sequence[ParkedEntry]) -> None:
     """Park ``entries`` (a copy already parked changes nothing; a replay un-holds)."""
@@ -300,3 +308,8 @@ async def discard_held(
         if key is not None:
             await conn.execute(_ACTION, durable, key, message_id, "discard", actor, reason)
     return key
+
+
+async def holds_its_key(conn: Conn, durable: str, message_id: UUID) -> bool:
+    """Whether ``message_id``'s dead letter holds its key and waits for an operator still."""
+    return bool(await conn.fetchval(_HOLDING, durable, message_id))
