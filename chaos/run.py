@@ -377,10 +377,14 @@ class Chaos:
         return waiting + await self._consumers_waiting()
 
     async def _consumers_waiting(self) -> list[str]:
-        """Every durable (and the router's) with messages pending or unacked, or unreachable."""
+        """Every JetStream consumer of every durable (one per partition of an ordered one),
+        and the router's, with messages pending or unacked, or unreachable."""
         assert self.nc is not None
         js = self.nc.jetstream()
-        consumers = [(d.stream, name) for name, d in self.world.topo.durables.items()]
+        topo = self.world.topo
+        consumers = [
+            (d.stream, p.name) for n, d in topo.durables.items() for p in topo.consumers(n)
+        ]
         consumers.append((self.world.topo.advisory_stream, ROUTER_DURABLE))
         waiting: list[str] = []
         for stream, durable in consumers:

@@ -73,6 +73,21 @@ KEYS = {"ci": 24, "soak": 200}
 LEASE_TTL = "3"
 
 
+def ordering_tuning() -> Tuning:
+    """Ordered durables, partitioned streams, three consumer replicas planned."""
+    return Tuning(
+        clocks=dict(DURABLE_CLOCKS),
+        settings={"consumer": {"FERRY_PARTITION_LEASE_TTL": LEASE_TTL}},
+        durables={
+            HOLD: {"ordering": "key", "on_dead_letter": "hold"},
+            SKIP: {"ordering": "key", "on_dead_letter": "skip"},
+        },
+        streams={c: {"partitions": PARTITIONS} for c in ("sea", "vibespro")},
+        consumer_replicas=REPLICAS,
+        replicas_at_start=AT_START,
+    )
+
+
 class OrderingRun(ScenarioRun):
     """The ordering scenario (see the module docstring)."""
 
@@ -84,18 +99,8 @@ class OrderingRun(ScenarioRun):
         self.injector = FaultInjector(self.world, self.timeline, config.seed)
 
     def tuning(self) -> Tuning:
-        """Ordered durables, partitioned streams, three consumer replicas planned."""
-        return Tuning(
-            clocks=dict(DURABLE_CLOCKS),
-            settings={"consumer": {"FERRY_PARTITION_LEASE_TTL": LEASE_TTL}},
-            durables={
-                HOLD: {"ordering": "key", "on_dead_letter": "hold"},
-                SKIP: {"ordering": "key", "on_dead_letter": "skip"},
-            },
-            streams={c: {"partitions": PARTITIONS} for c in ("sea", "vibespro")},
-            consumer_replicas=REPLICAS,
-            replicas_at_start=AT_START,
-        )
+        """See :func:`ordering_tuning`."""
+        return ordering_tuning()
 
     # -- the play ---------------------------------------------------------------------
 
@@ -233,7 +238,9 @@ class OrderingRun(ScenarioRun):
                 h for h in await parking.keys(conn, durable, None, 10_000)
                 if h["head_state"] == "held"
             ]  # fmt: skip
-            await republish_unconfirmed(conn, nc.jetstream(), durable, older_than=5.0)
+            await republish_unconfirmed(
+                conn, nc.jetstream(), durable, older_than=5.0, topology=self.world.topo
+            )
             for head in heads:
                 mid: uuid.UUID = head["head_id"]
                 status = await conn.fetchval(
@@ -256,7 +263,7 @@ class OrderingRun(ScenarioRun):
         try:
             await replay(
                 conn, nc.jetstream(), durable=durable, message_id=mid, actor="chaos-operator",
-                reason="the handler bug is fixed", automatic=False,
+                reason="the handler bug is fixed", automatic=False, topology=self.world.topo,
             )  # fmt: skip
         except NotReplayable as exc:
             self.notes.append(f"operator: replay refused: {exc}")
