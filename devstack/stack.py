@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from devstack.console import write_console_accounts
 from devstack.credentials import admin_nats_env, check_var_dir, hostport, write_role_credentials
 from devstack.ports import free_port
 from devstack.secrets import write_handler_secrets
@@ -36,6 +37,7 @@ PORT_VARS = (
     "FERRY_PORT_CON_CG_REPLAY",
     "FERRY_PORT_DLQ_ROUTER_SEA_VIBESPRO", "FERRY_PORT_DLQ_ROUTER_MEDIATION",
     "FERRY_PORT_DLQ_REPLAYER_SEA_VIBESPRO", "FERRY_PORT_DLQ_REPLAYER_MEDIATION",
+    "FERRY_PORT_CONSOLE_SEA_VIBESPRO", "FERRY_PORT_CONSOLE_MEDIATION",
 )  # fmt: skip
 #: No proxies: an http_proxy in the environment must not intercept 127.0.0.1 probes.
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -158,7 +160,9 @@ def wait_until_ready(env: dict[str, str], deadline: float) -> None:
     ports = {
         name: env[name]
         for name in PORT_VARS
-        if name.startswith(("FERRY_PORT_PUB_", "FERRY_PORT_CON_", "FERRY_PORT_DLQ_"))
+        if name.startswith(
+            ("FERRY_PORT_PUB_", "FERRY_PORT_CON_", "FERRY_PORT_DLQ_", "FERRY_PORT_CONSOLE_")
+        )
     }
     waiting = dict(ports)
     while waiting and time.monotonic() < deadline:
@@ -186,16 +190,35 @@ def print_banner(env: dict[str, str], states: dict[str, str]) -> None:
     print(f"  PostgreSQL  {env['FERRY_DSN_TEMPLATE']}")
     print(f"  logs        {env['FERRY_VAR']}/log/")
     print(f"  control     {sys.executable} -m supervisor.supervisorctl -c supervisord.conf status")
+    for topology in ("sea-vibespro", "mediation"):
+        port = env[f"FERRY_PORT_CONSOLE_{topology.upper().replace('-', '_')}"]
+        print(f"  console     http://127.0.0.1:{port}/  ({topology})")
+    secrets = Path(env["FERRY_VAR"]) / "secrets"
+    print(
+        "              sign in as operator (password in "
+        f"{secrets / 'console-password-operator'}) or viewer, read-only "
+        f"({secrets / 'console-password-viewer'})"
+    )
     for name, state in sorted(states.items()):
         print(f"    {name:34} {state}")
 
 
-def up(var_dir: Path, *, demo: bool, demo_args: list[str]) -> int:
-    """Start the stack; run the demo or wait; always shut down cleanly."""
+def print_consoles(env: dict[str, str]) -> None:
+    """Where the consoles are (after the demo, with --keep)."""
+    print("The stack stays up (--keep); look at what the demo did in the consoles:")
+    for topology in ("sea-vibespro", "mediation"):
+        port = env[f"FERRY_PORT_CONSOLE_{topology.upper().replace('-', '_')}"]
+        print(f"  console     http://127.0.0.1:{port}/  ({topology})")
+
+
+def up(var_dir: Path, *, demo: bool, demo_args: list[str], keep: bool = False) -> int:
+    """Start the stack; run the demo or wait; always shut down cleanly. With ``keep`` the
+    stack stays up after the demo until Ctrl-C (the consoles show what it did)."""
     check_var_dir(var_dir)
     prepare_var_dir(var_dir)
     write_handler_secrets(var_dir, [load_topology(ROOT / path) for path in STACK_TOPOLOGIES])
     write_role_credentials(var_dir, [load_topology(ROOT / path) for path in STACK_TOPOLOGIES])
+    write_console_accounts(var_dir)
     env = stack_environment(var_dir)
     # The operator's shell (stack.env) and the demo act as the NATS admin; the programs
     # never inherit it: each gets its own role's user in supervisord.conf.
@@ -221,7 +244,10 @@ def up(var_dir: Path, *, demo: bool, demo_args: list[str]) -> int:
         if demo:
             from devstack.demo import run_demo
 
-            return int(run_demo(operator, demo_args))
+            code = int(run_demo(operator, demo_args))
+            if not keep:
+                return code
+            print_consoles(env)
         print("Press Ctrl-C to stop.")
         while supervisord.poll() is None:
             time.sleep(1.0)
@@ -256,9 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     up_cmd = sub.add_parser("up", help="start the platform under supervisord")
     up_cmd.add_argument("--demo", action="store_true", help="drive the demo workload, then stop")
     up_cmd.add_argument("--var-dir", type=Path, default=ROOT / ".var", help="data and logs")
+    up_cmd.add_argument(
+        "--keep", action="store_true", help="after the demo, stay up until Ctrl-C (the consoles)"
+    )
     args, rest = parser.parse_known_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    return up(args.var_dir.resolve(), demo=args.demo, demo_args=rest)
+    return up(args.var_dir.resolve(), demo=args.demo, demo_args=rest, keep=args.keep)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Everything that repeats per context or per durable is generated here, never written by
 hand: one outbox-publisher Deployment per context that owns a stream, one inbox-consumer
-Deployment per durable, a dlq-router and a dlq-replayer per topology, the provisioning Job,
+Deployment per durable, a dlq-router, a dlq-replayer and the operator console (with its
+Service) per topology, the provisioning Job,
 the retention CronJob (``ferry purge``), the KEDA ScaledObjects, the demo handler services
 of the dev overlay, CloudNativePG ``Database`` objects for every context database, the
 PrometheusRule built from ``k8s/base/alerts/ferry-alerts.rules.yaml``, and the NATS users
@@ -111,6 +112,11 @@ PGPASS = "pgpass"
 NATS_PASSWORD = "nats-password"
 HANDLER_SECRET = "handler-secret"
 HANDLER_SECRETS = "handler-secrets.json"
+#: Keys of the console's Secret: its operator accounts (scrypt hashes, ``{}`` until an
+#: operator adds some), the bearer token of automation (read-only) and its session key.
+CONSOLE_ACCOUNTS = "console-accounts.json"
+CONSOLE_TOKEN = "console-token"
+CONSOLE_SESSION_KEY = "console-session-key"
 #: Keys of ConfigMap ferry-settings every DSN is built from (Kubernetes expands $(NAME)):
 #: the server's host:port, the libpq parameters (TLS) and the administrative login.
 PG_HOSTPORT = "PG_HOSTPORT"
@@ -226,6 +232,8 @@ def secret_keys(identity: Identity) -> tuple[str, ...]:
         keys.append(HANDLER_SECRET)
     if identity.kind == "handler":
         keys.append(HANDLER_SECRETS)
+    if identity.kind == "console":
+        keys += [CONSOLE_ACCOUNTS, CONSOLE_TOKEN, CONSOLE_SESSION_KEY]
     return tuple(keys)
 
 
@@ -267,6 +275,15 @@ def credential_env(identity: Identity) -> list[Doc]:
         env.append(
             {"name": "FERRY_HANDLER_SECRETS_FILE", "value": f"{CREDENTIALS_DIR}/{HANDLER_SECRETS}"}
         )
+    if identity.kind == "console":
+        env += [
+            {"name": f"FERRY_CONSOLE_{name}_FILE", "value": f"{CREDENTIALS_DIR}/{key}"}
+            for name, key in (
+                ("ACCOUNTS", CONSOLE_ACCOUNTS),
+                ("TOKEN", CONSOLE_TOKEN),
+                ("SESSION_KEY", CONSOLE_SESSION_KEY),
+            )
+        ]
     return env
 
 
@@ -551,6 +568,48 @@ def dlq_roles(topology: Topology) -> list[Role]:
             labels=labels,
         ),
     ]
+
+
+def console_role(topology: Topology) -> Role:
+    """The operator console of the topology: its pages, /healthz, /readyz and /metrics on
+    the health port (one port), behind a ClusterIP Service (:func:`console_service`)."""
+    env = _common_env("console", topology, {})
+    env += [
+        {"name": "FERRY_CONSOLE_HOST", "value": "0.0.0.0"},
+        {"name": "FERRY_CONSOLE_PORT", "value": str(HEALTH_PORT)},
+        # Reached over TLS through an ingress or a port-forward; the cookie says so.
+        {"name": "FERRY_CONSOLE_SECURE_COOKIE", "value": "true"},
+        {"name": "FERRY_DRAIN_DEADLINE", "value": _seconds(DEFAULT_DRAIN)},
+    ]
+    return Role(
+        name="console",
+        instance=f"console-{tname(topology)}",
+        identity=Identity("console", topology.name),
+        component="console",
+        args=["-m", "services.console"],
+        env=env,
+        drain=DEFAULT_DRAIN,
+        resources=SMALL,
+        labels={"ferry/topology": topology.name},
+    )
+
+
+def console_service(topology: Topology) -> Doc:
+    """The console's Service (ClusterIP: an ingress with TLS, or ``kubectl port-forward``)."""
+    role = console_role(topology)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": role.instance,
+            "labels": _labels(role.name, role.instance, role.component, role.labels),
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": _selector(role.name, role.instance),
+            "ports": [{"name": "http", "port": 80, "targetPort": "health", "protocol": "TCP"}],
+        },
+    }
 
 
 def provision_job(topology: Topology) -> Doc:
@@ -1050,6 +1109,12 @@ def topology_files(topology: Topology, source: Path, label: str) -> dict[str, st
         filename = f"{role.instance}.yaml"
         files[f"{base}/{filename}"] = _dump(role_docs(role, topology), label)
         resources.append(filename)
+    console = console_role(topology)
+    filename = f"{console.instance}.yaml"
+    files[f"{base}/{filename}"] = _dump(
+        [*role_docs(console, topology), console_service(topology)], label
+    )
+    resources.append(filename)
     files[f"{base}/provision.yaml"] = _dump([provision_job(topology)], label)
     resources.append("provision.yaml")
     files[f"{base}/purge.yaml"] = _dump([purge_cronjob(topology)], label)

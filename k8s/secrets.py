@@ -109,6 +109,12 @@ class Credentials:
             data[generate.HANDLER_SECRETS] = self.files.read(
                 handler_secrets_file(self.var_dir, identity.of)
             )
+        if identity.kind == "console":
+            # No account until an operator adds one (hashes: `python -m services.console
+            # hash-password`); the token (read-only) and the session key are random.
+            data[generate.CONSOLE_ACCOUNTS] = "{}\n"
+            for key in (generate.CONSOLE_TOKEN, generate.CONSOLE_SESSION_KEY):
+                data[key] = self.files.ensure(self.files.root / f"{key}-{identity.name}")
         assert tuple(data) == generate.secret_keys(identity), identity
         return data
 

@@ -28,6 +28,13 @@ kpi-spark-job-{topology}    every database of the topology: read ``outbox_events
 retention-{topology}        ``ferry purge``: read and DELETE ``outbox_events`` in its
                             contexts' databases and its durables' ``inbox_messages``
                             (nothing else: no INSERT, no UPDATE, no dead letters)
+console-{topology}          the operator console (services/console): read the outbox,
+                            its durables' inbox, dead letters, parked messages, the
+                            actions and the ``kpi_*`` tables of every database; write
+                            only what ``ferry dlq`` and ``ferry parked`` write (UPDATE of
+                            ``dead_letters`` and ``inbox_messages`` for replays, park and
+                            discard; INSERT into ``dead_letter_actions`` and
+                            ``parked_actions``; DELETE of a held ``parked_messages`` head)
 ==========================  ================================================================
 
 No login may connect to a database it has no grant in (``CONNECT`` is revoked from
@@ -187,6 +194,8 @@ def role_access(identity: Identity, topology: Topology) -> list[RoleAccess]:
     by_db = _by_target_db(topology)
     if kind == "retention":
         return _retention_access(identity, topology, by_db)
+    if kind == "console":
+        return _console_access(identity, topology, by_db)
     # kpi-spark-job: read the sources, write its results, in every database.
     out = []
     for database in topology.databases():
@@ -218,6 +227,35 @@ def _retention_access(
             )
         if tables:
             out.append(RoleAccess(identity, database, tuple(tables)))
+    return out
+
+
+def _console_access(
+    identity: Identity, topology: Topology, by_db: dict[str, list[str]]
+) -> list[RoleAccess]:
+    """The operator console reads everything an operator looks at and writes only what the
+    operator commands it runs write (``ferry dlq replay|park|discard``, ``ferry parked
+    discard``): the same statements, so the same grants as the dlq-replayer plus the
+    parked queue's discard."""
+    out = []
+    ordered = {name for name, spec in topology.durables.items() if spec.ordering == "key"}
+    for database in topology.databases():
+        rows = tuple(by_db.get(database, []))
+        tables: list[TableAccess] = [TableAccess("outbox_events", ("SELECT",))]
+        if rows:
+            tables += [
+                TableAccess("inbox_messages", _READ_UPDATE, rows),
+                TableAccess("dead_letters", _READ_UPDATE, rows),
+                TableAccess("dead_letter_actions", ("SELECT", "INSERT"), rows),
+            ]
+            keyed = tuple(name for name in rows if name in ordered)
+            if keyed:
+                tables += [
+                    TableAccess("parked_messages", ("SELECT", "DELETE"), keyed),
+                    TableAccess("parked_actions", ("SELECT", "INSERT"), keyed),
+                ]
+        tables += [TableAccess(t, ("SELECT",)) for t in KPI_TABLES]
+        out.append(RoleAccess(identity, database, tuple(tables)))
     return out
 
 

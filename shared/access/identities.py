@@ -32,6 +32,7 @@ Kind = Literal[
     "producer",
     "kpi-spark-job",
     "retention",
+    "console",
 ]
 
 #: The NATS user of ``ferry provision`` and operator commands (all permissions).
@@ -40,7 +41,9 @@ NATS_ADMIN = "ferry-admin"
 DB_OWNER = "ferry_owner"
 #: Kinds that talk to NATS (handlers, producers, the KPI job and ``ferry purge``'s
 #: ``retention`` login only use PostgreSQL).
-NATS_KINDS: tuple[Kind, ...] = ("outbox-publisher", "inbox-consumer", "dlq-router", "dlq-replayer")
+NATS_KINDS: tuple[Kind, ...] = (
+    "outbox-publisher", "inbox-consumer", "dlq-router", "dlq-replayer", "console",
+)  # fmt: skip
 #: PostgreSQL limits identifiers to 63 bytes.
 _PG_NAME_MAX = 63
 _PG_UNSAFE = re.compile(r"[^a-z0-9_]")
@@ -99,6 +102,7 @@ def identities(topology: Topology) -> list[Identity]:
         Identity("dlq-replayer", topology.name),
         Identity("kpi-spark-job", topology.name),
         Identity("retention", topology.name),
+        Identity("console", topology.name),
     ]
     return found
 

@@ -21,6 +21,13 @@ exactly the subjects its nats-py calls use, and nothing else:
     publishes only the replay subjects of its topology's durables
     (``ferry.replay.{STREAM}.{durable}``, ``….{durable}.{k}`` for each partition of an
     ordered durable on a partitioned stream).
+``console-{topology}``
+    the operator console: reads the info of the topology's streams (event, dead-letter
+    and advisory streams) and consumers, reads messages of its event streams by sequence
+    (``ferry where``), may create an *ephemeral* (unnamed) consumer on them to find an
+    event no inbox row locates, and publishes the replay subjects (what ``ferry dlq
+    replay`` publishes). It can neither create a named consumer nor change or delete
+    one.
 
 Replies: every client uses a private inbox prefix (``_INBOX.{user}``, see
 :func:`~shared.domain.reply_subjects.inbox_prefix`) and may subscribe only there, so no
@@ -124,7 +131,34 @@ def permissions_of(identity: Identity, topology: Topology) -> Permissions | None
             for plan in topology.consumers(name)
         ]
         return Permissions(_unique(publish), reply)
+    if identity.kind == "console":
+        return Permissions(_unique(_console_publish(topology)), reply)
     return None
+
+
+def _console_publish(topology: Topology) -> list[str]:
+    """What the operator console publishes: JetStream API reads and the replay subjects."""
+    durables = sorted(topology.durables.items())
+    streams = sorted({spec.stream for _, spec in durables})
+    every = [
+        *streams,
+        *(s.name for s in topology.dead_letter_streams),
+        topology.advisory_stream,
+    ]
+    return [
+        *(f"$JS.API.STREAM.INFO.{name}" for name in dict.fromkeys(every)),
+        *(
+            f"$JS.API.CONSUMER.INFO.{spec.stream}.{plan.name}"
+            for name, spec in durables
+            for plan in topology.consumers(name)
+        ),
+        *(_stream_read(stream) for stream in streams),
+        # `ferry where`'s scan: an ordered consumer (ephemeral: no name in the subject) and
+        # its flow-control replies.
+        *(f"$JS.API.CONSUMER.CREATE.{stream}" for stream in streams),
+        *(f"$JS.FC.{stream}.>" for stream in streams),
+        *(plan.replay_subject for name, _ in durables for plan in topology.consumers(name)),
+    ]
 
 
 def nats_users(topologies: list[Topology]) -> dict[str, Permissions | None]:

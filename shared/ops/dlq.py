@@ -98,7 +98,9 @@ def _by_database(topology: Topology, durables: list[str]) -> dict[str, list[str]
     return grouped
 
 
-async def _find(settings: CommonSettings, query: store.Query) -> list[dict[str, Any]]:
+async def find_dead_letters(settings: CommonSettings, query: store.Query) -> list[dict[str, Any]]:
+    """Dead letters matching ``query`` in every database of the topology, oldest first
+    (``ferry dlq list``, the console)."""
     topology = settings.load_topology()
     found: list[dict[str, Any]] = []
     for database, durables in _by_database(topology, query.durables).items():
@@ -110,6 +112,9 @@ async def _find(settings: CommonSettings, query: store.Query) -> list[dict[str, 
             await conn.close()
     found.sort(key=lambda r: (r["dead_lettered_at"], r["durable"], str(r["message_id"])))
     return found[: query.limit] if query.limit else found
+
+
+_find = find_dead_letters
 
 
 def _line(row: dict[str, Any]) -> str:
@@ -142,23 +147,12 @@ async def cmd_list(settings: CommonSettings, args: argparse.Namespace) -> int:
 
 async def cmd_show(settings: CommonSettings, args: argparse.Namespace) -> int:
     """One dead letter in full: record (payload, history), trace id, operator actions."""
-    topology = settings.load_topology()
-    spec = topology.durable(args.target_durable)
-    conn = await connect(settings.dsn(topology.context(spec.target).database))
-    try:
-        query = store.Query(durables=[args.target_durable], message_ids=[args.message_id])
-        rows = await store.find(conn, query)
-        done = await store.actions(conn, args.target_durable, args.message_id)
-        ordering = await _ordering(conn, args.target_durable, rows[0]) if rows else None
-    finally:
-        await conn.close()
-    if not rows:
+    row = await show_dead_letter(settings, args.target_durable, args.message_id)
+    if row is None:
         print(f"ferry: no dead letter {args.target_durable}/{args.message_id}", file=sys.stderr)
         return 1
-    row = _public(rows[0])
-    row["trace_id"] = _trace_id(row.get("traceparent"))
-    row["actions"] = done
-    row["ordering"] = ordering
+    done = row["actions"]
+    ordering = row["ordering"]
     if args.json:
         print(json.dumps(row, indent=2, default=str))
         return 0
@@ -183,6 +177,30 @@ async def cmd_show(settings: CommonSettings, args: argparse.Namespace) -> int:
     print("          payload:")
     print(json.dumps(record.get("payload"), indent=2, default=str))
     return 0
+
+
+async def show_dead_letter(
+    settings: CommonSettings, durable: str, message_id: uuid.UUID
+) -> dict[str, Any] | None:
+    """One dead letter in full (``ferry dlq show``, the console): the row as JSON-friendly
+    data with its trace id, operator actions and ordering; None when there is none."""
+    topology = settings.load_topology()
+    spec = topology.durable(durable)
+    conn = await connect(settings.dsn(topology.context(spec.target).database))
+    try:
+        query = store.Query(durables=[durable], message_ids=[message_id])
+        rows = await store.find(conn, query)
+        done = await store.actions(conn, durable, message_id)
+        ordering = await _ordering(conn, durable, rows[0]) if rows else None
+    finally:
+        await conn.close()
+    if not rows:
+        return None
+    row = _public(rows[0])
+    row["trace_id"] = _trace_id(row.get("traceparent"))
+    row["actions"] = done
+    row["ordering"] = ordering
+    return row
 
 
 async def _ordering(conn: Any, durable: str, row: dict[str, Any]) -> dict[str, Any] | None:
@@ -290,31 +308,83 @@ async def cmd_replay(settings: CommonSettings, args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-async def _replay_one(
-    settings: CommonSettings, topology: Topology, nc: Any, row: dict[str, Any], args: Any
-) -> int:
+async def replay_dead_letter(
+    settings: CommonSettings,
+    topology: Topology,
+    nc: Any,
+    row: dict[str, Any],
+    *,
+    actor: str,
+    reason: str,
+) -> store.Replayed:
+    """Replay one dead letter as an operator (``ferry dlq replay``, the console), audited
+    in ``dead_letter_actions``; :class:`store.NotReplayable` when it may not be."""
     durable = row["durable"]
     conn = await connect(settings.dsn(topology.context(topology.durable(durable).target).database))
     try:
-        done = await store.replay(
+        return await store.replay(
             conn,
             nc.jetstream(),
             durable=durable,
             message_id=row["message_id"],
-            actor=_actor(args),
-            reason=args.reason,
+            actor=actor,
+            reason=reason,
             automatic=False,
             topology=topology,
+        )
+    finally:
+        await conn.close()
+
+
+async def _replay_one(
+    settings: CommonSettings, topology: Topology, nc: Any, row: dict[str, Any], args: Any
+) -> int:
+    durable = row["durable"]
+    try:
+        done = await replay_dead_letter(
+            settings, topology, nc, row, actor=_actor(args), reason=args.reason
         )
     except store.NotReplayable as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 1
-    finally:
-        await conn.close()
     print(
         f"replayed {durable} {row['message_id']} (replay {done.replay_attempt}) on {done.subject}"
     )
     return 0
+
+
+async def set_dead_letter_status(
+    settings: CommonSettings,
+    topology: Topology,
+    row: dict[str, Any],
+    status: str,
+    *,
+    actor: str,
+    reason: str,
+) -> tuple[bool, str | None]:
+    """Park or discard one dead letter (``ferry dlq park|discard``, the console), audited:
+    (whether it changed, the ordering key released when a held head was discarded)."""
+    durable = row["durable"]
+    spec = topology.durable(durable)
+    conn = await connect(settings.dsn(topology.context(spec.target).database))
+    try:
+        done = await store.set_status(
+            conn,
+            durable=durable,
+            message_id=row["message_id"],
+            status=status,  # type: ignore[arg-type]
+            actor=actor,
+            reason=reason,
+        )
+        released = None
+        if done and status == "discarded" and spec.ordering == "key":
+            # Its key's later events wait behind it no longer.
+            released = await parking.discard_held(
+                conn, durable, row["message_id"], actor=actor, reason=reason
+            )
+    finally:
+        await conn.close()
+    return done, released
 
 
 async def _set_status(settings: CommonSettings, args: argparse.Namespace, status: str) -> int:
@@ -332,25 +402,9 @@ async def _set_status(settings: CommonSettings, args: argparse.Namespace, status
     refused = 0
     for row in rows:
         durable = row["durable"]
-        spec = topology.durable(durable)
-        conn = await connect(settings.dsn(topology.context(spec.target).database))
-        try:
-            done = await store.set_status(
-                conn,
-                durable=durable,
-                message_id=row["message_id"],
-                status=status,  # type: ignore[arg-type]
-                actor=_actor(args),
-                reason=args.reason,
-            )
-            released = None
-            if done and status == "discarded" and spec.ordering == "key":
-                # Its key's later events wait behind it no longer.
-                released = await parking.discard_held(
-                    conn, durable, row["message_id"], actor=_actor(args), reason=args.reason
-                )
-        finally:
-            await conn.close()
+        done, released = await set_dead_letter_status(
+            settings, topology, row, status, actor=_actor(args), reason=args.reason
+        )
         if done:
             print(f"{status} {durable} {row['message_id']}")
             if released is not None:

@@ -38,15 +38,45 @@ def _reason(text: str) -> str:
     return text
 
 
-async def _connect(settings: CommonSettings, durable: str) -> Any:
-    topology = settings.load_topology()
-    spec = topology.durable(durable)
-    if spec.ordering != "key":
+async def _connect_note(settings: CommonSettings, durable: str) -> None:
+    """The CLI's note on a durable that never parks anything (its name checked)."""
+    if settings.load_topology().durable(durable).ordering != "key":
         print(
             f"note: {durable} is not declared `ordering: key`: nothing is ever parked for it",
             file=sys.stderr,
         )
+
+
+async def _connect(settings: CommonSettings, durable: str) -> Any:
+    topology = settings.load_topology()
+    spec = topology.durable(durable)
     return await connect(settings.dsn(topology.context(spec.target).database))
+
+
+async def parked_keys(
+    settings: CommonSettings, durable: str, key: str | None = None, limit: int = 100
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A durable's parked keys, oldest first, with their heads, and its summary (keys,
+    events, held heads): ``ferry parked list``, the console."""
+    conn = await _connect(settings, durable)
+    try:
+        rows = await parking.keys(conn, durable, key, limit)
+        summary = await parking.summary(conn, durable)
+    finally:
+        await conn.close()
+    return rows, summary
+
+
+async def discard_parked_head(
+    settings: CommonSettings, durable: str, key: str, *, actor: str, reason: str
+) -> uuid.UUID | None:
+    """Discard ``key``'s held head (audited in ``parked_actions``): ``ferry parked
+    discard``, the console; None when the key holds no held head."""
+    conn = await _connect(settings, durable)
+    try:
+        return await parking.discard_head(conn, durable, key, actor=actor, reason=reason)
+    finally:
+        await conn.close()
 
 
 def _line(row: dict[str, Any]) -> str:
@@ -75,12 +105,8 @@ def _public(row: dict[str, Any]) -> dict[str, Any]:
 
 async def cmd_list(settings: CommonSettings, args: argparse.Namespace) -> int:
     """Parked keys of a durable, oldest first, with their heads."""
-    conn = await _connect(settings, args.durable)
-    try:
-        rows = await parking.keys(conn, args.durable, args.ordering_key, args.limit)
-        summary = await parking.summary(conn, args.durable)
-    finally:
-        await conn.close()
+    await _connect_note(settings, args.durable)
+    rows, summary = await parked_keys(settings, args.durable, args.ordering_key, args.limit)
     if args.json:
         doc = {
             "durable": args.durable,
@@ -103,13 +129,10 @@ async def cmd_list(settings: CommonSettings, args: argparse.Namespace) -> int:
 async def cmd_discard(settings: CommonSettings, args: argparse.Namespace) -> int:
     """Discard a key's held head so its later events go on (audited)."""
     actor = args.actor or f"{getpass.getuser()}@{socket.gethostname()}"
-    conn = await _connect(settings, args.durable)
-    try:
-        gone = await parking.discard_head(
-            conn, args.durable, args.ordering_key, actor=actor, reason=args.reason
-        )
-    finally:
-        await conn.close()
+    await _connect_note(settings, args.durable)
+    gone = await discard_parked_head(
+        settings, args.durable, args.ordering_key, actor=actor, reason=args.reason
+    )
     if gone is None:
         print(
             f"refused: {args.durable} key {args.ordering_key!r} has no held head "

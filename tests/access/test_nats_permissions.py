@@ -310,6 +310,7 @@ def test_generated_block_is_a_valid_server_config_for_both_topologies(tmp_path: 
         [f"outbox-publisher-{c}" for t in SHIPPED for c in t.contexts]
         + [f"inbox-consumer-{d}" for t in SHIPPED for d in t.durables]
         + [f"dlq-{kind}-{t.name}" for t in SHIPPED for kind in ("router", "replayer")]
+        + [f"console-{t.name}" for t in SHIPPED]
     )
 
 

@@ -99,6 +99,8 @@ def _role_of(workload: Doc, container: Doc) -> str | None:
         return f"dlq-replayer-{labels['ferry/topology']}"
     if args[:2] == ["-m", "services.handlers"]:
         return f"handler-{args[args.index('--service') + 1]}"
+    if args[:2] == ["-m", "services.console"]:
+        return f"console-{labels['ferry/topology']}"
     if args[:3] == ["-m", "shared.ops.cli", "purge"]:
         return f"retention-{labels['ferry/topology']}"
     if args[:1] == ["spark-submit"] or workload["kind"] == "ScheduledSparkApplication":
@@ -157,7 +159,7 @@ def test_each_role_mounts_its_own_secret_and_no_other(
     # Every long-running role and the KPI job are there; the admin is the Jobs' alone.
     kinds = {
         "outbox-publisher", "inbox-consumer", "dlq-router", "dlq-replayer", "kpi-spark-job",
-        "retention",
+        "retention", "console",
     }  # fmt: skip
     if name == "dev":
         kinds.add("handler")

@@ -278,7 +278,9 @@ def test_settings_named_in_manifests_exist(rendered: dict[str, list[Doc]]) -> No
     from spark import settings as kpi_settings  # the KPI job's FERRY_KPI_* settings
 
     fields = set()
-    for module in (shared.runtime.settings, handler_settings, kpi_settings):
+    from services.console import settings as console_settings
+
+    for module in (shared.runtime.settings, handler_settings, kpi_settings, console_settings):
         for value in vars(module).values():
             if isinstance(value, type) and issubclass(value, BaseSettings):
                 fields |= {f"FERRY_{f.upper()}" for f in value.model_fields}

@@ -1,0 +1,127 @@
+"""``python -m services.console [--topology F]``: the operator console of one topology.
+
+``python -m services.console hash-password`` reads a password (from the terminal, or one
+line of standard input) and prints its scrypt hash for the accounts file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import logging
+import sys
+
+import asyncpg
+from aiohttp import web
+
+from shared.adapters.postgres import create_pool_when_up
+from shared.contracts.lint import require_clean_topology
+from shared.domain.errors import ConfigurationError
+from shared.runtime.connections import Connected
+from shared.runtime.lifecycle import EXIT_DRAIN_TIMEOUT, EXIT_OK, topology_role_main
+from shared.runtime.metrics import RoleMetrics
+
+from .app import Console
+from .auth import Authenticator, hash_password, load_accounts, read_secret_file
+from .settings import ConsoleSettings
+
+ROLE = "console"
+log = logging.getLogger("ferry.console")
+
+
+def authenticator(settings: ConsoleSettings) -> Authenticator:
+    """Accounts, token and session key from their files (see :mod:`services.console.auth`)."""
+    key = read_secret_file(settings.console_session_key_file, "FERRY_CONSOLE_SESSION_KEY_FILE")
+    auth = Authenticator(
+        load_accounts(settings.console_accounts_file),
+        key=None if key is None else key.encode(),
+        token=read_secret_file(settings.console_token_file, "FERRY_CONSOLE_TOKEN_FILE"),
+        token_role=settings.console_token_role,
+        ttl=settings.console_session_ttl,
+    )
+    if not auth.configured:
+        raise ConfigurationError(
+            "nobody can sign in: set FERRY_CONSOLE_ACCOUNTS_FILE (accounts with password "
+            "hashes) or FERRY_CONSOLE_TOKEN_FILE (a bearer token)"
+        )
+    return auth
+
+
+async def run(settings: ConsoleSettings, stop: asyncio.Event) -> int:
+    """Serve the console until ``stop``."""
+    topology = settings.load_topology()
+    require_clean_topology(topology, source=settings.topology)
+    auth = authenticator(settings)
+    pools: dict[str, asyncpg.Pool] = {}
+    nats = Connected()
+    metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
+    console = Console(settings, topology, pools, lambda: nats.nc, auth, metrics)
+    runner = web.AppRunner(console.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.console_host, settings.console_port)
+    await site.start()
+    log.info(
+        "console of %s on http://%s:%s/",
+        topology.name,
+        settings.console_host,
+        settings.console_port,
+    )
+    sampler: asyncio.Task[None] | None = None
+    code = EXIT_OK
+    try:
+        for database in topology.databases():
+            pools[database] = await create_pool_when_up(
+                settings.dsn(database), max_size=4, stop=stop
+            )
+        await nats.open(settings, f"{ROLE}:{topology.name}")
+        console.ready = True
+        sampler = asyncio.ensure_future(console.sample_forever(stop))
+        await stop.wait()
+    finally:
+        console.ready = False
+        await console.jobs.stop(settings.drain_deadline)
+        if sampler is not None:
+            sampler.cancel()
+        try:
+            await asyncio.wait_for(runner.cleanup(), timeout=settings.drain_deadline)
+        except TimeoutError:
+            code = EXIT_DRAIN_TIMEOUT
+        if nats.nc is not None:
+            await nats.nc.close()
+        for pool in pools.values():
+            await pool.close()
+    return code
+
+
+def hash_password_main() -> int:
+    """Print the scrypt hash of a password read from the terminal or standard input."""
+    if sys.stdin.isatty():
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            print("the two passwords differ", file=sys.stderr)
+            return 2
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if len(password) < 8:
+        print("a password needs at least 8 characters", file=sys.stderr)
+        return 2
+    print(hash_password(password))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; ``--topology`` overrides FERRY_TOPOLOGY."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["hash-password"]:
+        return hash_password_main()
+    return topology_role_main(
+        role=ROLE,
+        prog="python -m services.console",
+        settings_class=ConsoleSettings,
+        run=run,
+        argv=args,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

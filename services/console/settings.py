@@ -1,0 +1,50 @@
+"""Settings of the operator console (``FERRY_CONSOLE_*``), documented in
+docs/reference/settings.md from the ``#:`` comments below."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field
+
+from shared.runtime.settings import CommonSettings
+
+
+class ConsoleSettings(CommonSettings):
+    """console: one process per topology (``python -m services.console``)."""
+
+    #: Address the console listens on (``0.0.0.0`` in a container).
+    console_host: str = "127.0.0.1"
+    #: Port of the console's pages; it also serves /healthz, /readyz and /metrics there.
+    console_port: int = Field(default=8090, ge=0, le=65535)
+    #: JSON file of operator accounts: ``{"NAME": {"role": "operator"|"read-only",
+    #: "password": "scrypt$…"}}``; hashes from ``python -m services.console hash-password``.
+    console_accounts_file: Path | None = None
+    #: File holding a bearer token (``Authorization: Bearer …``) set by the deployment.
+    console_token_file: Path | None = None
+    #: Role of a request signed in with the bearer token.
+    console_token_role: Literal["read-only", "operator"] = "read-only"
+    #: File holding the key that signs session cookies (random per process when unset:
+    #: sessions then end when the console restarts, and replicas do not share them).
+    console_session_key_file: Path | None = None
+    #: Seconds a sign-in lasts.
+    console_session_ttl: float = Field(default=8 * 3600.0, gt=0)
+    #: Send the session cookie only over HTTPS (set it behind a TLS-terminating ingress).
+    console_secure_cookie: bool = False
+    #: Seconds between the overview's samples (the sparklines keep the last hour).
+    console_sample_interval: float = Field(default=15.0, gt=0)
+    #: Replays per second of a bulk replay when the form does not say (at most 100).
+    console_replay_rate: float = Field(default=10.0, gt=0, le=100)
+    #: Directory of the KPI job's reports (``FERRY_KPI_REPORT_DIR``): the KPI page.
+    console_kpi_dir: Path | None = Field(
+        default=None, validation_alias=AliasChoices("FERRY_CONSOLE_KPI_DIR", "FERRY_KPI_REPORT_DIR")
+    )
+    #: Base URL of Jaeger's UI (``http://localhost:16686``): the Event page links a trace
+    #: to ``{url}/trace/{trace_id}`` (``FERRY_TRACE_URL_TEMPLATE`` wins when set).
+    console_jaeger_url: str | None = None
+    #: Glob of exported span files (JSON lines, ``FERRY_TRACES_EXPORTER=file``) the Event
+    #: page draws a trace's timeline from, e.g. ``.var/traces/*.jsonl``.
+    console_spans_glob: str | None = None
+    #: Seconds SIGTERM allows for requests and replays in hand.
+    drain_deadline: float = Field(default=8.0, gt=0)

@@ -1,0 +1,106 @@
+"""The console's own logins on real servers: it reads what an operator looks at, writes only
+what ``ferry dlq``/``ferry parked`` write, publishes only replays, and can neither create a
+named consumer nor change a stream."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from devstack.nats import NatsServer
+from shared.access.identities import Identity
+from shared.domain.subjects import replay_subject
+from tests.access.test_nats_permissions import connected, streams
+from tests.conftest import Env
+from tests.helpers import stream_count
+
+pytestmark = pytest.mark.integration
+CONSOLE = "console-sea-vibespro"
+__all__ = ["streams"]
+
+
+async def test_console_nats_user_reads_info_and_publishes_replays_only(
+    streams: Env, nats_server: NatsServer, nc: NATS
+) -> None:
+    admin = nc.jetstream()
+    await admin.publish("vibespro.event.vibe_created.v1", b"{}")
+    async with connected(nats_server, CONSOLE) as console:
+        info = await console.js.consumer_info("VIBESPRO_EVENTS", "sea__from_vibespro")
+        assert info.num_pending == 1
+        assert (await console.js.stream_info("SEA_DLQ")).config.name == "SEA_DLQ"
+        assert (await console.js.get_msg("VIBESPRO_EVENTS", 1)).data == b"{}"
+        # `ferry where`'s scan: an ephemeral ordered consumer reads the stream.
+        sub = await console.js.subscribe(
+            "vibespro.event.>",
+            stream="VIBESPRO_EVENTS",
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL, headers_only=True),
+        )
+        assert (await sub.next_msg(timeout=5)).subject == "vibespro.event.vibe_created.v1"
+        await sub.unsubscribe()
+        replay = replay_subject("VIBESPRO_EVENTS", "sea__from_vibespro")
+        assert (await console.js.publish(replay, b"{}", timeout=2)).stream == "VIBESPRO_EVENTS"
+        # Never an event of a context, a named consumer, a change to a stream.
+        event = "sea.event.vibe_created.v1"
+        await console.refused(lambda: console.js.publish(event, b"{}", timeout=1), event)
+        await console.refused(
+            lambda: console.js.add_consumer(
+                "VIBESPRO_EVENTS", ConsumerConfig(durable_name="rogue", name="rogue")
+            ),
+            "$JS.API.CONSUMER.CREATE.VIBESPRO_EVENTS.rogue",
+        )
+        await console.refused(
+            lambda: console.js.delete_consumer("VIBESPRO_EVENTS", "sea__from_vibespro"),
+            "$JS.API.CONSUMER.DELETE.VIBESPRO_EVENTS.sea__from_vibespro",
+        )
+        await console.refused(
+            lambda: console.js.purge_stream("VIBESPRO_EVENTS"),
+            "$JS.API.STREAM.PURGE.VIBESPRO_EVENTS",
+        )
+    assert await stream_count(admin, "VIBESPRO_EVENTS") == 2  # the event and the replay
+    assert (await admin.consumer_info("VIBESPRO_EVENTS", "sea__from_vibespro")).name
+
+
+async def test_console_database_login_reads_and_writes_only_what_the_cli_writes(
+    env: Env,
+) -> None:
+    topology = env.topology
+    identity = Identity("console", topology.name)
+    conn = await asyncpg.connect(env.role_dsn(identity, topology.contexts["sea"].database))
+    try:
+        for table in ("outbox_events", "inbox_messages", "dead_letters", "dead_letter_actions",
+                      "kpi_runs", "kpi_windows"):  # fmt: skip
+            await conn.fetchval(f"SELECT count(*) FROM {table}")
+        await conn.execute(  # what a replay and a park change
+            "UPDATE dead_letters SET status = status WHERE durable = 'sea__from_vibespro'"
+        )
+        await conn.execute("UPDATE inbox_messages SET status = status")
+        await conn.execute(
+            "INSERT INTO dead_letter_actions (durable, message_id, action, actor, reason) "
+            "VALUES ('sea__from_vibespro', $1, 'park', 'ops@console', 'test')",
+            uuid.uuid4(),
+        )
+        for statement in (
+            "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, "
+            "event_version, payload) VALUES (gen_random_uuid(), 'a', 'b', 'c', 1, '{}')",
+            "UPDATE outbox_events SET published_at = now()",
+            "DELETE FROM dead_letters",
+            "DELETE FROM inbox_messages",
+            "DELETE FROM dead_letter_actions",
+            "INSERT INTO kpi_runs (run_id) VALUES (gen_random_uuid())",
+        ):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute(statement)
+        # Rows of another topology's durables are invisible (row-level security).
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute(
+                "INSERT INTO dead_letter_actions (durable, message_id, action, actor, reason) "
+                "VALUES ('cg_f_ingest', $1, 'park', 'ops@console', 'test')",
+                uuid.uuid4(),
+            )
+    finally:
+        await conn.close()

@@ -1,0 +1,160 @@
+"""The console over HTTP against the real stack: sign-in, roles, CSRF, bad input in words,
+actions audited through the CLI's tables, no secret in any page."""
+
+from __future__ import annotations
+
+import html
+import re
+import uuid
+from typing import Any
+
+import aiohttp
+import asyncpg
+import pytest
+
+from .conftest import DURABLE, PASSWORDS, TOKEN, Stack, dead_letter_statuses
+
+pytestmark = pytest.mark.integration
+
+
+async def _session(stack: Stack, user: str) -> aiohttp.ClientSession:
+    session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+    async with session.post(
+        f"{stack.url}/login", data={"user": user, "password": PASSWORDS[user], "next": "/"}
+    ) as resp:
+        assert resp.status == 200, await resp.text()
+        assert f"{user} (" in await resp.text()
+    return session
+
+
+async def _get(session: aiohttp.ClientSession, url: str, **kw: Any) -> tuple[int, str]:
+    async with session.get(url, allow_redirects=False, **kw) as resp:
+        return resp.status, html.unescape(await resp.text())
+
+
+def _csrf(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, "no CSRF token in the page"
+    return found.group(1)
+
+
+def _clean(page: str) -> None:
+    """No stack trace, no password hash, no token, no password in a page."""
+    for secret in ("Traceback", "scrypt$", TOKEN, *PASSWORDS.values(), "passfile"):
+        assert secret not in page, f"{secret!r} rendered"
+
+
+async def test_sign_in_roles_csrf_bad_input_and_audit(stack: Stack) -> None:
+    url = stack.url
+    async with aiohttp.ClientSession() as anonymous:
+        status, _ = await _get(anonymous, f"{url}/failures")
+        assert status == 303  # to the sign-in page
+        async with anonymous.post(
+            f"{url}/login", data={"user": "ops", "password": "wrong", "next": "/"}
+        ) as resp:
+            assert resp.status == 401
+            assert "Wrong name or password" in await resp.text()
+        async with anonymous.post(f"{url}/failures/action", data={"action": "replay"}) as resp:
+            assert resp.status == 401
+        # The deployment's bearer token reads (read-only by default).
+        status, page = await _get(
+            anonymous, f"{url}/", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert status == 200 and "token (read-only)" in page
+        status, _ = await _get(anonymous, f"{url}/", headers={"Authorization": "Bearer nope"})
+        assert status == 303
+
+    ops = await _session(stack, "ops")
+    viewer = await _session(stack, "viewer")
+    try:
+        status, page = await _get(ops, f"{url}/")
+        assert status == 200, page
+        assert "HANDLER_REJECTED 7" in page, page
+        _clean(page)
+
+        # Bad input: a clear message in the page, never a stack trace.
+        for path, code, words in (
+            ("/failures?durable=nope", 400, "no durable 'nope'"),
+            ("/failures?status=bogus", 400, "unknown status 'bogus'"),
+            ("/event/not-a-uuid", 400, "is not a message id"),
+            (f"/failures/entry/{DURABLE}/{uuid.uuid4()}", 404, "no dead letter"),
+            ("/failures/group?durable=sea__from_vibespro", 400, "a group is named by"),
+            ("/jobs/12345", 404, "no such replay job"),
+            ("/jobs/abc", 404, "no such replay job"),
+            ("/kpi/file/..%2F..%2Fetc/passwd", 404, ""),
+        ):
+            status, page = await _get(ops, url + path)
+            assert status == code, (path, status, page[-500:])
+            assert words in page, (path, page[-800:])
+            _clean(page)
+        status, page = await _get(ops, f"{url}/event?q=%25%25")
+        assert status == 200 and "search for a message or correlation id" in page
+
+        # A form without the session's CSRF token is refused, whatever the role.
+        target = stack.poison[0]
+        form = {"action": "park", "scope": "entry", "durable": DURABLE,
+                "message_id": target, "reason": "stop it", "confirm": "1"}  # fmt: skip
+        async with ops.post(f"{url}/failures/action", data=form) as resp:
+            assert resp.status == 403
+            assert "CSRF check failed" in await resp.text()
+        async with ops.post(f"{url}/failures/action", data={**form, "csrf": "forged"}) as resp:
+            assert resp.status == 403
+
+        # The read-only role cannot act, even with its own valid token.
+        _, page = await _get(viewer, f"{url}/failures/entry/{DURABLE}/{target}")
+        assert "Read-only" in page and 'action="/failures/action"' not in page
+        async with viewer.post(
+            f"{url}/failures/action", data={**form, "csrf": _csrf(page)}
+        ) as resp:
+            assert resp.status == 403
+            assert "viewer is read-only" in html.unescape(await resp.text())
+        assert (await dead_letter_statuses(stack.env))[target] == "held"
+
+        # An operator's park goes through the CLI's function: audited with who and why.
+        _, page = await _get(ops, f"{url}/failures/entry/{DURABLE}/{target}")
+        async with ops.post(f"{url}/failures/action", data={**form, "csrf": _csrf(page)}) as resp:
+            assert resp.status == 200, await resp.text()
+            assert "1 done, 0 refused" in await resp.text()
+        assert (await dead_letter_statuses(stack.env))[target] == "parked"
+        conn = await asyncpg.connect(stack.env.dsn("sea"))
+        try:
+            audit = await conn.fetch(
+                "SELECT action, actor, reason FROM dead_letter_actions WHERE message_id = $1",
+                uuid.UUID(target),
+            )
+        finally:
+            await conn.close()
+        assert [tuple(r) for r in audit] == [("park", "ops@console", "stop it")]
+
+        # Parking it again is refused in words (it is parked already).
+        async with ops.post(f"{url}/failures/action", data={**form, "csrf": _csrf(page)}) as resp:
+            text = await resp.text()
+            assert "0 done, 1 refused" in text and "refused: it is parked" in text
+        # An action without a reason is refused before anything changes.
+        async with ops.post(
+            f"{url}/failures/action",
+            data={**form, "action": "discard", "reason": " ", "csrf": _csrf(page)},
+        ) as resp:
+            assert resp.status == 400
+            assert "give a reason to discard" in await resp.text()
+        # A dry run changes nothing, for a read-only user too.
+        async with viewer.post(
+            f"{url}/failures/action",
+            data={**form, "action": "discard", "dry_run": "1", "csrf": _csrf(page)},
+        ) as resp:
+            # the viewer's CSRF token is not the operator's
+            assert resp.status == 403
+        _, vpage = await _get(viewer, f"{url}/failures")
+        async with viewer.post(
+            f"{url}/failures/action",
+            data={**form, "action": "discard", "dry_run": "1", "csrf": _csrf(vpage)},
+        ) as resp:
+            text = await resp.text()
+            assert resp.status == 200 and "of 1 would be discarded" in text, text[-600:]
+            assert "Nothing has changed" in text
+        assert (await dead_letter_statuses(stack.env))[target] == "parked"
+    finally:
+        await ops.close()
+        await viewer.close()
+    log = stack.log("console")
+    assert "Traceback" not in log, log[-3000:]
