@@ -193,10 +193,23 @@ async def test_a_team_brings_its_own_context_and_handler(team: Team) -> None:
             uuid.UUID(from_sql)
             await invoiced(billing, from_python)
             await invoiced(billing, from_sql)
+            # The team's own FastAPI route beside /handle.
+            order = await billing.fetchval(
+                "SELECT order_id FROM invoices WHERE message_id = $1", uuid.UUID(from_sql)
+            )
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"http://127.0.0.1:{port}/invoices/{order}") as resp,
+            ):
+                assert resp.status == 200
+                assert (await resp.json())["customer"] == "c-2"
             # 4. A blocked customer's order: 422, dead-lettered, replayed once unblocked.
             await billing.execute("INSERT INTO blocked_customers VALUES ('c-blocked')")
             poison = await run(team, python, "produce.py", "c-blocked", "900")
             await _dead_lettered(team, poison)
+            _, listed = await team.ferry("dlq", "list", "--durable", DURABLE)
+            line = next(row for row in listed.splitlines() if poison in row)
+            assert "held" in line and "HANDLER_REJECTED" in line, listed  # replay: operator
             await billing.execute("DELETE FROM blocked_customers")
             await team.ferry("dlq", "replay", DURABLE, poison, "--reason", "customer unblocked")
             await invoiced(billing, poison)
