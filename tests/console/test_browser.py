@@ -1,0 +1,202 @@
+"""The console in a real browser (Debian's chromium, driven by Playwright) against the real
+stack with dead letters: sign in, read the overview, open a failure group, dry-run and
+replay it, watch its entries become replayed, refuse a replay of what was replayed, find
+an event by id and open its journey and trace, and check the read-only role cannot act.
+
+Screenshots of each page go to ``.var/screenshots/`` (git ignores ``.var/``; CI keeps
+them as artifacts). No Playwright browser is downloaded: chromium is Debian's
+(``./dev setup`` installs it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, Page, async_playwright
+
+from .conftest import DURABLE, PASSWORDS, SCREENSHOTS, Stack, dead_letter_statuses
+
+pytestmark = pytest.mark.integration
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+HAVE_CHROMIUM = CHROMIUM.exists()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    if not HAVE_CHROMIUM:
+        pytest.fail("Debian's chromium is missing (./dev setup installs it)")
+    async with async_playwright() as p:
+        launched = await p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS, headless=True)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+async def _shot(page: Page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    await page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+async def _sign_in(page: Page, stack: Stack, user: str) -> None:
+    await page.goto(f"{stack.url}/")
+    assert "/login" in page.url
+    await page.fill("input[name=user]", user)
+    await page.fill("input[name=password]", PASSWORDS[user])
+    await page.click("form.login button[type=submit]")
+    await page.wait_for_selector("#whoami")
+
+
+async def test_operator_replays_a_failure_group_and_follows_an_event(
+    stack: Stack, browser: Browser
+) -> None:
+    context = await browser.new_context(viewport={"width": 1400, "height": 900})
+    page = await context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+    # Sign in (a wrong password first).
+    await page.goto(f"{stack.url}/failures")
+    assert "/login" in page.url
+    await page.fill("input[name=user]", "ops")
+    await page.fill("input[name=password]", "not the password")
+    await page.click("form.login button[type=submit]")
+    assert "Wrong name or password" in await page.inner_text("#login-error")
+    await _shot(page, "01-sign-in-refused")
+    await _sign_in(page, stack, "ops")
+    assert "ops (operator)" in await page.inner_text("#whoami")
+
+    # Overview: the durable, its dead letters by reason, sparklines with thresholds.
+    await page.goto(f"{stack.url}/")
+    row = page.locator(f"#durable-{DURABLE}")
+    assert "HANDLER_REJECTED 7" in await row.inner_text()
+    assert await page.locator("#outboxes tbody tr").count() == 2
+    assert await page.locator("#durables svg.spark line.threshold").count() >= 2
+    await _shot(page, "02-overview")
+
+    # Failures: two groups of the one reason (two different errors); open the fixable one.
+    await page.click("header nav >> text=Failures")
+    groups = page.locator("#groups tr.group")
+    assert await groups.count() == 2
+    fixable = groups.filter(has_text="reject_until")
+    assert "5" in await fixable.locator("td.n").inner_text()
+    await _shot(page, "03-failures")
+    await fixable.locator("a.open-group").click()
+    assert await page.locator("#entries tr.entry").count() == 5
+    await _shot(page, "04-failure-group")
+
+    # Dry run: exactly what would happen, nothing changed.
+    remaining = (stack.fixed_at - datetime.now(UTC)).total_seconds()
+    if remaining > 0:  # the "fix" of the handler must be live before the replay
+        await asyncio.sleep(remaining + 0.5)
+    form = page.locator("#action-group")
+    await form.locator("select[name=action]").select_option("replay")
+    await form.locator("input[name=reason]").fill("handler fixed in 1.4.2")
+    await form.locator("input[name=rate]").fill("20")
+    await form.locator("button[name=dry_run]").click()
+    summary = await page.inner_text("#dry-run-summary")
+    assert "5 of 5 would be replayed" in summary and "Nothing has changed" in summary
+    assert await page.locator("#plan tbody tr").count() == 5
+    await _shot(page, "05-dry-run")
+    statuses = await dead_letter_statuses(stack.env)
+    assert [statuses[m] for m in stack.fixable] == ["held"] * 5
+
+    # Replay the group: a job with its progress; the entries become replayed.
+    await page.click("#confirm button[name=confirm]")
+    assert "/jobs/" in page.url
+    deadline = time.monotonic() + 60
+    while True:
+        text = await page.inner_text("#job-entries")
+        if text.count("replayed") >= 5 and "replaying" not in text:
+            break
+        assert time.monotonic() < deadline, text
+        await asyncio.sleep(1.0)
+        await page.reload()
+    assert "done: 5 of 5 handled (5 replayed, 0 refused)" in await page.inner_text("#job-state")
+    await _shot(page, "06-replay-done")
+    statuses = await dead_letter_statuses(stack.env)
+    assert [statuses[m] for m in stack.fixable] == ["replayed"] * 5
+
+    # A replay of what was replayed is refused in words, never a stack trace.
+    await page.goto(f"{stack.url}/failures/entry/{DURABLE}/{stack.fixable[0]}")
+    assert await page.inner_text("#fact-status") == "replayed"
+    form = page.locator("#action-entry")
+    await form.locator("select[name=action]").select_option("replay")
+    await form.locator("input[name=reason]").fill("again")
+    await form.locator("button[name=confirm]").click()
+    message = await page.inner_text("#error-message")
+    assert "refused" in message and "is replayed" in message, message
+    await _shot(page, "07-replay-refused")
+
+    # Find the event by id: its journey across the hops, its trace.
+    await page.click("header nav >> text=Event")
+    await page.fill("#search input[name=q]", stack.fixable[0])
+    await page.click("#search button")
+    assert f"/event/{stack.fixable[0]}" in page.url
+    journey = await page.inner_text("#journey")
+    assert "published" in journey and "processed" in journey
+    assert "replayed" in journey and "replay by ops@console" in journey, journey
+    assert "jaeger.example:16686/trace/" in (await page.get_attribute("#trace-link", "href") or "")
+    deadline = time.monotonic() + 20
+    while await page.locator("#timeline tr.span").count() < 2:  # spans flushed in batches
+        assert time.monotonic() < deadline, "no trace timeline"
+        await asyncio.sleep(1.0)
+        await page.reload()
+    assert "ferry where" in await page.inner_text("main")
+    await _shot(page, "08-event-journey")
+
+    # Search by aggregate and by subject list events; a nonsense query is explained.
+    await page.goto(f"{stack.url}/event?q=vibespro.event.vibe_created.v1")
+    assert await page.locator("#results tbody tr").count() == 15
+    await page.goto(f"{stack.url}/event?q=hello")
+    assert "search for a message or correlation id" in await page.inner_text("#search-error")
+
+    # KPI: no run yet, said so.
+    await page.click("header nav >> text=KPI")
+    assert "No KPI run recorded yet" in await page.inner_text("#kpi-runs")
+    await _shot(page, "09-kpi")
+    assert not errors, errors
+
+    # The read-only role reads everything and can act on nothing.
+    await page.click("header form.who button")
+    await _sign_in(page, stack, "viewer")
+    await page.goto(f"{stack.url}/failures")
+    await page.locator("#groups tr.group").filter(has_text="poison").locator("a.open-group").click()
+    assert await page.locator("form.action").count() == 0
+    assert "Read-only" in await page.inner_text("main")
+    await _shot(page, "10-read-only-group")
+    csrf = await page.get_attribute("header form.who input[name=csrf]", "value")
+    response = await page.request.post(
+        f"{stack.url}/failures/action",
+        form={
+            "csrf": csrf or "",
+            "action": "discard",
+            "scope": "entry",
+            "durable": DURABLE,
+            "message_id": stack.poison[0],
+            "reason": "viewer tries",
+            "confirm": "1",
+        },
+    )
+    assert response.status == 403
+    assert "viewer is read-only" in await response.text()
+    assert (await dead_letter_statuses(stack.env))[stack.poison[0]] == "held"
+    await context.close()
+    assert "Traceback" not in stack.log("console")
