@@ -10,6 +10,7 @@ with FILE instead of writing it (exit 1 when it is stale): a CI step for the tea
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,21 +37,34 @@ async def cmd_handler_models(settings: CommonSettings, args: argparse.Namespace)
 
 
 def write_models(source: str, args: argparse.Namespace) -> int:
-    """Print ``source``, write it to ``--out`` or (``--check``) compare it with that file."""
+    """Print ``source``, write it to ``--out`` or (``--check``) compare it with that file.
+
+    With ``--json`` the answer is one JSON object: the module (``{"module": ...}``), or
+    what became of the file (``{"path": ..., "status": "written" | "up_to_date" |
+    "stale"}``)."""
+    as_json = bool(getattr(args, "json", False))
     if args.out is None:
-        sys.stdout.write(source)
+        if as_json:
+            print(json.dumps({"module": source}))
+        else:
+            sys.stdout.write(source)
         return 0
     path = Path(args.out)
     if args.check:
         current = path.read_text(encoding="utf-8") if path.exists() else ""
-        if current != source:
-            print(f"{path}: stale; run ferry handler-models {args.context} --out {path}")
-            return 1
+        status = "up_to_date" if current == source else "stale"
+    else:
+        path.write_text(source, encoding="utf-8")
+        status = "written"
+    if as_json:
+        print(json.dumps({"path": str(path), "status": status}))
+    elif status == "stale":
+        print(f"{path}: stale; run ferry handler-models {args.context} --out {path}")
+    elif status == "up_to_date":
         print(f"{path}: up to date")
-        return 0
-    path.write_text(source, encoding="utf-8")
-    print(f"wrote {path}")
-    return 0
+    else:
+        print(f"wrote {path}")
+    return 1 if status == "stale" else 0
 
 
 def add_commands(sub: Any) -> argparse.ArgumentParser:
@@ -62,5 +76,6 @@ def add_commands(sub: Any) -> argparse.ArgumentParser:
     cmd.add_argument("context", help="the context whose handler service receives the events")
     cmd.add_argument("--out", help="write the module here (default: print it)")
     cmd.add_argument("--check", action="store_true", help="with --out: exit 1 if it is stale")
+    cmd.add_argument("--json", action="store_true", help="machine-readable output")
     cmd.set_defaults(func=cmd_handler_models)
     return cmd
