@@ -44,7 +44,7 @@ THRESHOLDS = {
 _RECENT = """
 SELECT count(*) FILTER (WHERE status = 'processed') AS processed
 FROM inbox_messages
-WHERE durable = $1 AND processed_at > clock_timestamp() - $2 * interval '1 second'
+WHERE durable = $1 AND processed_at > now() - $2 * interval '1 second'
 """
 
 _RETRYING = """
@@ -54,7 +54,7 @@ WHERE durable = $1 AND processed_at IS NULL AND status = 'retrying'
 
 _DEAD_RECENT = """
 SELECT count(*) FROM dead_letters
-WHERE durable = $1 AND dead_lettered_at > clock_timestamp() - $2 * interval '1 second'
+WHERE durable = $1 AND dead_lettered_at > now() - $2 * interval '1 second'
 """
 
 _DEAD_BY_REASON = """
