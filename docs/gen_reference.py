@@ -143,6 +143,7 @@ def _cell(text: str) -> str:
 
 
 def _settings_classes() -> list[tuple[str, Any]]:
+    from services.console.settings import ConsoleSettings
     from services.handlers.settings import HandlerSettings
     from shared.runtime.settings import (
         CommonSettings,
@@ -159,6 +160,7 @@ def _settings_classes() -> list[tuple[str, Any]]:
         ("inbox-consumer", ConsumerSettings),
         ("dlq-router", RouterSettings),
         ("dlq-replayer", ReplayerSettings),
+        ("console (`python -m services.console`)", ConsoleSettings),
         ("handler services (`python -m services.handlers`)", HandlerSettings),
         ("KPI job (`python -m spark.kpi_job`)", KpiSettings),
     ]
