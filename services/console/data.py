@@ -438,6 +438,7 @@ async def search_events(
     version: int | None = None
     if kind == "subject":
         event_type, version = _event_of_subject(topology, value)
+    with_inbox = durables_by_database(topology)
     for database in topology.databases():
         async with pools[database].acquire() as conn:
             if kind != "subject" or event_type is not None:
@@ -447,7 +448,7 @@ async def search_events(
                 for row in rows:
                     doc = {**dict(row), "where": f"outbox of {database}"}
                     found.setdefault(str(row["message_id"]), doc)
-            if kind == "subject":
+            if kind == "subject" and database in with_inbox:
                 for row in await conn.fetch(_SEARCH_INBOX, subject_regex(value), limit):
                     doc = {**dict(row), "where": f"inbox of {row['durable']}"}
                     found.setdefault(str(row["message_id"]), doc)

@@ -242,12 +242,15 @@ def _console_access(
     for database in topology.databases():
         rows = tuple(by_db.get(database, []))
         tables: list[TableAccess] = [TableAccess("outbox_events", ("SELECT",))]
+        # `ferry where` looks for an event's inbox rows and dead letters in every database:
+        # where no durable of the topology lives, it may read (and sees no row).
+        read, note = (_READ_UPDATE, ("SELECT", "INSERT")) if rows else (("SELECT",),) * 2
+        tables += [
+            TableAccess("inbox_messages", read, rows),
+            TableAccess("dead_letters", read, rows),
+            TableAccess("dead_letter_actions", note, rows),
+        ]
         if rows:
-            tables += [
-                TableAccess("inbox_messages", _READ_UPDATE, rows),
-                TableAccess("dead_letters", _READ_UPDATE, rows),
-                TableAccess("dead_letter_actions", ("SELECT", "INSERT"), rows),
-            ]
             keyed = tuple(name for name in rows if name in ordered)
             if keyed:
                 tables += [

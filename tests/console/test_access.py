@@ -104,3 +104,26 @@ async def test_console_database_login_reads_and_writes_only_what_the_cli_writes(
             )
     finally:
         await conn.close()
+
+
+def test_console_may_look_for_an_event_in_every_database_of_its_topology() -> None:
+    """`ferry where` reads inbox rows and dead letters in every database: the console may,
+    even where no durable lives (mediation_e), seeing no row there and writing nothing."""
+    from shared.access.db_roles import describe
+    from shared.contracts.loading import load_topology
+    from tests.conftest import ROOT
+
+    for name in ("sea-vibespro", "mediation"):
+        topology = load_topology(ROOT / f"topologies/{name}.yaml")
+        grants = {
+            d["database"]: d["tables"]
+            for d in describe([topology])
+            if d["role"] == f"ferry_console_{name.replace('-', '_')}"
+        }
+        assert set(grants) == set(topology.databases())
+        for database, tables in grants.items():
+            for table in ("outbox_events", "inbox_messages", "dead_letters", "kpi_runs"):
+                assert "SELECT" in tables[table]["privileges"], (database, table)
+            if not tables["inbox_messages"]["rows"]:
+                assert tables["inbox_messages"]["privileges"] == ["SELECT"], database
+                assert "parked_messages" not in tables
