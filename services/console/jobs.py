@@ -11,6 +11,7 @@ never a replay (those are in the database).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -47,6 +48,8 @@ class Job:
     refused: list[tuple[str, str]] = field(default_factory=list)
     cancel_requested: bool = False
     task: asyncio.Task[None] | None = None
+    #: Set by a cancel: wakes the pause between two replays at once.
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def done_count(self) -> int:
@@ -100,6 +103,7 @@ class Jobs:
         if job is not None and job.running:
             job.cancel_requested = True
             job.state = "cancelling"
+            job.cancelled.set()
         return job
 
     async def _run(self, job: Job, replay_one: ReplayOne) -> None:
@@ -109,7 +113,8 @@ class Jobs:
                     job.state = "cancelled"
                     return
                 if index:
-                    await asyncio.sleep(1.0 / job.rate)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(job.cancelled.wait(), timeout=1.0 / job.rate)
                     if job.stopping():
                         job.state = "cancelled"
                         return
@@ -141,6 +146,7 @@ class Jobs:
         running = [j for j in self.jobs.values() if j.running and j.task is not None]
         for job in running:
             job.cancel_requested = True
+            job.cancelled.set()
         tasks = [j.task for j in running if j.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=deadline)

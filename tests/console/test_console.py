@@ -12,6 +12,8 @@ import aiohttp
 import asyncpg
 import pytest
 
+from tests.helpers import eventually
+
 from .conftest import DURABLE, PASSWORDS, TOKEN, Stack, dead_letter_statuses
 
 pytestmark = pytest.mark.integration
@@ -153,6 +155,50 @@ async def test_sign_in_roles_csrf_bad_input_and_audit(stack: Stack) -> None:
             assert resp.status == 200 and "of 1 would be discarded" in text, text[-600:]
             assert "Nothing has changed" in text
         assert (await dead_letter_statuses(stack.env))[target] == "parked"
+
+        # A paced group replay can be cancelled: it stops after the replay in hand.
+        _, groups = await _get(ops, f"{url}/failures")
+        found = re.search(r'href="(/failures/group\?[^"]+)"[^>]*>open</a>', groups)
+        poison_group = [m for m in re.finditer(r'<tr class="group">(.*?)</tr>', groups, re.S)
+                        if "poison" in m.group(1)]  # fmt: skip
+        assert found and len(poison_group) == 1
+        link = re.search(r'href="(/failures/group\?[^"]+)"', poison_group[0].group(1))
+        assert link
+        _, page = await _get(ops, url + html.unescape(link.group(1)))
+        fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', page))
+        async with ops.post(
+            f"{url}/failures/action",
+            data={
+                **fields,
+                "action": "replay",
+                "reason": "try once",
+                "rate": "0.2",
+                "confirm": "1",
+            },
+            allow_redirects=False,
+        ) as resp:
+            assert resp.status == 303, await resp.text()
+            job_url = url + resp.headers["Location"]
+        _, page = await _get(ops, job_url)
+        assert "running: " in page and "of 2 handled" in page
+        async with ops.post(f"{job_url}/cancel", data={"csrf": _csrf(page)}) as resp:
+            assert resp.status == 200
+
+        async def cancelled() -> bool:
+            return (
+                "cancelled: 1 of 2 handled (1 replayed, 0 refused)" in (await _get(ops, job_url))[1]
+            )
+
+        await eventually(cancelled, timeout=10, what="the replay cancelled after one", interval=0.2)
+        conn = await asyncpg.connect(stack.env.dsn("sea"))
+        try:
+            attempts = await conn.fetch(
+                "SELECT replay_attempts FROM dead_letters WHERE message_id = ANY($1::uuid[])",
+                [uuid.UUID(m) for m in stack.poison],
+            )
+        finally:
+            await conn.close()
+        assert sorted(r[0] for r in attempts) == [0, 1]  # one replayed, the other never
     finally:
         await ops.close()
         await viewer.close()
