@@ -5,6 +5,7 @@ named consumer nor change a stream."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import asyncpg
 import pytest
@@ -115,7 +116,7 @@ def test_console_may_look_for_an_event_in_every_database_of_its_topology() -> No
 
     for name in ("sea-vibespro", "mediation"):
         topology = load_topology(ROOT / f"topologies/{name}.yaml")
-        grants = {
+        grants: dict[object, Any] = {
             d["database"]: d["tables"]
             for d in describe([topology])
             if d["role"] == f"ferry_console_{name.replace('-', '_')}"
