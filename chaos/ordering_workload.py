@@ -29,7 +29,9 @@ fixed       ``reject_until`` T (``hold`` only)             a 422 until T (a bug 
 **Traces.** Triggers installed in each target database record what the consumers do to
 ``parked_messages`` (every park, state change and release) and to ``partition_leases``
 (every acquisition, with whom it was taken from and whether that owner had released it),
-so parking and takeovers are counted exactly however often a consumer is killed.
+so parking and takeovers are counted exactly however often a consumer is killed. A
+stall trigger (:mod:`chaos.stall`) on the insert of a held head lets the run SIGKILL a
+consumer exactly between a held head's dead letter and the parking of its key.
 """
 
 from __future__ import annotations
@@ -122,7 +124,15 @@ END $$;
 DROP TRIGGER IF EXISTS chaos_lease_trace ON partition_leases;
 CREATE TRIGGER chaos_lease_trace AFTER INSERT OR UPDATE ON partition_leases
   FOR EACH ROW EXECUTE FUNCTION chaos_lease_trace();
+
+-- The crash window of a held head (chaos.stall): its dead letter is written, its key's
+-- parking not yet.
+DROP TRIGGER IF EXISTS chaos_stall ON parked_messages;
+CREATE TRIGGER chaos_stall BEFORE INSERT ON parked_messages FOR EACH ROW
+  WHEN (NEW.state = 'held') EXECUTE FUNCTION chaos_stall();
 """
+#: The stalled statement of that window, as pg_stat_activity shows it.
+HELD_PARK = ("parked_messages", "%INSERT INTO parked_messages%")
 
 
 async def install_traces(dsn: str) -> None:

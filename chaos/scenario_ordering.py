@@ -43,11 +43,18 @@ from nats.aio.client import Client as NATS
 
 from chaos.faults import FaultInjector, FaultRecord
 from chaos.ordering_accounting import count_order
-from chaos.ordering_workload import arm_fixes, fix_time, install_traces, plan_ordered
+from chaos.ordering_workload import (
+    HELD_PARK,
+    arm_fixes,
+    fix_time,
+    install_traces,
+    plan_ordered,
+)
 from chaos.roles import ROOT, role_env
 from chaos.scenario_accounting import Settled
 from chaos.scenarios import ScenarioRun
 from chaos.schedule import PlannedFault
+from chaos.stall import disarm, disarm_fully, terminate_stalled, wait_for_stall
 from chaos.workload import Producer
 from chaos.world import DURABLE_CLOCKS, Tuning
 from shared.adapters import parking
@@ -152,6 +159,8 @@ class OrderingRun(ScenarioRun):
         await self._fault("kill_publisher", "sea")
         await at(0.20)
         await self._kill_replica(SKIP, 2)
+        await at(0.22)
+        await self._kill_in_hold_window(0.12 * length)
         await at(0.30)
         await self._scale(3)
         await at(0.40)
@@ -190,6 +199,42 @@ class OrderingRun(ScenarioRun):
         record.ended = time.time()
         self.timeline.records.append(record)
         self.faults["kill_consumer"] += 1
+
+    async def _kill_in_hold_window(self, wait: float) -> None:
+        """SIGKILL the hold durable's replicas while one is between a held head's dead
+        letter and the parking of its key (stalled there by a trigger), then restart them."""
+        table, where = HELD_PARK
+        dsn = self.world.direct_dsn(self.world.topo.durables[HOLD].target)
+        record = FaultRecord(
+            "kill_consumer_in_window", HOLD, time.time() - self.timeline.origin, time.time(),
+            affects=frozenset({HOLD}),
+        )  # fmt: skip
+        async with self.injector.lock("pg"):
+            conn = await asyncpg.connect(dsn, timeout=10)
+            try:
+                await conn.execute("INSERT INTO chaos_stall_armed (tbl) VALUES ($1)", table)
+                stalled = await wait_for_stall(conn, where, wait)
+                if not stalled and not await disarm(conn, table):
+                    stalled = await wait_for_stall(conn, where, 5.0)  # taken just now
+                victims = [r for r in self.world.consumer_replicas(HOLD) if r.alive]
+                if stalled:
+                    for role in victims:
+                        await asyncio.to_thread(role.kill)
+                    record.started = time.time()
+                    await terminate_stalled(conn, where)  # rolls the park back, as the kill
+            finally:
+                await disarm_fully(conn, table, where)
+                await conn.close()
+        if not stalled:
+            self.notes.append(f"no held head parked within {wait:.0f}s: window kill skipped")
+            return
+        await asyncio.sleep(self.injector.rng.uniform(0.3, 2.0))
+        for role in victims:
+            role.start()
+        record.detail = f"in window (parking a held head); {len(victims)} replica(s) killed"
+        record.ended = time.time()
+        self.timeline.records.append(record)
+        self.faults["kill_consumer_in_window (parking a held head)"] += 1
 
     async def _scale(self, wanted: int) -> None:
         """Grow or shrink every durable's replica set to ``wanted`` running processes."""
