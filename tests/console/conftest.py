@@ -51,6 +51,7 @@ class Stack:
     poison: list[str] = field(default_factory=list)
     fine: list[str] = field(default_factory=list)
     fixed_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    kpi_run: str = ""
 
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")
@@ -111,6 +112,37 @@ async def dead_letter_statuses(env: Env) -> dict[str, str]:
     return {str(r["message_id"]): r["status"] for r in rows}
 
 
+async def write_kpi_report(env: Env, base: Path) -> str:
+    """A KPI run as the job records it: its report files (spark/report.py's own writer,
+    plots included) under ``base/<topology>/<run>`` and its row in ``kpi_runs``; the run."""
+    from spark.report import Report, write_report
+    from spark.verdicts import AlertRules, Finding, Targets
+
+    now = datetime.now(UTC)
+    run_id = uuid.uuid4()
+    finding = Finding("alert", "dlq_spike", "window", now - timedelta(minutes=5), "sea",
+                      DURABLE, "vibespro.event.vibe_created.v1", 7.0, 3.0)  # fmt: skip
+    report = Report(
+        run_id=str(run_id), topology=env.topology.name, as_of=now,
+        start=now - timedelta(hours=1), end=now, incremental=False, window_seconds=60,
+        grace_seconds=30.0, kpi_database="sea", gate="slo", targets=Targets(),
+        rules=AlertRules(), exit_code=5, verdict="alert", events=15, alerts=[finding],
+    )  # fmt: skip
+    name = now.strftime("%Y%m%dT%H%M%SZ")
+    await asyncio.to_thread(write_report, report, base / env.topology.name / name, keep=3)
+    conn = await asyncpg.connect(env.dsn("sea"))
+    try:
+        await conn.execute(
+            "INSERT INTO kpi_runs (run_id, topology, window_seconds, range_start, range_end, "
+            "as_of, incremental, windows, events, verdict, exit_code, report_dir, started_at) "
+            "VALUES ($1, $2, 60, $3, $4, $4, false, 60, 15, 'alert', 5, $5, $4)",
+            run_id, env.topology.name, now - timedelta(hours=1), now, str(base),
+        )  # fmt: skip
+    finally:
+        await conn.close()
+    return name
+
+
 async def wait_ready(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
     async with aiohttp.ClientSession() as session:
 
@@ -152,6 +184,7 @@ async def stack(env: Env, nc: NATS, tmp_path: Path) -> AsyncIterator[Stack]:
     )
     (tmp_path / "token").write_text(TOKEN + "\n")
     (tmp_path / "traces").mkdir()
+    kpi_run = await write_kpi_report(env, tmp_path / "kpi")
     logs = tmp_path / "logs"
     logs.mkdir()
     tracing = {
@@ -196,10 +229,11 @@ async def stack(env: Env, nc: NATS, tmp_path: Path) -> AsyncIterator[Stack]:
             FERRY_CONSOLE_SAMPLE_INTERVAL="2",
             FERRY_CONSOLE_JAEGER_URL="http://jaeger.example:16686",
             FERRY_CONSOLE_SPANS_GLOB=str(tmp_path / "traces" / "*.jsonl"),
+            FERRY_KPI_REPORT_DIR=str(tmp_path / "kpi"),
         ),
     }
     url = f"http://127.0.0.1:{console_port}"
-    world = Stack(env, url, console_port, procs, logs)
+    world = Stack(env, url, console_port, procs, logs, kpi_run=kpi_run)
     try:
         await wait_ready(f"{url}/readyz", procs["console"], "console")
         world.fixed_at = datetime.now(UTC) + timedelta(seconds=FIX_AFTER)

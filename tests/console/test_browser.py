@@ -168,9 +168,14 @@ async def test_operator_replays_a_failure_group_and_follows_an_event(
     await page.goto(f"{stack.url}/event?q=hello")
     assert "search for a message or correlation id" in await page.inner_text("#search-error")
 
-    # KPI: no run yet, said so.
+    # KPI: the latest report's verdict, findings and plots; the runs table.
     await page.click("header nav >> text=KPI")
-    assert "No KPI run recorded yet" in await page.inner_text("#kpi-runs")
+    assert await page.inner_text("#kpi-verdict") == "alert"
+    assert "dlq_spike" in await page.inner_text("main")
+    for plot in ("latency.png", "windows.png"):
+        image = page.locator(f"img[alt='{plot}']")
+        assert await image.evaluate("i => i.complete && i.naturalWidth > 100"), plot
+    assert "alert" in await page.inner_text("#kpi-runs")
     await _shot(page, "09-kpi")
     assert not errors, errors
 
