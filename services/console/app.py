@@ -624,10 +624,11 @@ class Console:
         return self._render(request, "jobs.html", jobs=jobs)
 
     async def cancel_job(self, request: web.Request) -> web.Response:
-        self._operator(request)
+        session = self._operator(request)
         job = self._job(request)
         self.jobs.cancel(job.id)
         self.actions.labels("cancel", "done").inc()
+        log.info("bulk replay %s cancelled", job.id, extra={"actor": session.actor})
         raise web.HTTPSeeOther(f"/jobs/{job.id}")
 
     async def discard_parked(self, request: web.Request) -> web.Response:

@@ -90,6 +90,11 @@ def collect_secrets(folder: Path) -> dict[str, str]:
                 found[f"{name}:{number + 1}"] = line.rsplit(":", 1)[1]
         elif name == "nats-authorization.conf":
             continue  # the NATS passwords again (nats-password-*), for the server only
+        elif name.startswith("console-password-") or name == "console-session-key":
+            found[name] = text.strip()
+        elif name == "console-accounts.json":  # the console's password hashes
+            for account, entry in json.loads(text).items():
+                found[f"{name}[{account}]"] = entry["password"]
         else:
             raise AssertionError(f"unknown secret file {path}: teach collect_secrets")
     short = [n for n, v in found.items() if len(v) < WINDOW]
