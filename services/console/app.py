@@ -97,11 +97,15 @@ class Samples:
         series.append((at, float(value)))
 
     def svg(self, kind: str, name: str, label: str, floor_top: float = 1.0) -> str:
-        """The sparkline of one series, with its alert threshold."""
+        """The sparkline of one series, with its alert threshold: the last hour, or since
+        the first sample when the console has run for less."""
+        points = list(self.series.get((kind, name), ()))
+        now = time.time()
+        since = points[0][0] if points else now - HOUR
         return sparkline(
-            list(self.series.get((kind, name), ())),
-            span=HOUR,
-            now=time.time(),
+            points,
+            span=max(min(HOUR, now - since), 2 * self.interval),
+            now=now,
             threshold=data.THRESHOLDS.get(kind),
             floor_top=floor_top,
             label=label,

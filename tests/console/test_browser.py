@@ -179,6 +179,13 @@ async def test_operator_replays_a_failure_group_and_follows_an_event(
     await _shot(page, "09-kpi")
     assert not errors, errors
 
+    # The overview again: the sparklines have the samples of the run, the replayed
+    # group is no longer open.
+    await page.goto(f"{stack.url}/")
+    assert "HANDLER_REJECTED 2" in await page.locator(f"#durable-{DURABLE}").inner_text()
+    assert await page.locator("#durables svg.spark polyline").count() >= 3
+    await _shot(page, "11-overview-after-replay")
+
     # The read-only role reads everything and can act on nothing.
     await page.click("header form.who button")
     await _sign_in(page, stack, "viewer")
