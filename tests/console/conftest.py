@@ -52,6 +52,7 @@ class Stack:
     fine: list[str] = field(default_factory=list)
     fixed_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     kpi_run: str = ""
+    correlation: uuid.UUID = field(default_factory=uuid.uuid4)
 
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")
@@ -238,8 +239,7 @@ async def stack(env: Env, nc: NATS, tmp_path: Path) -> AsyncIterator[Stack]:
         await wait_ready(f"{url}/readyz", procs["console"], "console")
         world.fixed_at = datetime.now(UTC) + timedelta(seconds=FIX_AFTER)
         until = world.fixed_at.isoformat()
-        correlation = uuid.uuid4()
-        world.fine = [await record(env, correlation=correlation) for _ in range(8)]
+        world.fine = [await record(env, correlation=world.correlation) for _ in range(8)]
         world.fixable = [await record(env, {"reject_until": until}) for _ in range(5)]
         world.poison = [await record(env, {"poison": True}) for _ in range(2)]
 

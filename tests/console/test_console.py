@@ -91,6 +91,20 @@ async def test_sign_in_roles_csrf_bad_input_and_audit(stack: Stack) -> None:
             _clean(page)
         status, page = await _get(ops, f"{url}/event?q=%25%25")
         assert status == 200 and "search for a message or correlation id" in page
+        # Search: a correlation id lists its events; one match opens the event itself.
+        _, page = await _get(ops, f"{url}/event?q={stack.correlation}")
+        assert sorted(re.findall(r'<a href="/event/([0-9a-f-]{36})">', page)) == sorted(stack.fine)
+        conn = await asyncpg.connect(stack.env.dsn("vibespro"))
+        try:
+            aggregate = await conn.fetchval(
+                "SELECT aggregate_id FROM outbox_events WHERE id = $1", uuid.UUID(stack.fine[0])
+            )
+        finally:
+            await conn.close()
+        async with ops.get(f"{url}/event?q=vibe/{aggregate}", allow_redirects=False) as resp:
+            assert resp.status == 303 and resp.headers["Location"] == f"/event/{stack.fine[0]}"
+        status, page = await _get(ops, f"{url}/event/{uuid.uuid4()}")
+        assert status == 200 and "Not found in any outbox" in page
 
         # A form without the session's CSRF token is refused, whatever the role.
         target = stack.poison[0]
