@@ -160,6 +160,7 @@ async def test_a_held_dead_letter_parks_its_key_until_replayed(
                 actor="test",
                 reason="fixed",
                 automatic=False,
+                topology=env.topology,
             )
         finally:
             await conn.close()

@@ -87,6 +87,7 @@ async def held_then_replayed(
                 actor="test",
                 reason="fixed",
                 automatic=False,
+                topology=env.topology,
             )
         finally:
             await conn.close()

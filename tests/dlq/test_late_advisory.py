@@ -70,6 +70,7 @@ async def test_a_terminated_advisory_arriving_after_the_replay_started_records_n
                     actor="test",
                     reason="replay under test",
                     automatic=False,
+                    topology=world.topology,
                 )
         assert await status_of(world, event.message_id) == "replaying"
         # Now the advisory for the original delivery reaches the router.

@@ -125,6 +125,7 @@ async def test_where_follows_processed_dead_lettered_replayed_and_unpublished_ev
                 await dead_letters.replay(
                     conn, nc.jetstream(), durable=DURABLE, message_id=uuid.UUID(fixed),
                     actor="alice", reason="handler fixed", automatic=False,
+                    topology=env.topology,
                 )  # fmt: skip
 
                 async def replayed() -> bool:

@@ -35,7 +35,6 @@ from shared.domain.dead_letter import (
 )
 from shared.domain.envelope import format_timestamp
 from shared.domain.ordering import OrderingKeyError
-from shared.domain.subjects import replay_subject
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ async def replay(
     reason: str,
     automatic: bool,
     allowed: Sequence[str] = REPLAYABLE_STATUSES,
-    topology: Topology | None = None,
+    topology: Topology,
 ) -> Replayed:
     """Replay one dead letter: record it, then publish it, then confirm the publish.
 
@@ -157,11 +156,16 @@ async def replay(
 
 
 def _replay_subject(
-    topology: Topology | None, durable: str, message_id: UUID, row: Any, record: dict[str, Any]
+    topology: Topology, durable: str, message_id: UUID, row: Any, record: dict[str, Any]
 ) -> str:
-    """The replay's subject (see :meth:`Topology.replay_subject_for`)."""
-    if topology is None or durable not in topology.durables:
-        return replay_subject(row["stream"], durable)
+    """The replay's subject (see :meth:`Topology.replay_subject_for`). The topology is
+    required: without it a partitioned durable's replay would go to a subject none of its
+    partition consumers reads, and be lost silently."""
+    if durable not in topology.durables:
+        raise NotReplayable(
+            f"{durable}/{message_id}: durable not in topology {topology.name!r}; replay it "
+            "with the topology it belongs to"
+        )
     body = records.replay_body(record)
     try:
         envelope = json.loads(body) if body is not None else None
@@ -216,7 +220,7 @@ async def republish_unconfirmed(
     durable: str,
     *,
     older_than: float,
-    topology: Topology | None = None,
+    topology: Topology,
 ) -> int:
     """Publish again the replays whose publish was never confirmed; how many."""
     count = 0
