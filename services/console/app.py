@@ -620,7 +620,9 @@ class Console:
             entries=[
                 (e, now.get((e["durable"], e["message_id"]))) for e in job.entries[:GROUP_PAGE]
             ],
-            refresh=job.running,
+            # Live while it runs and while its entries are being replayed.
+            refresh=job.running
+            or any(state.get("status") == "replaying" for state in now.values()),
         )
 
     async def job_list(self, request: web.Request) -> web.Response:

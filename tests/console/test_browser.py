@@ -121,14 +121,19 @@ async def test_operator_replays_a_failure_group_and_follows_an_event(
     # Replay the group: a job with its progress; the entries become replayed.
     await page.click("#confirm button[name=confirm]")
     assert "/jobs/" in page.url
+    # The job page updates itself in place (static/live.js): no reload, no navigation.
+    navigations: list[str] = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
     deadline = time.monotonic() + 60
     while True:
         text = await page.inner_text("#job-entries")
         if text.count("replayed") >= 5 and "replaying" not in text:
             break
         assert time.monotonic() < deadline, text
-        await asyncio.sleep(1.0)
-        await page.reload()
+        await asyncio.sleep(0.5)
+    assert navigations == []
+    updates = await page.evaluate("document.documentElement.getAttribute('data-live-updates')")
+    assert int(updates) >= 1, "the entries must have changed through a live update"
     assert "done: 5 of 5 handled (5 replayed, 0 refused)" in await page.inner_text("#job-state")
     await _shot(page, "06-replay-done")
     statuses = await dead_letter_statuses(stack.env)
