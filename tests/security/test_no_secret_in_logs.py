@@ -71,6 +71,29 @@ _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 # ---------------------------------------------------------------- the scanner
 
 
+#: Secret files holding one secret each, by the start of their names (or the whole name).
+_PLAIN = ("nats-password-", "pg-password-", "handler-secret-", "console-password-")
+_PLAIN_NAMES = ("console-session-key",)
+
+
+def secrets_of_file(name: str, text: str) -> dict[str, str] | None:
+    """The secrets one file of a secrets directory holds (None: a file no rule knows)."""
+    if name.startswith(_PLAIN) or name in _PLAIN_NAMES:
+        return {name: text.strip()}
+    if name.startswith("handler-secrets-") and name.endswith(".json"):
+        return {f"{name}[{durable}]": value for durable, value in json.loads(text).items()}
+    if name.startswith("pgpass-"):
+        return {
+            f"{name}:{number + 1}": line.rsplit(":", 1)[1]
+            for number, line in enumerate(text.splitlines())
+        }
+    if name == "nats-authorization.conf":
+        return {}  # the NATS passwords again (nats-password-*), for the server only
+    if name == "console-accounts.json":  # the console's password hashes
+        return {f"{name}[{a}]": entry["password"] for a, entry in json.loads(text).items()}
+    return None
+
+
 def collect_secrets(folder: Path) -> dict[str, str]:
     """Every secret value in a stack's secrets directory, by where it comes from.
 
@@ -79,24 +102,10 @@ def collect_secrets(folder: Path) -> dict[str, str]:
     """
     found: dict[str, str] = {}
     for path in sorted(folder.iterdir()):
-        name, text = path.name, path.read_text(encoding="utf-8")
-        if name.startswith(("nats-password-", "pg-password-", "handler-secret-")):
-            found[name] = text.strip()
-        elif name.startswith("handler-secrets-") and name.endswith(".json"):
-            for durable, value in json.loads(text).items():
-                found[f"{name}[{durable}]"] = value
-        elif name.startswith("pgpass-"):
-            for number, line in enumerate(text.splitlines()):
-                found[f"{name}:{number + 1}"] = line.rsplit(":", 1)[1]
-        elif name == "nats-authorization.conf":
-            continue  # the NATS passwords again (nats-password-*), for the server only
-        elif name.startswith("console-password-") or name == "console-session-key":
-            found[name] = text.strip()
-        elif name == "console-accounts.json":  # the console's password hashes
-            for account, entry in json.loads(text).items():
-                found[f"{name}[{account}]"] = entry["password"]
-        else:
+        secrets = secrets_of_file(path.name, path.read_text(encoding="utf-8"))
+        if secrets is None:
             raise AssertionError(f"unknown secret file {path}: teach collect_secrets")
+        found.update(secrets)
     short = [n for n, v in found.items() if len(v) < WINDOW]
     assert not short, f"secrets shorter than {WINDOW} characters: {short}"
     return found
