@@ -16,14 +16,17 @@ handler outcome                    decision
 3xx                                Nak: Ferry does not follow redirects; fix the URL
 timeout, connection refused/reset  Nak
 a retry with ``retryable: false``  DeadLetter HANDLER_NOT_RETRYABLE, then ack
+4xx with ``retryable: true``       Nak instead of a 4xx dead letter (Retry-After too)
 any Nak at attempt >= max_deliver  DeadLetter MAX_DELIVERIES_EXCEEDED, then ack
 =================================  ===============================================
 
 ``retryable`` (INFRA-005 §3.1, "retry only when retryable=true") is read from a 4xx/5xx
-JSON object body (:func:`body_retryable`): ``"retryable": false`` makes an answer the
+JSON object body (:func:`body_retryable`). ``"retryable": false`` makes an answer the
 table would retry (404, 405, 408, 425, 429, 5xx) final at once instead of spending the
-ladder. It never turns a dead letter into a retry, and never applies to 401/403: a
-credentials mismatch is the configuration's fault, never the message's, and is held.
+ladder. ``"retryable": true`` makes a 4xx the table would dead-letter (400, 413, 422 …)
+a retry: the handler says the fault is passing (a reference not there *yet*), and
+``max_deliver`` still bounds it. Neither applies to 401/403: a credentials mismatch is
+the configuration's fault, never the message's, and is held.
 
 A Nak carries an explicit delay from the durable's back-off ladder (JetStream's
 BackOff list does not apply to naks). A handler's Retry-After can lengthen it, never
@@ -143,6 +146,9 @@ def _first_decision(outcome: Outcome, *, attempt: int, policy: RetryPolicy) -> D
         return Ack("processed")
     if status in ACK_STATUSES:
         return Ack("already_processed")
+    if outcome.retryable is True and 400 <= status < 500 and status not in RETRYABLE_4XX:
+        delay = policy.retry_delay(attempt, outcome.retry_after)
+        return Nak(delay, f"handler answered {status} with retryable: true")
     if status == 422:
         return DeadLetter("HANDLER_REJECTED", outcome.detail or "handler answered 422")
     if 400 <= status < 500 and status not in RETRYABLE_4XX:

@@ -1,8 +1,8 @@
-"""INFRA-005 §3.1, "retry only when retryable=true": a handler's ``retryable: false``.
+"""INFRA-005 §3.1, "retry only when retryable=true": a handler's ``retryable`` flag.
 
-The status still decides first; ``retryable: false`` in a 4xx/5xx JSON body only makes an
-answer the table would retry final at once (HANDLER_NOT_RETRYABLE), never a dead letter a
-retry, and never touches a credentials refusal (held) or a success.
+``retryable: false`` in a 4xx/5xx JSON body makes an answer the table would retry final at
+once (HANDLER_NOT_RETRYABLE); ``retryable: true`` makes a 4xx the table would dead-letter
+a retry (issue 26). Neither touches a credentials refusal (held) or a success.
 """
 
 from __future__ import annotations
@@ -48,19 +48,32 @@ def test_a_credentials_refusal_is_held_whatever_the_body_says(status: int) -> No
     assert isinstance(decision, Nak) and decision.alert
 
 
-def test_the_flag_changes_neither_success_nor_dead_letters() -> None:
-    assert decide(HandlerResponse(200, retryable=False), attempt=1, policy=POLICY) == Ack(
-        "processed"
-    )
-    assert decide(HandlerResponse(409, retryable=False), attempt=1, policy=POLICY) == Ack(
-        "already_processed"
-    )
-    rejected = decide(HandlerResponse(422, detail="x", retryable=True), attempt=1, policy=POLICY)
-    assert rejected == DeadLetter("HANDLER_REJECTED", "x")
-    bad = decide(HandlerResponse(400, retryable=True), attempt=1, policy=POLICY)
-    assert isinstance(bad, DeadLetter) and bad.reason_code == "HANDLER_BAD_REQUEST"
+def test_the_flag_changes_no_success_and_no_redirect() -> None:
+    for flag in (True, False):
+        assert decide(HandlerResponse(200, retryable=flag), attempt=1, policy=POLICY) == Ack(
+            "processed"
+        )
+        assert decide(HandlerResponse(409, retryable=flag), attempt=1, policy=POLICY) == Ack(
+            "already_processed"
+        )
     redirect = decide(HandlerResponse(307, retryable=False), attempt=1, policy=POLICY)
     assert isinstance(redirect, Nak), "a redirect is the URL's fault: retried and alerted"
+
+
+@pytest.mark.parametrize("status", [400, 410, 413, 415, 422, 451])
+def test_retryable_true_makes_a_4xx_dead_letter_a_retry(status: int) -> None:
+    response = HandlerResponse(status, 20.0, "not yet", retryable=True)
+    decision = decide(response, attempt=1, policy=POLICY)
+    assert decision == Nak(20.0, f"handler answered {status} with retryable: true")
+    last = decide(response, attempt=POLICY.max_deliver, policy=POLICY)
+    assert isinstance(last, DeadLetter) and last.reason_code == "MAX_DELIVERIES_EXCEEDED"
+
+
+@pytest.mark.parametrize("status", [400, 422])
+def test_without_the_flag_a_4xx_dead_letters_as_before(status: int) -> None:
+    for flag in (None, False):
+        decision = decide(HandlerResponse(status, retryable=flag), attempt=1, policy=POLICY)
+        assert isinstance(decision, DeadLetter)
 
 
 @pytest.mark.parametrize(
