@@ -33,6 +33,7 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
+from services.inbox_consumer.batching import BatchCaller
 from services.inbox_consumer.deciding import Decider
 from services.inbox_consumer.delivery import (
     CONSUMER_ERROR,
@@ -139,6 +140,12 @@ class InboxConsumer:
             stats=self.stats,
             metrics=self.metrics,
         )
+        #: Batch handler calls (``handler.batch`` >= 2, never with ordering: key).
+        self.batcher: BatchCaller | None = None
+        if spec.handler.batch > 1 and spec.ordering != "key":
+            self.batcher = BatchCaller(
+                self.decider, size=spec.handler.batch, unexpected=self.unexpected
+            )
         #: Inbox writes and ack / nak / term (:mod:`.settlement`).
         self.settler = Settler(
             pool=pool,
@@ -323,7 +330,10 @@ class InboxConsumer:
         claimed = [unique[mid] for mid in claim.claimed]
         for delivery in claimed:
             delivery.span = process_span(delivery, durable=self.durable, stream=self.spec.stream)
-        decisions = await asyncio.gather(*(self.traced_decide(d) for d in claimed))
+        if self.batcher is not None:  # handler.batch >= 2: N events per call (.batching)
+            decisions = await self.batcher.decide_all(claimed)
+        else:
+            decisions = await asyncio.gather(*(self.traced_decide(d) for d in claimed))
         await self.settler.settle(list(zip(claimed, decisions, strict=True)))
 
     async def claim_holding(self, deliveries: list[Delivery]) -> InboxClaim | None:

@@ -56,26 +56,36 @@ class Decider:
 
     async def decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
         """What to do with a claimed delivery, and the handler status if it was called."""
-        if delivery.poison is not None:
-            return DeadLetter(delivery.poison.reason_code, delivery.poison.detail), None
+        early = self.without_call(delivery)
+        if early is not None:
+            return early, None
         envelope = delivery.envelope
         assert envelope is not None
-        key = (envelope.event_type, envelope.event_version)
-        if self.accepted is not None and key not in self.accepted:
-            detail = f"{self.durable} handles no {envelope.event_type}.v{envelope.event_version}"
-            return DeadLetter("UNKNOWN_EVENT", detail), None
-        # The registry's accepted set carries each version's schema validator; a payload
-        # that fails it can never succeed (poison), so the handler is not called.
-        if isinstance(self.accepted, AcceptedEvents):
-            problem = self.accepted.payload_error(key, envelope.payload)
-            if problem is not None:
-                return DeadLetter("SCHEMA_INVALID", problem), None
         async with self.slots:
             outcome = await self._call_with_heartbeat(delivery, envelope)
             if refused(outcome):
                 outcome = await self._hold_while_refused(delivery, envelope, outcome)
         status = outcome.status if isinstance(outcome, HandlerResponse) else None
         return decide(outcome, attempt=delivery.attempt, policy=self.policy), status
+
+    def without_call(self, delivery: Delivery) -> DeadLetter | None:
+        """The decision of a delivery the handler must not be called for (poison, an
+        event the durable does not handle, a payload its schema refuses), else None."""
+        if delivery.poison is not None:
+            return DeadLetter(delivery.poison.reason_code, delivery.poison.detail)
+        envelope = delivery.envelope
+        assert envelope is not None
+        key = (envelope.event_type, envelope.event_version)
+        if self.accepted is not None and key not in self.accepted:
+            detail = f"{self.durable} handles no {envelope.event_type}.v{envelope.event_version}"
+            return DeadLetter("UNKNOWN_EVENT", detail)
+        # The registry's accepted set carries each version's schema validator; a payload
+        # that fails it can never succeed (poison), so the handler is not called.
+        if isinstance(self.accepted, AcceptedEvents):
+            problem = self.accepted.payload_error(key, envelope.payload)
+            if problem is not None:
+                return DeadLetter("SCHEMA_INVALID", problem)
+        return None
 
     async def _hold_while_refused(
         self, delivery: Delivery, envelope: Envelope, outcome: Any

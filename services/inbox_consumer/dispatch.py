@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import aiohttp
 
 from shared.domain.ack import HandlerFailure, HandlerResponse, Outcome, body_retryable
+from shared.domain.batch_call import ANSWER_LIMIT, BatchAnswer, MalformedAnswer, read_batch_answer
 from shared.domain.envelope import wire_json
 from shared.domain.retry_after import parse_retry_after
 from shared.domain.signing import sign
@@ -38,6 +40,10 @@ DETAIL_LIMIT = 500
 BODY_READ_LIMIT = 4 * DETAIL_LIMIT
 #: Message ids remembered as already warned about an invalid Retry-After.
 WARNED_LIMIT = 4096
+
+#: What a batch call came to: per-event results, an unreadable answer, or one outcome
+#: for every event (a non-200 answer, a timeout, no connection).
+BatchOutcome = BatchAnswer | MalformedAnswer | HandlerResponse | HandlerFailure
 
 
 class HttpHandler:
@@ -77,6 +83,41 @@ class HttpHandler:
                 retry_after = self._retry_after(resp, headers.get("Idempotency-Key", ""))
                 detail, retryable = await _detail(resp)
                 return HandlerResponse(resp.status, retry_after, detail, retryable)
+        except TimeoutError:
+            return HandlerFailure("timeout", f"no answer within {self.timeout}s")
+        except (aiohttp.ClientError, OSError) as exc:
+            return HandlerFailure("unreachable", _bounded(f"{type(exc).__name__}: {exc}"))
+        except asyncio.CancelledError:
+            raise
+
+    async def handle_batch(
+        self, body: dict[str, Any], headers: dict[str, str], expected: list[uuid.UUID]
+    ) -> BatchOutcome:
+        """POST a batch call (:mod:`shared.domain.batch_call`) carrying ``expected``.
+
+        A 200 is read whole (up to :data:`~shared.domain.batch_call.ANSWER_LIMIT` bytes)
+        as the per-event results; any other answer, or none, is the outcome of every event.
+        """
+        data = wire_json(body)
+        headers = {**headers, "Content-Type": "application/json"}
+        if self._secret is not None:
+            headers.update(sign(self._secret, self.durable, data, time.time()))
+        first = str(expected[0]) if expected else ""
+        try:
+            async with self._session.post(
+                self.url, data=data, headers=headers, allow_redirects=False
+            ) as resp:
+                if resp.status != 200:
+                    retry_after = self._retry_after(resp, first)
+                    detail, retryable = await _detail(resp)
+                    return HandlerResponse(resp.status, retry_after, detail, retryable)
+                answer = await resp.content.read(ANSWER_LIMIT + 1)
+                while len(answer) <= ANSWER_LIMIT:
+                    more = await resp.content.read(ANSWER_LIMIT + 1 - len(answer))
+                    if not more:
+                        break
+                    answer += more
+                return read_batch_answer(answer, expected)
         except TimeoutError:
             return HandlerFailure("timeout", f"no answer within {self.timeout}s")
         except (aiohttp.ClientError, OSError) as exc:

@@ -71,6 +71,21 @@ class ConsumerMetrics:
             buckets=BATCH_BUCKETS,
             registry=reg,
         ).labels(durable)
+        self._batch_size = Histogram(
+            "ferry_handler_batch_size",
+            "Events per batch handler call (durables with handler.batch >= 2).",
+            ["durable"],
+            buckets=BATCH_BUCKETS,
+            registry=reg,
+        ).labels(durable)
+        self._batch_problems = Counter(
+            "ferry_handler_batch_problems",
+            "Events of batch calls whose answer could not be used (problem: malformed = "
+            "every event of the call retried; missing / duplicated = that event retried; "
+            "unknown = a result for an id the call did not carry, ignored).",
+            ["durable", "problem"],
+            registry=reg,
+        )
         self._backlog = Gauge(
             "ferry_inbox_backlog",
             "QRY-051: inbox rows without processed_at, by state (pending = received or "
@@ -128,6 +143,14 @@ class ConsumerMetrics:
     def batch_fetched(self, messages: int) -> None:
         """One batch of ``messages`` handed over by the puller."""
         self._batch.observe(messages)
+
+    def batch_called(self, events: int) -> None:
+        """One batch handler call carrying ``events``."""
+        self._batch_size.observe(events)
+
+    def batch_problem(self, problem: str, events: int) -> None:
+        """``events`` of a batch answer that could not be used as they were."""
+        self._batch_problems.labels(self.durable, problem).inc(events)
 
     def handled(self, outcome: Any, seconds: float) -> None:
         """One handler call and what it answered."""

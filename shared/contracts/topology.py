@@ -125,6 +125,10 @@ class HandlerSpec(_Model):
 
     url: str
     timeout: Seconds = 10.0
+    #: Events per handler call: 1 (the default) is the per-message contract; N ≥ 2 sends
+    #: up to N events of one fetch in one signed POST and reads one result per event
+    #: (docs/reference/handler-contract.md, "Batch calls"). Refused with ordering: key.
+    batch: int = Field(default=1, ge=1, le=1000)
 
 
 class ReplayLimits(_Model):
