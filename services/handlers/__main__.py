@@ -3,7 +3,7 @@
 Wires settings to a :class:`HandlerService` and an aiohttp runner, then waits for
 SIGTERM/SIGINT. Exit codes: 0 after a clean stop, 2 on a configuration error (unknown
 service, bad settings, port in use, fault injection in production), 3 when the database
-fails while starting.
+fails while starting (or NATS, for a handler that runs replay jobs).
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ import asyncpg
 from aiohttp import web
 from pydantic import ValidationError
 
+from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import CONNECTION_ERRORS, create_pool
 from shared.contracts.lint import require_clean_topology
+from shared.contracts.replay_jobs import replay_workers
 from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError, TransientError
 from shared.runtime.lifecycle import EXIT_CONFIG, EXIT_CONNECT, EXIT_OK, stop_on_signals
@@ -29,6 +31,7 @@ from shared.runtime.logs import configure_logging
 from shared.telemetry import setup_tracing
 
 from .app import make_app
+from .contexts import module_g
 from .service import build_service
 from .settings import HandlerSettings
 from .specs import SERVICES, service_spec
@@ -38,6 +41,8 @@ ROLE_PREFIX = "handler-"
 POOL_SIZE = 20
 #: Seconds SIGTERM allows in-flight calls to finish, below supervisord's stopwaitsecs.
 SHUTDOWN_TIMEOUT = 8.0
+#: Seconds a replay-job worker waits for NATS at start before it gives up (exit 3).
+NATS_WAIT = 60.0
 #: Longest pause between attempts to reach PostgreSQL at start.
 RETRY_MAX = 5.0
 
@@ -82,14 +87,46 @@ async def run(settings: HandlerSettings, stop: asyncio.Event) -> int:
                 "FERRY_HANDLER_FAULT_INJECTION is on: payloads' _ferry_test directives are "
                 "obeyed (a test setting; never in production)"
             )
+        nc = await _replay_worker(settings, topology, spec.name)
         secrets = settings.verification_secrets()
         if not secrets:
             log.warning("FERRY_HANDLER_SECRETS is not set: requests are not authenticated")
         app = make_app(service=service, secrets=secrets, tolerance=settings.signature_tolerance)
-        await _serve(app, settings.host, ports, stop)
+        try:
+            await _serve(app, settings.host, ports, stop)
+        finally:
+            module_g.serve_replay_jobs(None)
+            if nc is not None:
+                await nc.close()
     finally:
         await _close_pool(pool)
     return EXIT_OK
+
+
+async def _replay_worker(settings: HandlerSettings, topology: Topology, service: str) -> Any:
+    """With FERRY_HANDLER_REPLAY_JOBS on: the NATS connection replay jobs run on (module_g's
+    route executes them with it); None when off."""
+    if not settings.handler_replay_jobs:
+        return None
+    workers = replay_workers(topology)
+    if service not in workers or service != module_g.SPEC.name:
+        raise ConfigurationError(
+            f"FERRY_HANDLER_REPLAY_JOBS is on, but {service!r} runs no replay jobs in topology "
+            f"{topology.name!r} (their handler: {', '.join(workers) or 'none'})"
+        )
+    nc = await connect_nats(
+        settings.nats_servers(),
+        name=f"{ROLE_PREFIX}{service}",
+        ping_interval=settings.nats_ping_interval,
+        auth=settings.nats_auth(),
+        give_up_after=NATS_WAIT,
+    )
+    module_g.serve_replay_jobs(
+        module_g.ReplayWorker(settings, topology, nc, rate=settings.handler_replay_rate)
+    )
+    pace = settings.handler_replay_rate or "no limit"
+    log.info("running replay jobs (%s replays/s at most)", pace)
+    return nc
 
 
 async def _serve(app: web.Application, host: str, ports: list[int], stop: asyncio.Event) -> None:
@@ -172,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     except CONNECTION_ERRORS as exc:
         log.error("database failed while starting: %s", exc)
+        return EXIT_CONNECT
+    except TransientError as exc:
+        log.error("NATS not reachable while starting (replay jobs): %s", exc)
         return EXIT_CONNECT
 
 

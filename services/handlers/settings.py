@@ -37,6 +37,14 @@ class HandlerSettings(CommonSettings):
     #: Off (the default), ``_ferry_test`` is ordinary payload data that changes nothing.
     #: The service refuses to start with it on when FERRY_ENVIRONMENT is ``production``.
     handler_fault_injection: bool = False
+    #: Execute the replay API's jobs (the handler of the context whose durable handles
+    #: ``replay_job_requested``: module_g, durable cg_replay): connect to NATS as
+    #: FERRY_NATS_USER (``handler-module_g``) and replay dead letters in every database of
+    #: the topology through ``ferry dlq replay``'s audited path. Off, a replay job is
+    #: answered 503 and retried until a handler with it on takes it.
+    handler_replay_jobs: bool = False
+    #: Replays per second within one replay job (0: no pause between two replays).
+    handler_replay_rate: float = Field(default=20.0, ge=0, le=1000)
     #: The kind of deployment: ``production`` (k8s/overlays/prod sets it) forbids
     #: FERRY_HANDLER_FAULT_INJECTION; anything else (``development``, ``test``...) allows it.
     environment: str = "development"

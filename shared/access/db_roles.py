@@ -13,10 +13,12 @@ inbox-consumer-{durable}    its target's database: its own rows of ``inbox_messa
                             (insert), enforced per row (row-level security on ``durable``);
                             an ``ordering: key`` durable also its ``parked_messages`` and
                             ``partition_members`` (all four) and ``partition_leases`` (no
-                            delete)
+                            delete); its row of ``throttle_overrides`` (read)
 handler-{ctx}               its context's database: create and use its own ``handler_*``
                             tables; a handler that forwards events (module_f) may also
-                            INSERT into ``outbox_events``
+                            INSERT into ``outbox_events``; the handler that runs the replay
+                            API's jobs (module_g) also reads and updates ``replay_jobs`` and
+                            has the dlq-replayer's grants in every target database
 dlq-router-{topology}       each target database: the rows of its topology's durables in
                             ``inbox_messages``/``dead_letters`` (read, insert, update),
                             ``dead_letter_actions`` (insert)
@@ -34,12 +36,18 @@ console-{topology}          the operator console (services/console): read the ou
                             only what ``ferry dlq`` and ``ferry parked`` write (UPDATE of
                             ``dead_letters`` and ``inbox_messages`` for replays, park and
                             discard; INSERT into ``dead_letter_actions`` and
-                            ``parked_actions``; DELETE of a held ``parked_messages`` head)
+                            ``parked_actions``; DELETE of a held ``parked_messages`` head);
+                            in the replay lane's database (module_g) INSERT into
+                            ``replay_jobs`` and ``outbox_events`` (the replay API's jobs)
 ==========================  ================================================================
 
 No login may connect to a database it has no grant in (``CONNECT`` is revoked from
 PUBLIC). The tables belong to :data:`~shared.access.identities.DB_OWNER`, which runs the migrations
 and which no long-running role uses.
+
+``ferry durable rewind`` (an operator command, run as the console's login) writes its audit
+in ``durable_rewinds`` of the durable's target database: the console may read, insert and
+update its durables' rows there (row-level security on ``durable``).
 
 ``ferry db-roles`` applies all of this (idempotently: privileges our roles no longer need
 are revoked, stale policies dropped) with an administrative DSN. Passwords are set as
@@ -60,6 +68,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from shared.access.identities import DB_OWNER, Identity, check_unique, handler_contexts, identities
+from shared.contracts.replay_jobs import replay_lane, replay_workers
 from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError
 
@@ -88,13 +97,22 @@ KPI_TABLES = ("kpi_windows", "kpi_reasons", "kpi_watermarks", "kpi_runs")
 PER_DURABLE_TABLES = ("inbox_messages", "dead_letters", "dead_letter_actions")
 #: ``ordering: key`` durables' tables (migrations 0009, 0010), also one durable's rows each.
 ORDERING_TABLES = ("parked_messages", "parked_actions", "partition_leases", "partition_members")
+#: The audit of ``ferry durable rewind`` (migrations/0011_rewinds.sql), one durable's rows each.
+REWIND_TABLE = "durable_rewinds"
+#: The replay API's jobs (migrations/0013_replay_jobs.sql).
+REPLAY_JOBS_TABLE = "replay_jobs"
+#: Throttle overrides and their audit (migrations/0012_throttles.sql), one durable's rows each.
+THROTTLE_TABLES = ("throttle_overrides", "throttle_actions")
 #: Every table of the migrations that a grant here may touch.
 FERRY_TABLES = (
+    *THROTTLE_TABLES,
     "outbox_events",
     "outbox_actions",
     *PER_DURABLE_TABLES,
     *ORDERING_TABLES,
     *KPI_TABLES,
+    REWIND_TABLE,
+    REPLAY_JOBS_TABLE,
 )
 #: Handler services that record events in their own outbox while handling one
 #: (services/handlers/contexts/module_f.py forwards lane E→F into lane F→G).
@@ -170,12 +188,13 @@ def role_access(identity: Identity, topology: Topology) -> list[RoleAccess]:
             return [RoleAccess(identity, database, mine)]
         if kind == "producer":
             return [RoleAccess(identity, database, (_outbox_insert(),))]
-        own: tuple[TableAccess, ...] = (_outbox_insert(),) if of in FORWARDING_HANDLERS else ()
-        return [RoleAccess(identity, database, own, create_tables=True)]
+        return _handler_access(identity, topology, database)
     if kind == "inbox-consumer":
         spec = topology.durables[of]
         database = topology.contexts[spec.target].database
         tables = _per_durable([of], inbox=_READ_WRITE, dead=_READ_WRITE)
+        # Its operator throttle override (read every few seconds).
+        tables += (TableAccess("throttle_overrides", ("SELECT",), (of,)),)
         if spec.ordering == "key":
             # Its parked messages and its partition leases and members (issue 23).
             every = ("SELECT", "INSERT", "UPDATE", "DELETE")
@@ -210,6 +229,35 @@ def role_access(identity: Identity, topology: Topology) -> list[RoleAccess]:
     return out
 
 
+def _handler_access(identity: Identity, topology: Topology, database: str) -> list[RoleAccess]:
+    """A handler service: its own tables; a forwarding one its outbox; the replay worker
+    more (:func:`_replay_worker_access`)."""
+    own: tuple[TableAccess, ...] = (_outbox_insert(),) if identity.of in FORWARDING_HANDLERS else ()
+    if identity.of in replay_workers(topology):
+        return _replay_worker_access(identity, topology, database, own)
+    return [RoleAccess(identity, database, own, create_tables=True)]
+
+
+def _replay_worker_access(
+    identity: Identity, topology: Topology, database: str, own: tuple[TableAccess, ...]
+) -> list[RoleAccess]:
+    """The handler that runs the replay API's jobs: its own tables, the job rows (read,
+    update: it marks them running and done), and in every database what a replay writes
+    (the dlq-replayer's grants: ``ferry dlq replay``'s statements)."""
+    lane = replay_lane(topology)
+    out: dict[str, list[TableAccess]] = {database: list(own)}
+    if lane is not None:
+        out.setdefault(lane.database, []).append(
+            TableAccess(REPLAY_JOBS_TABLE, ("SELECT", "UPDATE"))
+        )
+    for db, names in _by_target_db(topology).items():
+        out.setdefault(db, []).extend(_per_durable(names, inbox=_READ_UPDATE, dead=_READ_UPDATE))
+    return [
+        RoleAccess(identity, db, tuple(tables), create_tables=db == database)
+        for db, tables in out.items()
+    ]
+
+
 def _retention_access(
     identity: Identity, topology: Topology, by_db: dict[str, list[str]]
 ) -> list[RoleAccess]:
@@ -238,10 +286,16 @@ def _console_access(
     discard``): the same statements, so the same grants as the dlq-replayer plus the
     parked queue's discard."""
     out = []
+    lane = replay_lane(topology)
     ordered = {name for name, spec in topology.durables.items() if spec.ordering == "key"}
     for database in topology.databases():
         rows = tuple(by_db.get(database, []))
-        tables: list[TableAccess] = [TableAccess("outbox_events", ("SELECT",))]
+        replay_lane_db = lane is not None and database == lane.database
+        outbox: tuple[str, ...] = ("SELECT",)
+        if replay_lane_db:
+            # The replay API: a job row and its event's outbox row, in one transaction.
+            outbox += (_columns("INSERT", OUTBOX_INSERT_COLUMNS),)
+        tables: list[TableAccess] = [TableAccess("outbox_events", outbox)]
         # `ferry where` looks for an event's inbox rows and dead letters in every database:
         # where no durable of the topology lives, it may read (and sees no row).
         read, note = (_READ_UPDATE, ("SELECT", "INSERT")) if rows else (("SELECT",),) * 2
@@ -257,7 +311,13 @@ def _console_access(
                     TableAccess("parked_messages", ("SELECT", "DELETE"), keyed),
                     TableAccess("parked_actions", ("SELECT", "INSERT"), keyed),
                 ]
+            # `ferry durable rewind`'s audit: written at the start, completed at the end.
+            tables.append(TableAccess(REWIND_TABLE, _READ_WRITE, rows))
+        if rows:  # the throttles in force and their audit (read only)
+            tables += [TableAccess(t, ("SELECT",), rows) for t in THROTTLE_TABLES]
         tables += [TableAccess(t, ("SELECT",)) for t in KPI_TABLES]
+        if replay_lane_db:
+            tables.append(TableAccess(REPLAY_JOBS_TABLE, ("SELECT", "INSERT")))
         out.append(RoleAccess(identity, database, tuple(tables)))
     return out
 
@@ -361,7 +421,7 @@ class DatabasePlan:
             sql.append(f"REVOKE CREATE ON SCHEMA public FROM {ident(role)}")
             sql.append(f"REVOKE CONNECT, TEMPORARY ON DATABASE {ident(self.database)} "
                        f"FROM {ident(role)}")  # fmt: skip
-        for name in (*PER_DURABLE_TABLES, *ORDERING_TABLES):
+        for name in (*PER_DURABLE_TABLES, *ORDERING_TABLES, *THROTTLE_TABLES, REWIND_TABLE):
             sql.append(f"ALTER TABLE {name} ENABLE ROW LEVEL SECURITY")
         wanted = {(t.table, a.role) for a in self.accesses for t in a.tables if t.durables}
         managed = set(self.managed)

@@ -16,10 +16,11 @@ import os
 import re
 import secrets
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from shared.contracts.replay_jobs import replay_workers
 from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError
 
@@ -40,7 +41,8 @@ NATS_ADMIN = "ferry-admin"
 #: The PostgreSQL role that owns every Ferry table and runs ``ferry migrate``.
 DB_OWNER = "ferry_owner"
 #: Kinds that talk to NATS (handlers, producers, the KPI job and ``ferry purge``'s
-#: ``retention`` login only use PostgreSQL).
+#: ``retention`` login only use PostgreSQL; but the handler that runs replay jobs, see
+#: :attr:`Identity.nats`).
 NATS_KINDS: tuple[Kind, ...] = (
     "outbox-publisher", "inbox-consumer", "dlq-router", "dlq-replayer", "console",
 )  # fmt: skip
@@ -55,6 +57,9 @@ class Identity:
 
     kind: Kind
     of: str
+    #: A role of a kind that never talks to NATS that does here: the handler that runs
+    #: the replay API's jobs (:func:`shared.contracts.replay_jobs.replay_workers`).
+    nats: bool = field(default=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -69,7 +74,7 @@ class Identity:
     @property
     def uses_nats(self) -> bool:
         """Whether this role connects to NATS."""
-        return self.kind in NATS_KINDS
+        return self.kind in NATS_KINDS or self.nats
 
 
 def pg_role_name(name: str) -> str:
@@ -96,7 +101,10 @@ def identities(topology: Topology) -> list[Identity]:
             found.append(Identity("outbox-publisher", name))
             found.append(Identity("producer", name))
     found += [Identity("inbox-consumer", name) for name in sorted(topology.durables)]
-    found += [Identity("handler", name) for name in handler_contexts(topology)]
+    replaying = replay_workers(topology)
+    found += [
+        Identity("handler", name, nats=name in replaying) for name in handler_contexts(topology)
+    ]
     found += [
         Identity("dlq-router", topology.name),
         Identity("dlq-replayer", topology.name),

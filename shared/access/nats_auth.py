@@ -21,6 +21,9 @@ exactly the subjects its nats-py calls use, and nothing else:
     publishes only the replay subjects of its topology's durables
     (``ferry.replay.{STREAM}.{durable}``, ``….{durable}.{k}`` for each partition of an
     ordered durable on a partitioned stream).
+``handler-{context}`` of the context that runs the replay API's jobs (mediation: module_g)
+    publishes the replay subjects, as the dlq-replayer does (every other handler has no
+    NATS user).
 ``console-{topology}``
     the operator console: reads the info of the topology's streams (event, dead-letter
     and advisory streams) and consumers, reads messages of its event streams by sequence
@@ -52,6 +55,7 @@ from pathlib import Path
 from shared.access.identities import NATS_ADMIN, Identity, SecretsDir, check_unique, identities
 from shared.access.streams import ROUTER_DURABLE
 from shared.adapters.nats import NatsAuth
+from shared.contracts.replay_jobs import replay_workers
 from shared.contracts.topology import Topology
 from shared.domain.reply_subjects import inbox_prefix
 
@@ -133,6 +137,14 @@ def permissions_of(identity: Identity, topology: Topology) -> Permissions | None
         return Permissions(_unique(publish), reply)
     if identity.kind == "console":
         return Permissions(_unique(_console_publish(topology)), reply)
+    if identity.kind == "handler" and identity.of in replay_workers(topology):
+        # The replay API's worker (cg_replay's handler) replays as `ferry dlq replay` does.
+        publish = [
+            plan.replay_subject
+            for name in sorted(topology.durables)
+            for plan in topology.consumers(name)
+        ]
+        return Permissions(_unique(publish), reply)
     return None
 
 

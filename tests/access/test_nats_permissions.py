@@ -311,7 +311,13 @@ def test_generated_block_is_a_valid_server_config_for_both_topologies(tmp_path: 
         + [f"inbox-consumer-{d}" for t in SHIPPED for d in t.durables]
         + [f"dlq-{kind}-{t.name}" for t in SHIPPED for kind in ("router", "replayer")]
         + [f"console-{t.name}" for t in SHIPPED]
+        # The one handler that talks to NATS: the replay API's worker (cg_replay's).
+        + ["handler-module_g"]
     )
+    worker = users["handler-module_g"]
+    assert worker is not None
+    assert worker.publish and all(s.startswith("ferry.replay.") for s in worker.publish)
+    assert worker.subscribe == ("_INBOX.handler-module_g.>",)
 
 
 def test_cli_prints_no_password_and_writes_inlined_ones_privately(tmp_path: Path) -> None:
