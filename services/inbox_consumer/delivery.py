@@ -19,7 +19,7 @@ from shared.adapters.inbox import InboxEntry
 from shared.domain.envelope import Envelope, Identified, identify
 from shared.domain.errors import PoisonError
 from shared.domain.ordering import split_partition
-from shared.domain.subjects import REPLAY_PREFIX
+from shared.domain.subjects import REPLAY_PREFIX, REWIND_HEADER
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -48,6 +48,14 @@ class Delivery:
     def replay(self) -> bool:
         """Whether this is a dlq-replayer's (or operator's) replay of a dead letter."""
         return self.msg.subject.startswith(REPLAY_PREFIX + ".")
+
+    @property
+    def rewind(self) -> str | None:
+        """The rewind id when this replay-path copy comes from ``ferry durable rewind`` (a
+        re-delivery of the stream, not a dead letter's replay); on its span and log lines."""
+        if not self.replay:
+            return None
+        return (self.msg.headers or {}).get(REWIND_HEADER) or None
 
     @property
     def traceparent(self) -> str | None:

@@ -37,6 +37,7 @@ def process_span(delivery: Delivery, *, durable: str, stream: str) -> telemetry.
                 "ferry.stream.sequence": delivery.stream_seq,
                 "ferry.event.type": env.event_type if env else None,
                 "ferry.replay": delivery.replay,
+                "ferry.rewind": delivery.rewind,
             },
         ),
     )
@@ -45,7 +46,9 @@ def process_span(delivery: Delivery, *, durable: str, stream: str) -> telemetry.
 def log_fields(delivery: Delivery) -> contextlib.AbstractContextManager[None]:
     """The delivery's message id and traceparent on every log line inside."""
     traceparent = delivery.traceparent
-    return telemetry.log_fields(message_id=str(delivery.message_id), traceparent=traceparent)
+    return telemetry.log_fields(
+        message_id=str(delivery.message_id), traceparent=traceparent, rewind=delivery.rewind
+    )
 
 
 @contextlib.contextmanager

@@ -110,6 +110,9 @@ def parse_subject(subject: str) -> EventSubject:
 #: durables that already processed the event are never re-run (and the subject rule of the
 #: envelope's own ``subject`` is untouched).
 REPLAY_PREFIX = "ferry.replay"
+#: Header of a copy that ``ferry durable rewind`` publishes on a replay subject (its value:
+#: the rewind id): a re-delivery of the stream, not a dead letter's replay.
+REWIND_HEADER = "Ferry-Rewind"
 
 
 def replay_subject(stream: str, durable: str) -> str:

@@ -7,6 +7,7 @@
     ferry inbox-backlog DURABLE   QRY-051: unprocessed count and oldest received_at
     ferry purge [SCOPE]           delete rows past their retention (shared/ops/purge.py)
     ferry dlq ...                 dead letters: list, show, replay, park, discard, export
+    ferry durable rewind          re-deliver part of a stream to one durable (shared/ops/rewind.py)
     ferry registry generate|check the handler registry from the manifests (shared/ops/registry.py)
     ferry asyncapi                the AsyncAPI 3.0 document of a topology (shared/ops/registry.py)
     ferry lint [--topology FILE]  the configuration lint every role runs at start
@@ -40,6 +41,7 @@ from shared.ops import handler_models as handler_models_cli
 from shared.ops import outbox as outbox_cli
 from shared.ops import parked as parked_cli
 from shared.ops import registry as registry_cli
+from shared.ops import rewind as rewind_cli
 from shared.ops.dlq import add_dlq_commands, check_key
 from shared.ops.purge import add_purge_command
 from shared.ops.where import add_where_command
@@ -153,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dlq_commands(sub)
     outbox_cli.add_commands(sub)
     parked_cli.add_commands(sub)
+    rewind_cli.add_commands(sub)
     add_where_command(sub)
     add_purge_command(sub)
     for p in (migrate, prov, out, inb):
