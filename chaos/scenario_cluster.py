@@ -1,0 +1,649 @@
+"""The cluster scenarios: the pipeline on a 3-node JetStream cluster under node faults (issue 28).
+
+``python -m chaos.run --scenario cluster [--schedule soak]`` runs every fault below in
+turn; ``cluster-leader``, ``cluster-meta-leader``, ``cluster-partition`` and
+``cluster-rolling`` run one kind alone. The world (:mod:`chaos.cluster_world`): three
+nats-server nodes with JetStream (file store, ``sync_interval: always``), streams at 3
+replicas, every route through a proxy of its own, every role on the seed list.
+
+Faults, during the workload of the ordinary run (:mod:`chaos.workload`):
+
+``kill_stream_leader``  SIGKILL the node leading an event stream (``stream info``'s
+                        ``cluster.leader``), restart it on its store 2 s later
+``kill_meta_leader``    SIGKILL the meta leader (``/jsz``), restart it on its store
+``partition``           one node (the stream leader) cut from the other two: its four
+                        route proxies disabled, both directions; healed after a while
+``rolling_restart``     each node in turn stopped (SIGTERM) and started, the next only
+                        once the cluster is healthy again
+
+Besides the ordinary invariants (:mod:`chaos.accounting`: 0 lost, dead letters exactly
+the expected set, each id once per stream, 0 effects twice), a **probe** publishes into
+the event streams throughout (on a replay subject no durable reads) and records every
+PubAck's (stream, sequence, message id): afterwards each acknowledged sequence must hold
+its message (*acknowledged but missing*: 0); every outbox row the publisher marked
+published (it does only on a PubAck) must be in its stream; and no role may need a restart
+(:meth:`chaos.run.Chaos._monitor` restarts and counts a role that died). Each fault's
+**recovery time** is the time from the fault to the first event committed after it being
+processed, in the slowest direction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import nats
+from nats.js import JetStreamContext
+
+from chaos.accounting import Accounts
+from chaos.cluster_world import ClusterWorld
+from chaos.faults import FaultRecord
+from chaos.run import Chaos, RunConfig
+from chaos.scenarios import READY_LINES
+from chaos.schedule import PlannedFault, Schedule
+from chaos.workload import Producer, plan_events
+from shared.adapters.nats import connect_nats
+from shared.domain.subjects import replay_subject
+
+log = logging.getLogger("chaos.cluster")
+
+#: The ``--scenario`` names and the fault kinds each plays.
+CLUSTER_SCENARIOS: dict[str, tuple[str, ...]] = {
+    "cluster": ("kill_stream_leader", "kill_meta_leader", "partition", "rolling_restart"),
+    "cluster-leader": ("kill_stream_leader",),
+    "cluster-meta-leader": ("kill_meta_leader",),
+    "cluster-partition": ("partition",),
+    "cluster-rolling": ("rolling_restart",),
+}
+#: What each fault kind does (docs/explanation/chaos.md repeats this).
+CLUSTER_FAULT_KINDS: dict[str, str] = {
+    "kill_stream_leader": "SIGKILL the node leading an event stream, restart it on its store",
+    "kill_meta_leader": "SIGKILL the meta leader, restart it on its store",
+    "partition": "cut one node from the other two (its route proxies, both directions), heal",
+    "rolling_restart": "stop and start each node in turn, waiting for a healthy cluster",
+}
+#: Seconds a killed node stays down.
+NODE_DOWN = 2.0
+#: The probe's subject in each stream: a replay subject of no durable.
+PROBE_DURABLE = "chaos_probe"
+#: Seconds between probe publishes (each to every event stream).
+PROBE_EVERY = 0.1
+#: Seconds the cluster gets to be healthy again after a fault.
+HEAL_TIMEOUT = 90.0
+
+
+@dataclass(frozen=True)
+class ClusterSize:
+    """How big a cluster scenario runs: the fault phase, events, how often the plan repeats."""
+
+    seconds: float
+    events: int
+    drain_timeout: float
+    rounds: int = 1
+    partition_seconds: float = 8.0
+
+
+SIZES: dict[str, ClusterSize] = {
+    "ci": ClusterSize(60.0, 500, 150.0),
+    "soak": ClusterSize(600.0, 12_000, 400.0, rounds=5, partition_seconds=20.0),
+}
+
+
+def cluster_plan(scenario: str, size: ClusterSize) -> list[PlannedFault]:
+    """The faults of a scenario: its kinds spread evenly over each round, rounds back to back
+    (a kind alone gets two goes per round, the second on the other stream)."""
+    kinds = list(CLUSTER_SCENARIOS[scenario])
+    if len(kinds) == 1:
+        kinds = kinds * 2
+    round_seconds = size.seconds / size.rounds
+    slot = round_seconds / (len(kinds) + 0.5)
+    faults = []
+    for r in range(size.rounds):
+        for k, kind in enumerate(kinds):
+            duration = size.partition_seconds if kind == "partition" else 0.0
+            at = r * round_seconds + (k + 0.35) * slot
+            target = str(k % 2)  # which event stream (by index) the fault is aimed at
+            faults.append(PlannedFault(round(at, 1), kind, target, duration))
+    return faults
+
+
+@dataclass
+class Probe:
+    """Publishes into each event stream and records every PubAck (see the module doc)."""
+
+    servers: list[str]
+    streams: list[str]
+    acked: list[tuple[str, int, str]] = field(default_factory=list)
+    unacked: Counter[str] = field(default_factory=Counter)
+    duplicates: int = 0
+    sent: int = 0
+
+    def subject(self, stream: str) -> str:
+        """Where the probe publishes in ``stream``."""
+        return replay_subject(stream, PROBE_DURABLE)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Publish until ``stop``; a publish without a PubAck is counted, never retried."""
+        nc = await nats.connect(
+            servers=self.servers,
+            name="chaos-probe",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.2,
+            ping_interval=1,
+            max_outstanding_pings=2,
+            connect_timeout=2,
+        )
+        js = nc.jetstream()
+        try:
+            while not stop.is_set():
+                for stream in self.streams:
+                    self.sent += 1
+                    msg_id = f"probe-{self.sent}"
+                    try:
+                        ack = await js.publish(
+                            self.subject(stream),
+                            json.dumps({"probe": self.sent}).encode(),
+                            timeout=2,
+                            headers={"Nats-Msg-Id": msg_id},
+                        )
+                    except Exception as exc:  # no PubAck: unknown fate, not counted
+                        self.unacked[type(exc).__name__] += 1
+                        continue
+                    if ack.duplicate:
+                        self.duplicates += 1
+                    self.acked.append((ack.stream, ack.seq, msg_id))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), PROBE_EVERY)
+        finally:
+            await nc.close()
+
+    async def missing(self, js: JetStreamContext) -> list[str]:
+        """Acknowledged publishes whose sequence does not hold their message now."""
+        gate = asyncio.Semaphore(64)
+
+        async def check(stream: str, seq: int, msg_id: str) -> str | None:
+            async with gate:
+                try:
+                    raw = await js.get_msg(stream, seq)
+                except Exception as exc:
+                    return f"{stream}#{seq} {msg_id}: {type(exc).__name__}"
+            found = (raw.headers or {}).get("Nats-Msg-Id")
+            return None if found == msg_id else f"{stream}#{seq} {msg_id}: holds {found!r}"
+
+        found = await asyncio.gather(*(check(*a) for a in self.acked))
+        return [m for m in found if m is not None]
+
+    async def purge(self, js: JetStreamContext) -> None:
+        """Take the probe's messages out of the streams (the ordinary count reads them)."""
+        for stream in self.streams:
+            await js.purge_stream(stream, subject=self.subject(stream))
+
+
+@dataclass
+class FaultRow:
+    """One fault's line of the results table."""
+
+    kind: str
+    at: float
+    target: str
+    detail: str
+    ok: bool
+    recovery: float | None
+
+
+@dataclass
+class ClusterResult:
+    """What a cluster scenario did and what became of its events."""
+
+    name: str
+    size: str
+    seed: int
+    accounts: Accounts
+    faults: list[FaultRow]
+    probe_sent: int
+    probe_acked: int
+    probe_unacked: dict[str, int]
+    acked_missing: list[str]
+    outbox_acked_missing: list[str]
+    restarts: dict[str, int]
+    unexpected_exits: list[str]
+    drained: bool
+    drain_seconds: float | None
+    duration: float
+    run_dir: Path
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def role_restarts(self) -> int:
+        """Restarts of any role (none is planned: every one was needed)."""
+        return sum(self.restarts.values())
+
+    @property
+    def violations(self) -> list[str]:
+        """Every broken invariant."""
+        out = [] if self.drained else ["the drain did not finish in time"]
+        out += self.accounts.violations
+        if self.acked_missing:
+            out.append(f"acknowledged by JetStream, missing: {len(self.acked_missing)}")
+        if self.outbox_acked_missing:
+            out.append(f"marked published, not in the stream: {len(self.outbox_acked_missing)}")
+        if self.role_restarts:
+            out.append(f"roles needed a restart: {self.role_restarts}")
+        out += [f"fault not injected: {f.kind} {f.detail}" for f in self.faults if not f.ok]
+        return out
+
+    @property
+    def ok(self) -> bool:
+        """Every invariant holds."""
+        return not self.violations
+
+    def table(self) -> dict[str, Any]:
+        """The results table (also written as ``cluster.json``)."""
+        a = self.accounts
+        durables = a.durables.values()
+        return {
+            "scenario": self.name,
+            "size": self.size,
+            "seed": self.seed,
+            "verdict": "PASS" if self.ok else "FAIL",
+            "events committed": a.committed,
+            "faults injected": dict(Counter(f.kind for f in self.faults if f.ok)),
+            "lost": sum(len(d.lost) for d in durables),
+            "effects applied twice": sum(len(d.double_effects) for d in durables),
+            "dead letters (expected)": sum(d.expected_dead for d in durables),
+            "dead letters (found)": sum(sum(d.dead_letters.values()) for d in durables),
+            "ids twice in a stream": sum(len(c.stream_duplicates) for c in a.contexts.values()),
+            "probe publishes acknowledged": self.probe_acked,
+            "probe publishes without PubAck": sum(self.probe_unacked.values()),
+            "acknowledged but missing (probe)": len(self.acked_missing),
+            "acknowledged but missing (outbox)": len(self.outbox_acked_missing),
+            "role restarts": self.role_restarts,
+            "faults": [
+                {
+                    "kind": f.kind,
+                    "at": f.at,
+                    "target": f.target,
+                    "recovery seconds": f.recovery,
+                    "detail": f.detail,
+                }
+                for f in self.faults
+            ],
+            "drain seconds": self.drain_seconds,
+            "duration seconds": round(self.duration, 1),
+            "violations": self.violations,
+            "notes": self.notes,
+        }
+
+
+def render_cluster_table(result: ClusterResult) -> str:
+    """The results table as text."""
+    lines = [f"Scenario {result.name} ({result.size}), seed {result.seed}"]
+    for key, value in result.table().items():
+        if key in ("scenario", "size", "seed", "violations", "notes", "faults"):
+            continue
+        if isinstance(value, dict):
+            lines.append(f"  {key}")
+            lines += [f"      {k:<40}{v!s:>8}" for k, v in sorted(value.items())]
+        else:
+            lines.append(f"  {key:<44} {value}")
+    lines.append("  per fault (recovery: fault to the first event committed after it processed)")
+    for f in result.faults:
+        recovery = "-" if f.recovery is None else f"{f.recovery:.1f}s"
+        lines.append(f"    t+{f.at:6.1f}s {f.kind:<20} {f.target:<10} recovery {recovery:>7}")
+        lines.append(f"        {f.detail}")
+    lines += [f"  VIOLATED: {v}" for v in result.violations]
+    lines += [f"  note: {n[:200]}" for n in result.notes[:12]]
+    return "\n".join(lines)
+
+
+class ClusterRun(Chaos):
+    """One cluster scenario (see the module docstring)."""
+
+    def __init__(self, config: RunConfig, scenario: str, size_name: str = "ci") -> None:
+        super().__init__(config)
+        if scenario not in CLUSTER_SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r} ({', '.join(CLUSTER_SCENARIOS)})")
+        self.scenario, self.size_name = scenario, size_name
+        base = SIZES[size_name]
+        self.size = ClusterSize(
+            seconds=config.seconds or base.seconds,
+            events=config.events or base.events,
+            drain_timeout=config.drain_timeout or base.drain_timeout,
+            rounds=base.rounds,
+            partition_seconds=base.partition_seconds,
+        )
+        self.world: ClusterWorld = ClusterWorld(config.run_dir, config.seed)
+        self.records: list[FaultRecord] = []
+        self.probe: Probe | None = None
+
+    @property
+    def streams(self) -> list[str]:
+        """The event streams, in a stable order."""
+        topo = self.world.topo
+        return sorted(s.stream.name for s in topo.contexts.values() if s.stream is not None)
+
+    async def run_cluster(self) -> ClusterResult:
+        """Start, play, settle, drain, count; always tear the world down."""
+        started = time.monotonic()
+        self.config.run_dir.mkdir(parents=True, exist_ok=True)
+        self.echo(f"scenario {self.scenario} ({self.size_name}), seed {self.config.seed}")
+        try:
+            await self.world.start()
+        except BaseException:
+            await self.world.stop()
+            raise
+        monitor = asyncio.create_task(self._monitor())
+        try:
+            self.nc = await connect_nats(
+                self.world.nodes().urls, name="chaos-cluster", give_up_after=30
+            )
+            await self._roles_ready()
+            await self._play()
+            await self._settle_world()
+            schedule = Schedule(
+                self.scenario,
+                self.config.seed,
+                self.size.seconds,
+                self.size.events,
+                (),
+                drain_timeout=self.size.drain_timeout,
+            )
+            drain = await self._drain(schedule)
+            assert self.probe is not None and self.nc is not None
+            js = self.nc.jetstream()
+            acked_missing = await self.probe.missing(js)
+            await self.probe.purge(js)
+            accounts = await self._count()
+            recoveries = await self._recoveries()
+        finally:
+            self.stopping.set()
+            await asyncio.gather(monitor, return_exceptions=True)
+            if self.nc is not None:
+                await self.nc.close()
+            await self.world.stop()
+        origin = self.timeline.origin
+        result = ClusterResult(
+            name=self.scenario,
+            size=self.size_name,
+            seed=self.config.seed,
+            accounts=accounts,
+            faults=[
+                FaultRow(r.kind, r.started - origin, r.target, r.detail, r.ok, rec)
+                for r, rec in zip(self.records, recoveries, strict=True)
+            ],
+            probe_sent=self.probe.sent,
+            probe_acked=len(self.probe.acked),
+            probe_unacked=dict(self.probe.unacked),
+            acked_missing=acked_missing,
+            outbox_acked_missing=[
+                i
+                for c in accounts.contexts.values()
+                for i in c.missing_from_stream
+                if i not in set(c.unpublished)
+            ],
+            restarts={r.name: r.starts - 1 for r in self.world.roles.values()},
+            unexpected_exits=[
+                f"{e.role} exited with {e.code} at t+{e.at - origin:.1f}s"
+                for r in self.world.roles.values()
+                for e in r.unexpected
+            ],
+            drained=drain is not None,
+            drain_seconds=drain,
+            duration=time.monotonic() - started,
+            run_dir=self.config.run_dir,
+            notes=[t for _, t in self.timeline.events],
+        )
+        out = self.config.run_dir
+        (out / "cluster.json").write_text(json.dumps(result.table(), indent=2, default=str) + "\n")
+        (out / "cluster.txt").write_text(render_cluster_table(result) + "\n")
+        return result
+
+    async def _roles_ready(self, timeout: float = 120.0) -> None:
+        """Wait until every Ferry role says it serves (faults must not hit a role's start)."""
+        deadline = time.monotonic() + timeout
+        waiting = [r for r in self.world.roles.values() if r.kind in READY_LINES]
+        while waiting and time.monotonic() < deadline:
+            waiting = [r for r in waiting if READY_LINES[r.kind] not in r.log_tail(20_000)]
+            await asyncio.sleep(0.5)
+        if waiting:
+            self.timeline.note(f"not ready after {timeout:.0f}s: {[r.name for r in waiting]}")
+
+    # -- the play -------------------------------------------------------------------------
+
+    async def _play(self) -> None:
+        begin = time.monotonic()
+        self.timeline.origin = time.time()
+        stop = asyncio.Event()
+        intents = plan_events(
+            self.world.topo, self.config.seed, self.size.events, self.size.seconds
+        )
+        contexts = sorted({i.context for i in intents})
+        self.producers = [
+            Producer(c, self.world.direct_dsn(c), intents, self.ledger) for c in contexts
+        ]
+        self.probe = Probe(self.world.nodes().urls, self.streams)
+        tasks = [asyncio.create_task(p.run(begin, stop)) for p in self.producers]
+        probing = asyncio.create_task(self.probe.run(stop))
+        progress = asyncio.create_task(self._progress_lines(begin))
+        try:
+            for planned in cluster_plan(self.scenario, self.size):
+                delay = begin + planned.at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await self._inject_one(planned)
+            rest = begin + self.size.seconds - time.monotonic()
+            if rest > 0:
+                await asyncio.sleep(rest)
+            _, late = await asyncio.wait(tasks, timeout=30)
+            if late:
+                self.timeline.note(f"{len(late)} producer(s) late; stopped")
+            stop.set()
+            await asyncio.gather(*tasks, probing)
+        finally:
+            stop.set()
+            progress.cancel()
+            await asyncio.gather(progress, probing, return_exceptions=True)
+
+    async def _progress_lines(self, begin: float) -> None:
+        while True:
+            await asyncio.sleep(self.config.progress_every)
+            counts = await self._db_counts()
+            acked = len(self.probe.acked) if self.probe else 0
+            self.echo(
+                f"t+{time.monotonic() - begin:5.0f}s  committed "
+                f"{self.ledger.count('committed')}  {counts}  probe acks {acked}"
+            )
+
+    async def _inject_one(self, planned: PlannedFault) -> None:
+        actions: dict[str, Callable[[FaultRecord, PlannedFault], Awaitable[None]]] = {
+            "kill_stream_leader": self._kill_stream_leader,
+            "kill_meta_leader": self._kill_meta_leader,
+            "partition": self._partition,
+            "rolling_restart": self._rolling_restart,
+        }
+        record = FaultRecord(planned.kind, "", planned.at, time.time(), affects=frozenset({"*"}))
+        try:
+            await actions[planned.kind](record, planned)
+        except Exception as exc:  # reported in the table, and a violation
+            record.ok = False
+            record.detail = f"{record.detail} {type(exc).__name__}: {exc}".strip()
+            log.exception("fault %s failed", planned.kind)
+        record.ended = max(record.ended, time.time())
+        self.records.append(record)
+        self.timeline.records.append(record)
+        self.echo(record.line(self.timeline.origin))
+
+    async def _stream_leader(self, stream: str) -> str:
+        """The server name leading ``stream`` (retried through an election)."""
+        assert self.nc is not None
+        js = self.nc.jetstream(timeout=2)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                info = await js.stream_info(stream)
+                if info.cluster is not None and info.cluster.leader:
+                    return info.cluster.leader
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{stream} has no leader")
+            await asyncio.sleep(0.2)
+
+    async def _heal(self, record: FaultRecord, since: float) -> None:
+        """Wait until every node is up, agrees on a meta leader and is current."""
+        await asyncio.to_thread(self.world.nodes().wait_ready, HEAL_TIMEOUT)
+        record.detail += f"; cluster healthy {time.time() - since:.1f}s after"
+
+    async def _kill_and_restart(self, record: FaultRecord, index: int) -> None:
+        cluster = self.world.nodes()
+        await asyncio.to_thread(cluster.kill_node, index)
+        record.started = time.time()
+        await asyncio.sleep(NODE_DOWN)
+        await asyncio.to_thread(cluster.start_node, index, wait=False)
+        record.detail += f"; restarted on its store after {NODE_DOWN:.0f}s"
+        await self._heal(record, record.started)
+
+    async def _kill_stream_leader(self, record: FaultRecord, planned: PlannedFault) -> None:
+        stream = self.streams[int(planned.target or 0) % len(self.streams)]
+        leader = await self._stream_leader(stream)
+        record.target = leader
+        record.detail = f"{stream} leader {leader} SIGKILLed"
+        await self._kill_and_restart(record, self.world.nodes().index_of(leader))
+        record.detail += f"; {stream} now led by {await self._stream_leader(stream)}"
+
+    async def _kill_meta_leader(self, record: FaultRecord, planned: PlannedFault) -> None:
+        cluster = self.world.nodes()
+        leader = await asyncio.to_thread(cluster.meta_leader)
+        if leader is None:
+            raise RuntimeError("no meta leader to kill")
+        record.target = leader
+        record.detail = f"meta leader {leader} SIGKILLed"
+        await self._kill_and_restart(record, cluster.index_of(leader))
+        record.detail += f"; meta leader now {await asyncio.to_thread(cluster.meta_leader)}"
+
+    async def _partition(self, record: FaultRecord, planned: PlannedFault) -> None:
+        stream = self.streams[int(planned.target or 0) % len(self.streams)]
+        leader = await self._stream_leader(stream)
+        index = self.world.nodes().index_of(leader)
+        record.target = leader
+        names = self.world.route_links_of(index)
+        proxies = [await asyncio.to_thread(self.world.client.get_proxy, n) for n in names]
+        try:
+            for proxy in proxies:
+                await asyncio.to_thread(proxy.disable)
+            record.started = time.time()
+            await asyncio.sleep(1.0)
+            try:
+                moved = await asyncio.wait_for(
+                    self._stream_leader(stream), max(planned.duration - 2.0, 1.0)
+                )
+            except Exception:  # the run's own connection may sit on the node cut off
+                moved = "(not known)"
+            rest = record.started + planned.duration - time.time()
+            if rest > 0:
+                await asyncio.sleep(rest)
+        finally:
+            for proxy in proxies:
+                await asyncio.to_thread(proxy.enable)
+        record.detail = (
+            f"{leader} ({stream} leader) cut from the others for {planned.duration:.0f}s"
+            f" ({len(names)} route proxies); {stream} led by {moved} meanwhile"
+        )
+        await self._heal(record, time.time())
+
+    async def _rolling_restart(self, record: FaultRecord, planned: PlannedFault) -> None:
+        cluster = self.world.nodes()
+        record.target = "every node"
+        record.started = time.time()
+        steps = []
+        for index in range(cluster.size):
+            begin = time.time()
+            await asyncio.to_thread(cluster.nodes[index].stop)
+            await asyncio.to_thread(cluster.start_node, index, wait=False)
+            await asyncio.to_thread(cluster.wait_ready, HEAL_TIMEOUT)
+            steps.append(f"{cluster.node_name(index)} {time.time() - begin:.1f}s")
+        record.detail = "stopped, started, healthy: " + ", ".join(steps)
+
+    # -- after the play ---------------------------------------------------------------------
+
+    async def _settle_world(self) -> None:
+        """No toxic left, every proxy enabled, every node and role running."""
+        await asyncio.to_thread(self.world.client.reset)
+        cluster = self.world.nodes()
+        for index, node in enumerate(cluster.nodes):
+            if not node.running:
+                self.timeline.note(f"{cluster.node_name(index)} was down after the faults")
+                await asyncio.to_thread(cluster.start_node, index, wait=False)
+        await asyncio.to_thread(cluster.wait_ready, HEAL_TIMEOUT)
+        for role in self.world.roles.values():
+            if not role.alive:
+                role.start()
+
+    async def _recoveries(self) -> list[float | None]:
+        """Per fault: seconds from it to the first event committed after it being processed,
+        in the slowest durable (None: no event committed after it was processed)."""
+        processed: dict[str, dict[str, float]] = {}
+        for durable, spec in sorted(self.world.topo.durables.items()):
+            conn = await asyncpg.connect(self.world.direct_dsn(spec.target), timeout=10)
+            try:
+                rows = await conn.fetch(
+                    "SELECT message_id::text AS id, extract(epoch FROM processed_at) AS at"
+                    " FROM inbox_messages WHERE durable = $1 AND status = 'processed'",
+                    durable,
+                )
+            finally:
+                await conn.close()
+            processed[durable] = {r["id"]: float(r["at"]) for r in rows}
+        committed = [i for i in self.ledger.intents.values() if i.committed_at is not None]
+        out: list[float | None] = []
+        for record in self.records:
+            worst: float | None = None
+            for durable, done in processed.items():
+                times = [
+                    done[i.id]
+                    for i in committed
+                    if i.durable == durable and i.id in done and i.committed_at >= record.started
+                ]
+                if not times:
+                    worst = None
+                    break
+                took = min(times) - record.started
+                worst = took if worst is None else max(worst, took)
+            out.append(worst)
+        return out
+
+
+async def run_cluster_scenario(config: RunConfig, scenario: str, size: str = "ci") -> ClusterResult:
+    """Run one cluster scenario (see the module docstring)."""
+    return await ClusterRun(config, scenario, size).run_cluster()
+
+
+def main_cluster(config: RunConfig, scenario: str) -> int:
+    """``python -m chaos.run --scenario cluster…``: run it, print the table; 0 when it passes."""
+    if config.schedule not in SIZES:
+        print("error: --scenario runs with --schedule ci or soak", file=sys.stderr)
+        return 2
+    try:
+        result = asyncio.run(run_cluster_scenario(config, scenario, config.schedule))
+    except KeyboardInterrupt:
+        print(f"interrupted (seed {config.seed}); logs in {config.run_dir}", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        print(f"scenario could not be set up (seed {config.seed}): {exc}", file=sys.stderr)
+        log.exception("setup failed")
+        return 2
+    print()
+    print(render_cluster_table(result))
+    print(f"\nreport: {config.run_dir}/cluster.json, cluster.txt, logs/")
+    return 0 if result.ok else 1
