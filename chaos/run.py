@@ -599,9 +599,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--scenario",
-        choices=("long-outage", "hostile-handler", "hostile-payloads", "ordering"),
-        help="run one scenario instead (chaos.scenarios, chaos.scenario_ordering): small"
-        " with --schedule ci, long with --schedule soak",
+        choices=("long-outage", "hostile-handler", "hostile-payloads", "ordering", "restore"),
+        help="run one scenario instead (chaos.scenarios, chaos.scenario_ordering,"
+        " chaos.scenario_restore): small with --schedule ci, long with --schedule soak",
     )
     parser.add_argument("--seconds", type=float, help="length of the fault phase")
     parser.add_argument("--events", type=int, help="events to commit over the fault phase")

@@ -18,6 +18,10 @@ in the soak (``python -m chaos.run --scenario NAME [--schedule soak]``):
                       a replica set that grows and shrinks, kills, a NATS restart, held
                       heads replayed or discarded by the operator; per key, the applied
                       order against the commit order (:mod:`chaos.scenario_ordering`).
+``restore``           a restore drill: a context's database backed up while the workload
+                      runs, restored later (everything after the backup forgotten), the
+                      durables targeting it rewound, the restored outbox re-publishing
+                      (:mod:`chaos.scenario_restore`).
 
 Afterwards (:mod:`chaos.scenario_accounting`): every committed event processed,
 dead-lettered with a reason code or set aside; 0 effects applied twice; 0 unexpected
@@ -51,11 +55,12 @@ from chaos.scenario_faults import (
     wait_for_failing_rows,
 )
 from chaos.scenario_report import ScenarioResult, write_scenario_report
-from chaos.workload import Producer, plan_events
+from chaos.workload import Intent, Producer, plan_events
 from chaos.world import DURABLE_CLOCKS, Tuning, World
 
-#: Scenario names (the ``--scenario`` choices); ``ordering`` is :mod:`chaos.scenario_ordering`.
-SCENARIOS = ("long-outage", "hostile-handler", "hostile-payloads", "ordering")
+#: Scenario names (the ``--scenario`` choices); ``ordering`` is :mod:`chaos.scenario_ordering`,
+#: ``restore`` :mod:`chaos.scenario_restore`.
+SCENARIOS = ("long-outage", "hostile-handler", "hostile-payloads", "ordering", "restore")
 #: The durable whose handler the long outage takes away.
 OUTAGE_DURABLE = "vibespro__from_sea"
 #: Affects every durable (a fault record's ``affects``).
@@ -93,12 +98,14 @@ SIZES: dict[str, dict[str, Size]] = {
         "hostile-handler": Size(35.0, 300, 75.0),
         "hostile-payloads": Size(25.0, 120, 75.0),
         "ordering": Size(60.0, 480, 150.0),
+        "restore": Size(45.0, 450, 120.0),
     },
     "soak": {
         "long-outage": Size(600.0, 20_000, 400.0),
         "hostile-handler": Size(600.0, 20_000, 400.0),
         "hostile-payloads": Size(300.0, 5_000, 400.0, rounds=5),
         "ordering": Size(600.0, 12_000, 400.0, rounds=10),
+        "restore": Size(600.0, 12_000, 400.0),
     },
 }
 
@@ -263,16 +270,11 @@ class ScenarioRun(Chaos):
             self.world.topo, self.config.seed, self.size.events, self.size.seconds
         )
         contexts = sorted({i.context for i in intents})
-        self.producers = [
-            Producer(c, self.world.direct_dsn(c), intents, self.ledger) for c in contexts
-        ]
+        self.producers = [self._producer(c, intents) for c in contexts]
         producing = [asyncio.create_task(p.run(begin, stop)) for p in self.producers]
         progress = asyncio.create_task(self._progress_lines(begin))
         try:
-            if self.scenario == "long-outage":
-                await self._long_outage(begin)
-            elif self.scenario == "hostile-payloads":
-                await self._hostile_payloads()
+            await self._during_play(begin)
             rest = begin + self.size.seconds - time.monotonic()
             if rest > 0:
                 await asyncio.sleep(rest)
@@ -284,6 +286,17 @@ class ScenarioRun(Chaos):
         finally:
             progress.cancel()
             await asyncio.gather(progress, return_exceptions=True)
+
+    def _producer(self, context: str, intents: list[Intent]) -> Producer:
+        """The producer of one context's planned events."""
+        return Producer(context, self.world.direct_dsn(context), intents, self.ledger)
+
+    async def _during_play(self, begin: float) -> None:
+        """The scenario's own steps while the workload runs (from ``begin``)."""
+        if self.scenario == "long-outage":
+            await self._long_outage(begin)
+        elif self.scenario == "hostile-payloads":
+            await self._hostile_payloads()
 
     async def _progress_lines(self, begin: float) -> None:
         while True:
@@ -414,4 +427,8 @@ async def run_scenario(config: RunConfig, scenario: str, size: str = "ci") -> Sc
         from chaos.scenario_ordering import OrderingRun  # it imports this module
 
         return await OrderingRun(config, scenario, size).run_scenario()
+    if scenario == "restore":
+        from chaos.scenario_restore import RestoreRun  # it imports this module
+
+        return await RestoreRun(config, scenario, size).run_scenario()
     return await ScenarioRun(config, scenario, size).run_scenario()

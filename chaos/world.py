@@ -178,6 +178,18 @@ class World:
         """DSN of a context's database, not through any proxy (for the run itself)."""
         return self.postgres().dsn(self.topo.context(context).database)
 
+    def operator_env(self) -> dict[str, str]:
+        """Environment of a ``ferry`` command an operator runs against this world (direct
+        DSNs of every database, the NATS server, the run's topology)."""
+        dsns = {c: self.direct_dsn(c) for c in self.topo.contexts}
+        return role_env(
+            {},
+            FERRY_TOPOLOGY=str(self.topology_path),
+            PYTHONPATH=str(ROOT),
+            FERRY_DATABASES=json.dumps(dsns),
+            FERRY_NATS_URL=self.nats_server().url,
+        )
+
     def links_of(self, kind: str) -> list[ProxyLink]:
         """Every proxied link of a kind, in a stable order."""
         return [link for _, link in sorted(self.links.items()) if link.kind == kind]
