@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -29,6 +30,7 @@ from .consumer import InboxConsumer
 from .dispatch import HttpHandler
 from .partitions import PartitionOwnership
 from .stats import ConsumerStats
+from .throttle import Throttle
 
 ROLE = "inbox-consumer"
 log = logging.getLogger("ferry.inbox_consumer")
@@ -81,6 +83,9 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
     accepted = accepted_events(topology, settings.durable)
     key_fields = ordering_keys(topology, settings.durable)
     js = nc.jetstream()
+    # One rate limit per process, shared by the partitions (INFRA-005 §7.3).
+    throttle = Throttle(settings.durable, spec)
+    metrics.add_collector(throttle.families)
 
     def build(partition: int, name: str, stats: ConsumerStats | None) -> InboxConsumer:
         built = InboxConsumer(
@@ -99,6 +104,7 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
             partition=partition,
             js_consumer=name,
             key_fields=key_fields,
+            throttle=throttle,
         )
         built.auth_retry = (settings.auth_retry_initial, settings.auth_retry_max)
         built.max_message_bytes = settings.max_message_bytes
@@ -156,10 +162,19 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
         log.info("consuming %s from %s", settings.durable, spec.stream)
 
     async def work(inner: asyncio.Event) -> None:
-        if ownership is not None:
-            await ownership.run(inner)
-        else:
-            await consumer.run(inner, fetch_timeout=settings.fetch_timeout)
+        # Operator overrides of the throttle, read every few seconds (ferry durable throttle).
+        watching = asyncio.create_task(
+            throttle.watch(pool, inner, interval=settings.throttle_poll_interval)
+        )
+        try:
+            if ownership is not None:
+                await ownership.run(inner)
+            else:
+                await consumer.run(inner, fetch_timeout=settings.fetch_timeout)
+        finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
 
     try:
         # Unacked messages of a drain that times out are redelivered after ack_wait.

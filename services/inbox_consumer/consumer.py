@@ -51,6 +51,7 @@ from services.inbox_consumer.puller import ConsumerGone, Puller
 from services.inbox_consumer.settlement import CONTENDED_DELAY, Settler
 from services.inbox_consumer.spans import log_fields, process_span
 from services.inbox_consumer.stats import ConsumerStats
+from services.inbox_consumer.throttle import Throttle
 from shared import telemetry
 from shared.adapters.postgres import DATABASE_ERRORS, Conn
 from shared.adapters.stores import PostgresInboxStore
@@ -103,6 +104,7 @@ class InboxConsumer:
         partition: int = 0,
         js_consumer: str | None = None,
         key_fields: Mapping[tuple[str, int], str | None] | None = None,
+        throttle: Throttle | None = None,
     ) -> None:
         self.pool, self.js, self.durable, self.spec = pool, js, durable, spec
         #: The JetStream consumer pulled from: the durable, or one partition's consumer.
@@ -170,6 +172,9 @@ class InboxConsumer:
         self.sequencer: Sequencer | None = None
         if spec.ordering == "key":
             self.sequencer = Sequencer(self, partition=partition, key_fields=key_fields or {})
+        #: The rate limit (INFRA-005 §7.3, :mod:`.throttle`), shared by a durable's
+        #: partitions in one process; unthrottled unless the topology or an operator says.
+        self.throttle = throttle or Throttle(durable, spec)
 
     @property
     def handler(self) -> HttpHandler:
@@ -225,9 +230,7 @@ class InboxConsumer:
                     # the first message is handed over at once.
                     quick = puller.arrivals.expects_within(self.linger)
                     linger = self.linger if busy and quick else 0.0
-                    msgs = await puller.next_batch(
-                        self.spec.batch_size, fetch_timeout, linger=linger
-                    )
+                    msgs = await self._next_batch(puller, stop, fetch_timeout, linger)
                 except ConsumerGone as exc:
                     self.stats.bound = False  # /readyz fails until it is back
                     log.error("%s; looking again in %.0fs", exc, GONE_PAUSE)
@@ -258,6 +261,19 @@ class InboxConsumer:
             beating.cancel()
             if draining is not None:
                 await draining
+
+    async def _next_batch(
+        self, puller: Puller, stop: asyncio.Event, fetch_timeout: float, linger: float
+    ) -> list[Msg]:
+        """The next batch, within the throttle (:mod:`.throttle`): no more messages than
+        the bucket holds tokens, and a pull window shrunk to the limit ([]: stopped)."""
+        allowed = await self.throttle.admit(self.spec.batch_size, stop)
+        if not allowed:
+            return []
+        puller.window = self.throttle.window(self.spec.batch_size)
+        msgs = await puller.next_batch(allowed, fetch_timeout, linger=linger)
+        self.throttle.spent(len(msgs))
+        return msgs
 
     async def _load_parked(self, stop: asyncio.Event) -> None:
         """Reload the blocked keys before the first fetch, through database outages."""

@@ -64,6 +64,13 @@ Rules (what each protects against):
     go to the handler one at a time, each in its key's turn, and a failed one parks the
     key's later events; one call carrying several keys' events would tie their turns and
     their parking together. Ordered durables keep the per-message contract.
+``criticality-throttle``
+    A ``criticality: high`` durable may not declare a ``throttle``: a rate limit on a
+    critical lane (INFRA-005 §7: "H publish: low frequency but high criticality") holds its
+    messages back exactly when they matter, and its lag alert would fire on the throttle.
+    Throttles are for non-critical lanes (§7.3: replay, non-critical publish jobs).
+    (``criticality: high`` with ``replay: automatic`` is allowed: the first dead letter still
+    pages, and the automatic replay only shortens the outage.)
 
 Coverage gates on the declared events (the manifests, via the registry):
 
@@ -235,6 +242,7 @@ def lint_topology(
         *_dead_letter_streams(topology, source),
         *_naming(topology, source),
         *_ordering(topology, source),
+        *_criticality(topology, source),
         *coverage_problems(topology, source=source),
     ]
     return sorted(problems)
@@ -543,6 +551,23 @@ def ordering_key_defect(schema: Mapping[str, Any], path: str) -> str | None:
     if not isinstance(kinds, list) or not kinds or not set(kinds) <= {"string", "integer"}:
         return f"is typed {node.get('type')!r} in the schema, not string or integer"
     return None
+
+
+# --- criticality ---------------------------------------------------------------------------
+
+
+def _criticality(topology: Topology, source: str) -> Iterator[Problem]:
+    for name, durable in sorted(topology.durables.items()):
+        if durable.criticality == "high" and durable.throttle is not None:
+            yield Problem(
+                source,
+                f"durables.{name}.throttle",
+                "criticality-throttle",
+                f"{durable.throttle.limit().describe()} on a criticality: high durable: a "
+                "throttle holds a critical lane's messages back exactly when they matter "
+                "(and its lag alert fires on the throttle); drop the throttle or the "
+                "criticality",
+            )
 
 
 # --- coverage gates ------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from shared.domain.ordering import (
     partition_replay_subject,
 )
 from shared.domain.subjects import NAMESPACE, SNAKE_CASE, replay_subject
+from shared.domain.throttle import MAX_BURST, Limit, parse_rate
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 Bytes = Annotated[int, BeforeValidator(parse_size)]
@@ -146,6 +147,22 @@ class ReplayLimits(_Model):
     rate: float = Field(default=20.0, gt=0)
 
 
+Rate = Annotated[float, BeforeValidator(parse_rate)]
+
+
+class ThrottleSpec(_Model):
+    """A processing rate limit (INFRA-005 §7.3): at most ``rate`` messages (``20/s``,
+    ``300/m``, ``1/h``) are fetched for the handler per second, with bursts of up to
+    ``burst`` (default: one second's worth). Per consumer process (replica)."""
+
+    rate: Rate
+    burst: int | None = Field(default=None, ge=1, le=MAX_BURST)
+
+    def limit(self) -> Limit:
+        """The rate and burst in force."""
+        return Limit.of(self.rate, self.burst)
+
+
 class DurableSpec(_Model):
     """A pull consumer: one inbox-consumer process group per durable."""
 
@@ -176,6 +193,13 @@ class DurableSpec(_Model):
     #: parks them until an operator replays or discards it; ``skip`` lets them go on and
     #: records on the dead letter that order was broken after it.
     on_dead_letter: Literal["hold", "skip"] = "hold"
+    #: ``high``: a critical lane (INFRA-005 §7: "H publish: low frequency but high
+    #: criticality"): its own alerts fire on the first dead letter and on any lag, the
+    #: KPI report and the console list it first, and it may not be throttled.
+    criticality: Literal["normal", "high"] = "normal"
+    #: A processing rate limit for a non-critical lane (INFRA-005 §7.3); None: none. An
+    #: operator override (``ferry durable throttle``) replaces it while it is set.
+    throttle: ThrottleSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> DurableSpec:

@@ -16,6 +16,7 @@
     ferry db-roles [--check]      PostgreSQL logins and grants per role (shared/access/db_roles.py)
     ferry handler-check URL       does a handler keep the contract (shared/ops/handler_check.py)
     ferry handler-models CONTEXT  payload models for an SDK handler (shared/ops/handler_models.py)
+    ferry durable throttle        a durable's rate limit, changed live (shared/ops/throttle.py)
 
 All read FERRY_* settings (docs/reference/settings.md). ``--json`` prints machine-readable output.
 Exit codes: 0 ok, 1 drift or refusal found, 2 configuration error, 3 cannot connect.
@@ -42,6 +43,7 @@ from shared.ops import outbox as outbox_cli
 from shared.ops import parked as parked_cli
 from shared.ops import registry as registry_cli
 from shared.ops import rewind as rewind_cli
+from shared.ops import throttle as throttle_cli
 from shared.ops.dlq import add_dlq_commands, check_key
 from shared.ops.purge import add_purge_command
 from shared.ops.where import add_where_command
@@ -164,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     handler_check_cli.add_command(sub)
     handler_models_cli.add_commands(sub)
     access_cli.add_commands(sub)
+    # Last: `ferry durable throttle` joins the `durable` group if another command made it.
+    throttle_cli.add_commands(sub)
     return parser
 
 

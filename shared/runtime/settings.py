@@ -266,6 +266,9 @@ class ConsumerSettings(CommonSettings):
     #: renewal (renewed every third of it). A dead replica's partitions are taken over
     #: after at most this; keep ``fetch_timeout`` under two thirds of it.
     partition_lease_ttl: float = Field(default=15.0, gt=0)
+    #: Seconds between reads of the durable's throttle override (``ferry durable
+    #: throttle``): a changed rate limit is in force within about this long, no restart.
+    throttle_poll_interval: float = Field(default=2.0, gt=0, le=60)
 
     def signing_secret(self) -> bytes | None:
         """The handler-signing secret, from the file or the variable."""

@@ -1,0 +1,188 @@
+"""Controlled throttling (INFRA-005 §7.3): a token bucket in front of the handler.
+
+The run loop asks :meth:`Throttle.admit` before each fetch: it waits until the bucket
+holds a token and answers how many messages may be fetched now (at most the tokens in
+the bucket); the loop takes one token per message actually fetched (:meth:`Throttle.spent`).
+So a throttled durable's handler receives at most ``rate`` messages a second on average,
+in bursts of at most ``burst``, per consumer process.
+
+Nothing waits unprotected: the pull window shrinks with the limit (:meth:`Throttle.window`,
+so at most about half an ack_wait's worth of messages is requested ahead), and whatever
+did arrive and waits in the puller is heart-beaten (``in_progress``) like every message in
+hand (:mod:`.keepalive`): a message never runs out its ack_wait, nor uses up a delivery,
+because the throttle made it wait.
+
+The limit in force is the topology's ``throttle:`` unless an operator has set an override
+(``ferry durable throttle``, table ``throttle_overrides``), which :meth:`Throttle.watch`
+reads every few seconds: a running consumer changes its rate without a restart and
+without losing or redelivering anything. A ``criticality: high`` durable is never
+throttled (the lint refuses a topology throttle; an override row is ignored).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from shared.adapters import throttles
+from shared.adapters.postgres import DATABASE_ERRORS
+from shared.adapters.throttles import Override
+from shared.contracts.topology import DurableSpec
+from shared.domain.throttle import Limit, TokenBucket
+from shared.runtime.metrics import counter_family
+
+log = logging.getLogger("ferry.inbox_consumer")
+
+#: Longest single sleep while waiting for a token: a rate raised meanwhile (or a stop)
+#: is noticed at least this often even if no one wakes the waiter.
+MAX_PAUSE = 1.0
+#: What a read of the override table may raise that leaves the last limit in force.
+READ_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, TimeoutError)
+#: Default seconds between reads of the override table.
+DEFAULT_POLL_INTERVAL = 2.0
+
+
+class Throttle:
+    """The rate limit in force for one durable in this process (shared by its partitions)."""
+
+    def __init__(
+        self, durable: str, spec: DurableSpec, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.durable, self.spec, self.clock = durable, spec, clock
+        #: The topology's limit (None: not throttled unless an operator says so).
+        self.default: Limit | None = spec.throttle.limit() if spec.throttle else None
+        #: The operator's override in force (None: the topology's value applies).
+        self.override: Override | None = None
+        self.bucket = TokenBucket(self.default, clock())
+        #: Seconds fetch loops waited for a token (ferry_throttle_wait_seconds_total).
+        self.waited = 0.0
+        self._changed = asyncio.Event()
+        self._ignored_logged = False
+
+    @property
+    def limit(self) -> Limit | None:
+        """The limit in force (None: unthrottled)."""
+        return self.bucket.limit
+
+    @property
+    def source(self) -> str:
+        """Where the limit in force comes from: ``override``, ``topology`` or ``none``."""
+        if self.override is not None:
+            return "override"
+        return "topology" if self.default is not None else "none"
+
+    def apply(self, override: Override | None) -> None:
+        """Put ``override`` in force (None: back to the topology's value)."""
+        if override is not None and self.spec.criticality == "high":
+            if not self._ignored_logged:
+                log.error(
+                    "ignoring a throttle override of %s: it is declared criticality: high "
+                    "and is never throttled (clear it: ferry durable throttle --clear)",
+                    self.durable,
+                )
+                self._ignored_logged = True
+            override = None
+        wanted = override.limit() if override is not None else self.default
+        before = (self.source, self.limit)
+        self.override = override
+        if wanted != self.bucket.limit:
+            self.bucket.set_limit(wanted, self.clock())
+            self._changed.set()
+        if (self.source, self.limit) != before:
+            shown = self.limit.describe() if self.limit else "no limit"
+            who = f" by {override.actor}: {override.reason}" if override else ""
+            log.info("throttle of %s now %s (%s%s)", self.durable, shown, self.source, who)
+
+    def window(self, batch_size: int) -> int:
+        """Messages to keep requested from JetStream: the batch size unthrottled; else at
+        most the burst and about half an ack_wait's worth, at least one."""
+        limit = self.limit
+        if limit is None:
+            return batch_size
+        ahead = math.floor(limit.rate * self.spec.ack_wait / 2)
+        return max(1, min(batch_size, limit.burst, ahead))
+
+    async def admit(self, want: int, stop: asyncio.Event) -> int:
+        """Wait for a token; how many of ``want`` messages may be fetched now (0: stopped)."""
+        while not stop.is_set():
+            now = self.clock()
+            tokens = self.bucket.available(now)
+            if tokens >= 1:
+                return want if math.isinf(tokens) else max(1, min(want, math.floor(tokens)))
+            pause = min(self.bucket.wait_for(1, now), MAX_PAUSE)
+            self._changed.clear()
+            changed = asyncio.ensure_future(self._changed.wait())
+            stopped = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({changed, stopped}, timeout=pause)
+            finally:
+                changed.cancel()
+                stopped.cancel()
+            self.waited += max(self.clock() - now, 0.0)
+        return 0
+
+    def spent(self, count: int) -> None:
+        """``count`` messages were fetched: take their tokens."""
+        self.bucket.take(count, self.clock())
+
+    async def refresh(self, conn: Any) -> None:
+        """Read the override table once and apply what it says."""
+        self.apply(await throttles.current(conn, self.durable))
+
+    async def watch(
+        self, pool: Any, stop: asyncio.Event, interval: float = DEFAULT_POLL_INTERVAL
+    ) -> None:
+        """Apply the override table every ``interval`` seconds until ``stop``. While the
+        database cannot be read, the limit last read stays in force."""
+        failing = False
+        while not stop.is_set():
+            try:
+                async with pool.acquire() as conn:
+                    await self.refresh(conn)
+                if failing:
+                    log.info("throttle overrides of %s readable again", self.durable)
+                failing = False
+            except READ_ERRORS as exc:
+                if not failing:
+                    log.warning(
+                        "cannot read the throttle overrides of %s (%s): the limit last read "
+                        "stays in force",
+                        self.durable,
+                        exc,
+                    )
+                failing = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+
+    def families(self) -> list[Metric]:
+        """``ferry_throttle_rate``/``_burst`` (only while a limit is in force) and
+        ``ferry_throttle_wait_seconds_total``."""
+        rate = GaugeMetricFamily(
+            "ferry_throttle_rate",
+            "Processing rate limit in force (messages/s per consumer process), by source "
+            "(topology, override); absent when the durable is not throttled.",
+            labels=["durable", "source"],
+        )
+        burst = GaugeMetricFamily(
+            "ferry_throttle_burst",
+            "Burst of the rate limit in force (messages); absent when not throttled.",
+            labels=["durable"],
+        )
+        limit = self.limit
+        if limit is not None:
+            rate.add_metric([self.durable, self.source], limit.rate)
+            burst.add_metric([self.durable], limit.burst)
+        waited = counter_family(
+            "ferry_throttle_wait_seconds",
+            "Seconds the consumer's fetch loops waited for the throttle (summed over loops).",
+            ["durable"],
+            {(self.durable,): self.waited},
+        )
+        return [rate, burst, waited]

@@ -1,0 +1,96 @@
+"""Throttle overrides (migration 0012): an operator's rate limit for one durable, audited.
+
+A row of ``throttle_overrides`` replaces the topology's ``throttle:`` for its durable while
+it exists (``rate`` NULL: no limit at all); every set and clear is recorded in
+``throttle_actions`` in the same transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from shared.adapters.postgres import Conn
+from shared.domain.throttle import Limit
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """An operator's override of a durable's throttle."""
+
+    durable: str
+    #: Messages per second; None: no limit.
+    rate: float | None
+    burst: int | None
+    actor: str
+    reason: str
+    set_at: datetime | None = None
+
+    def limit(self) -> Limit | None:
+        """The limit it sets (None: unthrottled)."""
+        return None if self.rate is None else Limit.of(self.rate, self.burst)
+
+
+async def current(conn: Conn, durable: str) -> Override | None:
+    """The override in force for ``durable``, if any."""
+    row = await conn.fetchrow(
+        "SELECT durable, rate, burst, actor, reason, set_at FROM throttle_overrides "
+        "WHERE durable = $1",
+        durable,
+    )
+    return None if row is None else Override(**dict(row))
+
+
+async def set_override(
+    conn: Conn, durable: str, rate: float | None, burst: int | None, *, actor: str, reason: str
+) -> None:
+    """Set (or replace) ``durable``'s override, audited."""
+    async with conn.transaction():
+        await conn.execute(
+            "INSERT INTO throttle_overrides (durable, rate, burst, actor, reason) "
+            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (durable) DO UPDATE SET "
+            "rate = EXCLUDED.rate, burst = EXCLUDED.burst, actor = EXCLUDED.actor, "
+            "reason = EXCLUDED.reason, set_at = clock_timestamp()",
+            durable, rate, burst, actor, reason,
+        )  # fmt: skip
+        await _audit(conn, durable, "set", rate, burst, actor, reason)
+
+
+async def clear_override(conn: Conn, durable: str, *, actor: str, reason: str) -> bool:
+    """Delete ``durable``'s override (audited); False when there was none (nothing done)."""
+    async with conn.transaction():
+        gone = await conn.fetchval(
+            "DELETE FROM throttle_overrides WHERE durable = $1 RETURNING durable", durable
+        )
+        if gone is None:
+            return False
+        await _audit(conn, durable, "clear", None, None, actor, reason)
+    return True
+
+
+async def actions(conn: Conn, durable: str, limit: int = 20) -> list[dict[str, Any]]:
+    """The latest sets and clears of ``durable``'s override, newest first."""
+    rows = await conn.fetch(
+        "SELECT action, rate, burst, actor, reason, at FROM throttle_actions "
+        "WHERE durable = $1 ORDER BY at DESC, id DESC LIMIT $2",
+        durable,
+        limit,
+    )
+    return [dict(r) for r in rows]
+
+
+async def _audit(
+    conn: Conn,
+    durable: str,
+    action: str,
+    rate: float | None,
+    burst: int | None,
+    actor: str,
+    reason: str,
+) -> None:
+    await conn.execute(
+        "INSERT INTO throttle_actions (durable, action, rate, burst, actor, reason) "
+        "VALUES ($1, $2, $3, $4, $5, $6)",
+        durable, action, rate, burst, actor, reason,
+    )  # fmt: skip

@@ -1,0 +1,207 @@
+"""Controlled throttling (INFRA-005 §7.3) against real servers.
+
+A throttled durable hands its handler about ``rate`` messages a second: 200 events at
+5/s are far from all processed after 2 s, and all are processed eventually, each exactly
+once on its first delivery (no message waited past its ack_wait, none lost). An operator
+override (``ferry durable throttle``, run as the operator runs it) changes the rate of the
+running consumer, which reads it through its own database login; clearing it restores
+the topology's value. Bounds are wide on purpose: they separate "throttled" from "not
+throttled" (40 s against a fraction of a second), never milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from services.inbox_consumer.consumer import InboxConsumer
+from shared.access.identities import Identity
+from shared.access.streams import provision
+from shared.domain.throttle import Limit
+from shared.ops import cli
+from tests.conftest import CAPS, ROOT, Env
+from tests.consumer.conftest import (
+    DURABLE,
+    STREAM,
+    RunningConsumer,
+    ScriptedHandler,
+    envelope,
+    fast_durable,
+    publish,
+)
+from tests.helpers import eventually
+
+pytestmark = pytest.mark.integration
+
+
+def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shared.ops.cli", *args],
+        cwd=ROOT,
+        env=env.settings_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def throttled_world(env: Env, nc: NATS, handler: ScriptedHandler, **throttle: Any) -> None:
+    fast_durable(env, handler.url, throttle=throttle)
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
+
+
+async def publish_many(nc: NATS, count: int) -> list[str]:
+    ids = []
+    for n in range(count):
+        event = envelope(vibe_id=f"v{n}")
+        await publish(nc, event)
+        ids.append(event.message_id)
+    return ids
+
+
+def applied(handler: ScriptedHandler, ids: list[str]) -> int:
+    return sum(1 for mid in ids if handler.applied[mid])
+
+
+async def assert_each_processed_once_on_first_delivery(
+    nc: NATS, handler: ScriptedHandler, ids: list[str]
+) -> None:
+    assert all(handler.applied[mid] == 1 for mid in ids), "lost or applied twice"
+    calls = [c for c in handler.calls if c["body"]["message_id"] in set(ids)]
+    assert len(calls) == len(ids), "a message was delivered to the handler more than once"
+    assert {c["body"]["delivery"]["attempt"] for c in calls} == {1}
+
+    async def settled() -> bool:
+        info = await nc.jetstream().consumer_info(STREAM, DURABLE)
+        assert info.num_redelivered == 0, "JetStream redelivered a message"
+        return bool(info.num_ack_pending == 0 and info.num_pending == 0)
+
+    await eventually(settled, timeout=15, what="every message acked")
+
+
+async def test_a_throttled_durable_processes_at_about_its_rate_and_loses_nothing(
+    env: Env, nc: NATS, handler: ScriptedHandler
+) -> None:
+    await throttled_world(env, nc, handler, rate="5/s", burst=5)
+    ids = await publish_many(nc, 200)
+    async with RunningConsumer(env, nc, handler.url) as consumer:
+        await eventually(lambda: _some(handler, ids), timeout=15, what="a first message")
+        started = applied(handler, ids)
+        await asyncio.sleep(2.0)
+        # 5/s for 2 s is about 10 more (plus the burst): nowhere near the 200 published.
+        assert applied(handler, ids) - started < 60
+        await eventually(
+            lambda: _all(handler, ids), timeout=120, what="all 200 processed at 5/s", interval=0.5
+        )
+        assert consumer.throttle.waited > 10  # most of the ~40 s were spent waiting for tokens
+        await assert_each_processed_once_on_first_delivery(nc, handler, ids)
+
+
+async def test_an_override_changes_a_running_consumer_and_clearing_restores_the_topology(
+    env: Env, nc: NATS, handler: ScriptedHandler
+) -> None:
+    await throttled_world(env, nc, handler, rate="2/s", burst=2)
+    database = env.topology.contexts["sea"].database
+    await env.grant_roles(database)
+    own_login = env.role_dsn(Identity("inbox-consumer", DURABLE), database)
+    ids = await publish_many(nc, 200)
+    stop = asyncio.Event()
+    async with RunningConsumer(env, nc, handler.url, dsn=own_login) as consumer:
+        watching = asyncio.create_task(_watch(consumer, stop))
+        try:
+            await eventually(lambda: _some(handler, ids), timeout=15, what="a first message")
+            assert consumer.throttle.limit == Limit(2.0, 2)
+            assert applied(handler, ids) < 100  # 2/s: a handful so far
+            # At 2/s the 200 would take 100 s; the operator lifts the rate to 1000/s.
+            done = await asyncio.to_thread(
+                ferry, env, "durable", "throttle", "--durable", DURABLE, "--rate", "1000/s",
+                "--burst", "100", "--reason", "catch up after the incident", "--actor", "ops",
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            await eventually(
+                lambda: _all(handler, ids), timeout=30, what="all 200 at the override's rate"
+            )
+            assert consumer.throttle.source == "override"
+            assert consumer.throttle.limit == Limit(1000.0, 100)
+            await assert_each_processed_once_on_first_delivery(nc, handler, ids)
+
+            done = await asyncio.to_thread(
+                ferry, env, "durable", "throttle", "--durable", DURABLE, "--clear",
+                "--reason", "incident over", "--actor", "ops",
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            await eventually(
+                lambda: _source(consumer, "topology"), timeout=15, what="the topology's rate back"
+            )
+            assert consumer.throttle.limit == Limit(2.0, 2)
+            more = await publish_many(nc, 40)
+            await eventually(lambda: _some(handler, more), timeout=15, what="a first of 40 more")
+            await asyncio.sleep(2.0)
+            assert applied(handler, more) < 30  # 2/s again: about 6 in 2 s, not 40
+        finally:
+            stop.set()
+            await watching
+    shown = await asyncio.to_thread(ferry, env, "durable", "throttle", "--durable", DURABLE)
+    assert shown.returncode == 0, shown.stderr
+    assert "in force: 2/s (burst 2)" in shown.stdout
+    assert "catch up after the incident" in shown.stdout and "incident over" in shown.stdout
+    assert "set 1000/s" in shown.stdout and "clear" in shown.stdout
+
+
+async def test_invalid_overrides_are_refused_and_change_nothing(
+    env: Env,
+    nc: NATS,
+    handler: ScriptedHandler,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    await throttled_world(env, nc, handler, rate="5/s")
+    for key, value in env.settings_env().items():
+        if key.startswith("FERRY_"):
+            monkeypatch.setenv(key, value)
+
+    def ferry_here(*args: str) -> tuple[int, str]:
+        try:
+            code = cli.main(["durable", "throttle", *args])
+        except SystemExit as exc:  # argparse refuses before the command runs
+            code = int(exc.code or 0)
+        return code, capsys.readouterr().err
+
+    for args, says in (
+        (["--rate", "5"], "needs a unit: write 5/s"),
+        (["--rate", "5/x"], "unknown unit"),
+        (["--rate", "0/s"], "below the slowest"),
+        (["--rate", "5/s", "--burst", "0"], "between 1 and"),
+        (["--rate", "5/s", "--clear"], "not allowed with argument"),
+        (["--rate", "5/s"], "--reason is required"),
+        (["--burst", "4", "--reason", "x"], "--burst goes with a --rate"),
+    ):
+        code, err = await asyncio.to_thread(ferry_here, "--durable", DURABLE, *args)
+        assert (code, says in err) == (2, True), (args, err)
+    code, err = await asyncio.to_thread(ferry_here, "--durable", "nope", "--clear", "--reason", "x")
+    assert code == 2 and "no durable 'nope'" in err
+    shown = await asyncio.to_thread(
+        ferry, env, "--json", "durable", "throttle", "--durable", DURABLE
+    )
+    assert '"source": "topology"' in shown.stdout and '"actions": []' in shown.stdout
+
+
+async def _watch(consumer: InboxConsumer, stop: asyncio.Event) -> None:
+    await consumer.throttle.watch(consumer.pool, stop, interval=0.2)
+
+
+async def _some(handler: ScriptedHandler, ids: list[str]) -> bool:
+    return applied(handler, ids) > 0
+
+
+async def _all(handler: ScriptedHandler, ids: list[str]) -> bool:
+    return applied(handler, ids) == len(ids)
+
+
+async def _source(consumer: InboxConsumer, source: str) -> bool:
+    return consumer.throttle.source == source
