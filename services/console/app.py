@@ -40,6 +40,7 @@ from shared.runtime.metrics import RoleMetrics
 from . import data
 from .auth import COOKIE, Authenticator, Session
 from .jobs import Job, Jobs, new_message_id
+from .replay_api import ReplayApi
 from .settings import ConsoleSettings
 from .svg import sparkline
 
@@ -51,6 +52,8 @@ HOUR = 3600.0
 MAX_ENTRIES = 10_000
 #: Most entries a group page lists.
 GROUP_PAGE = 500
+#: Paths of the JSON API: errors as JSON, 401 instead of the sign-in page.
+API = "/api/"
 #: Paths served without signing in.
 PUBLIC = ("/login", "/healthz", "/readyz", "/metrics", "/static/")
 _SESSION_KEY = web.RequestKey("session", Session)
@@ -184,6 +187,7 @@ class Console:
         r.add_get("/event/{message_id}", self.event)
         r.add_get("/kpi", self.kpi)
         r.add_get("/kpi/file/{run}/{name}", self.kpi_file)
+        ReplayApi(self).add_routes(r)
         return app
 
     @property
@@ -247,13 +251,22 @@ class Console:
         if session is None:
             session = self.auth.from_cookie(request.cookies.get(COOKIE))
         if session is None:
+            if request.path.startswith(API):
+                return web.json_response(
+                    {"error": "sign in first: Authorization: Bearer <token>, or a session"},
+                    status=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
             if request.method == "GET":
                 raise web.HTTPSeeOther("/login?" + urlencode({"next": request.path_qs}))
             raise web.HTTPUnauthorized(text="sign in first")
         request[_SESSION_KEY] = session
         if request.method == "POST":
-            form = await request.post()
-            if not self.auth.check_csrf(session, _field(form, "csrf")):
+            # A form carries the token in a field; a JSON call (the API) in a header.
+            token = request.headers.get("X-CSRF-Token")
+            if token is None and not request.path.startswith(API):
+                token = _field(await request.post(), "csrf")
+            if not self.auth.check_csrf(session, token):
                 return self._error_page(
                     request,
                     "the form is out of date or came from another site (CSRF check failed): "
@@ -278,7 +291,21 @@ class Console:
         return web.Response(text=page, content_type="text/html", status=status)
 
     def _error_page(self, request: web.Request, message: str, status: int) -> web.Response:
+        if request.path.startswith(API):
+            return web.json_response({"error": message}, status=status)
         return self._render(request, "error.html", status=status, message=message)
+
+    # What the replay API (:mod:`.replay_api`) uses of the console.
+    render = _render
+    error_page = _error_page
+
+    def session_of(self, request: web.Request) -> Session:
+        """Who signed the request in."""
+        return request[_SESSION_KEY]
+
+    def log_action(self, text: str, actor: str) -> None:
+        """Log an operator action with its actor."""
+        log.info("%s", text, extra={"actor": actor})
 
     def _operator(self, request: web.Request) -> Session:
         session = request[_SESSION_KEY]
