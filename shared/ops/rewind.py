@@ -46,7 +46,7 @@ import socket
 import sys
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -349,32 +349,37 @@ async def _finish(
 
 
 class _Publisher:
-    """Copies on the replay subject, up to :data:`WINDOW` PubAcks in flight."""
+    """Copies on the replay subject: a sliding window of up to :data:`WINDOW` PubAcks in
+    flight, settled oldest first (a copy unconfirmed after :data:`ACK_TIMEOUT` is published
+    again under its Nats-Msg-Id)."""
 
     def __init__(self, js: JetStreamContext, stream: str, tally: _Tally, progress: Any) -> None:
         self.js, self.stream, self.tally, self.progress = js, stream, tally, progress
-        self.window: list[tuple[asyncio.Future[Any], str, bytes, dict[str, str]]] = []
+        self.window: deque[tuple[asyncio.Future[Any], str, bytes, dict[str, str]]] = deque()
 
     async def send(self, subject: str, body: bytes, headers: dict[str, str]) -> None:
         future = await self.js.publish_async(subject, body, headers=headers, stream=self.stream)
-        self.window.append((future, subject, body, headers))
-        if len(self.window) >= WINDOW:
-            await self.flush()
+        window = self.window
+        window.append((future, subject, body, headers))
+        while window and (len(window) >= WINDOW or window[0][0].done()):
+            await self._settle(window.popleft())
 
     async def flush(self) -> None:
-        window, self.window = self.window, []
-        if not window:
-            return
-        futures = [f for f, *_ in window]
-        await asyncio.wait(futures, timeout=ACK_TIMEOUT)
-        for future, subject, body, headers in window:
-            if future.done() and not future.cancelled() and future.exception() is None:
-                self.tally.published += 1
-                continue
-            if not future.done():
-                future.cancel()
-            await self._again(subject, body, headers)
+        while self.window:
+            await self._settle(self.window.popleft())
         self.progress()
+
+    async def _settle(self, sent: tuple[asyncio.Future[Any], str, bytes, dict[str, str]]) -> None:
+        future, subject, body, headers = sent
+        if not future.done():
+            await asyncio.wait([future], timeout=ACK_TIMEOUT)
+        if future.done() and not future.cancelled() and future.exception() is None:
+            self.tally.published += 1
+            self.progress()
+            return
+        if not future.done():
+            future.cancel()
+        await self._again(subject, body, headers)
 
     async def _again(self, subject: str, body: bytes, headers: dict[str, str]) -> None:
         """Publish one copy until acknowledged (same Nats-Msg-Id: never twice in the stream
