@@ -187,3 +187,23 @@ def recv_until_closed(sock: socket.socket) -> tuple[bytes, int]:
         if not data:
             return b"".join(parts), len(parts)
         parts.append(data)
+
+
+async def told_scenario(run_dir: Path, name: str, seed: int) -> tuple[Any, dict[str, Any], str]:
+    """Run chaos scenario ``name`` at CI size in ``run_dir``: (its ScenarioResult, its table
+    as written to ``scenario.json``, the story a failed assertion prints: the seed and how
+    to run it again, the table, the progress lines)."""
+    from chaos.run import RunConfig
+    from chaos.scenario_report import render_table
+    from chaos.scenarios import run_scenario
+
+    progress: list[str] = []
+    config = RunConfig(seed=seed, run_dir=run_dir, echo=progress.append)
+    result = await run_scenario(config, name, "ci")
+    story = (
+        f"\nseed {seed} (re-run: python -m chaos.run --scenario {name} --seed {seed})\n\n"
+        + render_table(result)
+        + "\n\nProgress\n"
+        + "\n".join(progress)
+    )
+    return result, json.loads((run_dir / "scenario.json").read_text()), story

@@ -13,20 +13,17 @@ the duplicate window or the downstream inbox. ``python -m chaos.run --scenario r
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 import yaml
 
-from chaos.run import RunConfig
-from chaos.scenario_report import render_table
 from chaos.scenario_restore import RESTORED, margin_of, restore_tuning
-from chaos.scenarios import run_scenario
 from chaos.world import chaos_topology_doc
 from shared.contracts.lint import redelivery_horizon, require_clean_topology
 from shared.contracts.loading import load_topology
+from tests.chaos.conftest import told_scenario
 
 SEED = int(os.environ.get("FERRY_CHAOS_SEED", "20261126"))
 CONSUMING = "sea__from_vibespro"
@@ -47,16 +44,7 @@ def test_the_drill_world_passes_the_lint_and_keeps_the_margin_short(tmp_path: Pa
 async def test_a_restore_loses_nothing_it_should_know_and_applies_nothing_twice(
     tmp_path: Path,
 ) -> None:
-    progress: list[str] = []
-    config = RunConfig(seed=SEED, run_dir=tmp_path / "run", echo=progress.append)
-    result = await run_scenario(config, "restore", "ci")
-    story = (
-        f"\nseed {SEED} (re-run: python -m chaos.run --scenario restore --seed {SEED})\n\n"
-        + render_table(result)
-        + "\n\nProgress\n"
-        + "\n".join(progress)
-    )
-    table = json.loads((tmp_path / "run" / "scenario.json").read_text())
+    result, table, story = await told_scenario(tmp_path / "run", "restore", SEED)
     settled = result.settled
     row = f"{CONSUMING}: "
 
