@@ -66,6 +66,9 @@ class HandlerService(Handler):
             tables=tables,
             ledger=True,
             hooks=(FaultInjection(),) if fault_injection else (),
+            # A batch call (handler.batch >= 2) is applied in one transaction, a
+            # savepoint per event: module F forwards a whole batch with one commit.
+            batch_transaction=True,
         )
         for key, route in routes.items():
             self.add_route(key, route)

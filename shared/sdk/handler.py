@@ -19,12 +19,22 @@ A :class:`Handler` owns an asyncpg pool on the handler's *own* database. One cal
 
 With ``ledger=True`` every decided call is also recorded in ``handler_calls`` with its
 answer (:mod:`shared.sdk.store`). Every error becomes a status here and nowhere else.
+
+A batch call (header ``Ferry-Batch``, :mod:`shared.domain.batch_call`) is answered 200
+with one result per event, each the status its event would get alone. By default each
+event runs as above, one after the other, in its own transaction. With
+``batch_transaction=True`` the batch is applied in ONE transaction: per event a savepoint,
+the claim and the route; an event that fails rolls back to its savepoint (its claim and
+effect only) and the others go on; one commit for all. A duplicate is a 409 for that event
+only. Should the commit fail (or the connection drop), nothing of the batch committed and
+the whole call is answered 503: every event is retried.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,11 +47,28 @@ from pydantic import BaseModel, ValidationError
 from shared.adapters.postgres import CONNECTION_ERRORS, Conn, Statement
 from shared.contracts.events import MAX_REPORTED, ONE_STATEMENT_MARK, AcceptedEvents
 from shared.contracts.topology import EventSpec, Topology
+from shared.domain.batch_call import (
+    BATCH_HEADER,
+    MalformedBatch,
+    batch_answer_document,
+    parse_batch_request,
+    result_entry,
+)
 from shared.domain.errors import ConfigurationError, PoisonError, TransientError
 
 from . import store
 from .outcomes import GiveUp, Outcome, Retry
-from .request import Call, CallIds, MalformedRequest, call_ids, parse_call
+from .request import (
+    IDEMPOTENCY_HEADER,
+    TRACEPARENT_HEADER,
+    Call,
+    CallIds,
+    MalformedRequest,
+    call_ids,
+    document_ids,
+    parse_call,
+    parse_call_document,
+)
 
 log = logging.getLogger("ferry.handlers")
 
@@ -58,6 +85,8 @@ R = TypeVar("R", bound=Callable[..., Any])
 ACQUIRE_TIMEOUT = 5.0
 #: Seconds :meth:`Handler.ready` allows for its ``SELECT 1``.
 READY_TIMEOUT = 2.0
+#: Most events one batch call may carry (the topology's ``handler.batch`` limit).
+MAX_BATCH = 1000
 
 #: The payload (not the database) is at fault: a value no column can hold. Client-side
 #: argument encoding errors subclass InterfaceError, so they must be caught first.
@@ -126,6 +155,7 @@ class Handler:
         tables: Sequence[str] = (),
         ledger: bool = False,
         hooks: Sequence[Hook] = (),
+        batch_transaction: bool = False,
     ) -> None:
         if not store.IDENTIFIER.fullmatch(name):
             raise ConfigurationError(f"handler name {name!r} must be snake_case")
@@ -139,6 +169,8 @@ class Handler:
         self.tables = tuple(tables)
         self.ledger = ledger
         self.hooks = tuple(hooks)
+        #: Apply a batch call's events in one transaction (a savepoint each).
+        self.batch_transaction = batch_transaction
         self.installed = False
 
     # --- configuration ----------------------------------------------------------------
@@ -202,6 +234,8 @@ class Handler:
 
     async def handle(self, body: bytes, headers: Mapping[str, str]) -> Outcome:
         """Answer one ``POST /handle`` (the signature is the adapter's to check first)."""
+        if headers.get(BATCH_HEADER) is not None:
+            return await self.handle_batch(body)
         prepared: _Prepared | PoisonError
         try:
             prepared = self.prepare(body, headers)
@@ -212,6 +246,10 @@ class Handler:
             ids = CallIds(uuid.UUID(call.message_id), call.delivery.attempt)
         else:
             ids = call_ids(body, headers)
+        return await self._answer_safely(prepared, ids)
+
+    async def _answer_safely(self, prepared: _Prepared | PoisonError, ids: CallIds) -> Outcome:
+        """:meth:`_answer`, a database that is away answered 503 (retried)."""
         try:
             outcome = await self._answer(prepared, ids)
         except UNAVAILABLE as exc:
@@ -226,7 +264,9 @@ class Handler:
     def prepare(self, body: bytes, headers: Mapping[str, str]) -> _Prepared:
         """Parse and check a call up to the claim; :class:`PoisonError` when it cannot
         be applied (:class:`MalformedRequest` when the request itself is wrong)."""
-        call = parse_call(body, headers)
+        return self._checked(parse_call(body, headers))
+
+    def _checked(self, call: Call[dict[str, Any]]) -> _Prepared:
         route = self._routes.get(call.route_key)
         if route is None:
             event_type, version = call.route_key
@@ -241,6 +281,120 @@ class Handler:
         if model is not None:
             call = call.with_payload(typed_payload(model, call.route_key, call.payload))
         return _Prepared(call, route)
+
+    # --- a batch call ------------------------------------------------------------------
+
+    async def handle_batch(self, body: bytes) -> Outcome:
+        """Answer a batch call: 200 with one result per event (400 when the batch itself
+        is malformed; 503 when a batch transaction could not commit)."""
+        try:
+            events = parse_batch_request(body, limit=MAX_BATCH)
+        except MalformedBatch as exc:
+            return Outcome.bad_request(exc.reason_code, exc.detail)
+        items: list[tuple[_Prepared | PoisonError, CallIds]] = []
+        for doc in events:
+            item = self._prepare_event(doc)
+            if item[1].message_id is None:
+                # No id to answer for: the consumer sees no result and retries it.
+                log.warning("batch event without a readable message_id: no result")
+                continue
+            items.append(item)
+        if self.batch_transaction:
+            outcomes = await self._batch_in_one_transaction(items)
+            if isinstance(outcomes, Outcome):
+                return outcomes  # nothing committed: the whole call is retried
+        else:
+            outcomes = [await self._answer_safely(prepared, ids) for prepared, ids in items]
+        results = []
+        for (_, ids), outcome in zip(items, outcomes, strict=True):
+            if self.batch_transaction:
+                self._log(outcome, ids.message_id)
+            results.append(batch_result(str(ids.message_id), outcome))
+        return Outcome(200, batch_answer_document(results))
+
+    def _prepare_event(self, doc: Any) -> tuple[_Prepared | PoisonError, CallIds]:
+        """One event of a batch, checked as a call of its own would be."""
+        headers: dict[str, str] = {}
+        if isinstance(doc, dict):
+            if isinstance(doc.get("message_id"), str):
+                headers[IDEMPOTENCY_HEADER] = doc["message_id"]
+            if isinstance(doc.get("traceparent"), str):
+                headers[TRACEPARENT_HEADER] = doc["traceparent"]
+        ids = document_ids(doc, headers)
+        try:
+            if not isinstance(doc, dict):
+                raise MalformedRequest("MALFORMED_ENVELOPE", "a batch event is a JSON object")
+            prepared = self._checked(parse_call_document(doc, headers))
+        except PoisonError as exc:
+            return exc, ids
+        call = prepared.call
+        return prepared, CallIds(uuid.UUID(call.message_id), call.delivery.attempt)
+
+    async def _batch_in_one_transaction(
+        self, items: list[tuple[_Prepared | PoisonError, CallIds]]
+    ) -> list[Outcome] | Outcome:
+        """The events' answers, their effects committed together; or the one answer to
+        give the whole call when nothing could be committed."""
+        answers: dict[int, Outcome] = {}
+        applying: list[tuple[int, _Prepared]] = []
+        for index, (prepared, _) in enumerate(items):
+            early = await self._before_claim(prepared)
+            if early is not None:
+                answers[index] = early
+            else:
+                assert isinstance(prepared, _Prepared)
+                applying.append((index, prepared))
+        try:
+            async with self.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
+                batch = store.BatchTransaction(conn, handler=self.name)
+                try:
+                    for index, prepared in applying:
+                        answers[index] = await self._apply_in_batch(batch, prepared)
+                    calls = [
+                        (ids.message_id, ids.attempt, answers[index].status)
+                        for index, (_, ids) in enumerate(items)
+                    ]
+                    await batch.commit(calls if self.ledger else [])
+                except BaseException:
+                    await batch.abort()
+                    raise
+        except UNAVAILABLE as exc:
+            log.warning("batch not committed, database unavailable: %s", exc)
+            return Outcome.retry(f"database unavailable: {exc}")
+        except Exception as exc:
+            log.error("batch not committed", exc_info=exc)
+            return Outcome.failed(f"batch not committed: {type(exc).__name__}: {exc}")
+        return [answers[index] for index in range(len(items))]
+
+    async def _before_claim(self, prepared: _Prepared | PoisonError) -> Outcome | None:
+        """The answer of an event decided before any claim (poison, a hook's), or None."""
+        if isinstance(prepared, PoisonError):
+            return answer_poison(prepared)
+        for hook in self.hooks:
+            forced = await hook.before(prepared.call)
+            if forced is not None:
+                return forced
+        return None
+
+    async def _apply_in_batch(self, batch: store.BatchTransaction, prepared: _Prepared) -> Outcome:
+        """Claim and route one event under its savepoint; a failure rolls back to it."""
+        message_id = prepared.call.message_id
+        mid = uuid.UUID(message_id)
+        if not await batch.claim(mid):
+            moment = await store.applied_at(batch.conn, handler=self.name, message_id=mid)
+            return Outcome.duplicate(message_id, moment)
+        try:
+            if is_one_statement(prepared.route):
+                statement = cast(StatementRoute, prepared.route)(prepared.call)
+                await batch.conn.execute(statement.sql, *statement.args)
+            else:
+                await cast(Route, prepared.route)(batch.conn, prepared.call)
+        except CONNECTION_ERRORS:
+            raise  # the transaction is gone: nothing of the batch commits
+        except Exception as exc:
+            await batch.undo()
+            return self._failed(exc, message_id)
+        return Outcome.processed(message_id)
 
     def check_payload(self, key: RouteKey, payload: object) -> None:
         """Raise ``SCHEMA_INVALID`` (a 422) unless ``payload`` fits the schema of ``key``:
@@ -373,6 +527,27 @@ class Handler:
             detail,
             extra={"message_id": str(message_id) if message_id else None, "handler": self.name},
         )
+
+
+def batch_result(message_id: str, outcome: Outcome) -> dict[str, Any]:
+    """``outcome`` as one event's result in a batch answer (the error body for a 4xx or
+    5xx, ``Retry-After`` as ``retry_after`` seconds, ``retryable``)."""
+    retry_after = None
+    raw = outcome.headers.get("Retry-After")
+    if raw is not None:
+        try:
+            retry_after = float(raw)
+        except ValueError:
+            retry_after = None
+        if retry_after is not None and not (math.isfinite(retry_after) and retry_after >= 0):
+            retry_after = None
+    return result_entry(
+        message_id,
+        outcome.status,
+        retry_after=retry_after,
+        retryable=outcome.retryable,
+        error=outcome.body if outcome.status >= 400 else None,
+    )
 
 
 def answer_poison(exc: PoisonError) -> Outcome:

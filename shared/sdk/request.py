@@ -88,7 +88,11 @@ def decode_body(body: bytes) -> dict[str, Any]:
 
 def parse_call(body: bytes, headers: Mapping[str, str]) -> Call[dict[str, Any]]:
     """Decode and check a call; raise :class:`MalformedRequest` naming the first defect."""
-    doc = decode_body(body)
+    return parse_call_document(decode_body(body), headers)
+
+
+def parse_call_document(doc: dict[str, Any], headers: Mapping[str, str]) -> Call[dict[str, Any]]:
+    """:func:`parse_call` of a body already decoded (one event of a batch call)."""
     try:
         envelope = Envelope.from_dict(doc)
     except PoisonError as exc:
@@ -110,6 +114,11 @@ def call_ids(body: bytes, headers: Mapping[str, str]) -> CallIds:
         doc = parse_json_body(body)
     except PoisonError:
         doc = None
+    return document_ids(doc, headers)
+
+
+def document_ids(doc: object, headers: Mapping[str, str]) -> CallIds:
+    """:func:`call_ids` of a body already decoded (never raises)."""
     if not isinstance(doc, dict):
         doc = {}
     message_id = _loose_uuid(doc.get("message_id")) or _loose_uuid(headers.get(IDEMPOTENCY_HEADER))

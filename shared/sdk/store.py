@@ -26,6 +26,7 @@ Without the ledger the same statements run without its row.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import uuid
 from collections.abc import Sequence
@@ -35,6 +36,8 @@ from typing import Any
 import asyncpg
 
 from shared.adapters.postgres import Conn, with_ctes
+
+log = logging.getLogger("ferry.handlers")
 
 #: Serialises concurrent ``CREATE TABLE IF NOT EXISTS`` of replicas starting together
 #: (two such statements racing can fail on the catalog's unique index).
@@ -258,3 +261,59 @@ async def applied_at(conn: Conn, *, handler: str, message_id: uuid.UUID) -> date
         message_id,
     )
     return moment
+
+
+#: The savepoint each event of a batch transaction runs under.
+SAVEPOINT = "ferry_event"
+
+
+class BatchTransaction:
+    """One transaction for the events of a batch call, a savepoint per event.
+
+    :meth:`claim` opens the transaction (first event) or releases the previous event's
+    savepoint, sets the event's own and claims its id — one round trip; :meth:`undo` rolls
+    back to it (the event's claim and effect only); :meth:`commit` records the calls (with
+    the ledger) and commits everything at once. Any other end: :meth:`abort`.
+    """
+
+    def __init__(self, conn: Conn, *, handler: str) -> None:
+        self.conn, self.handler = conn, handler
+        self._begun = self._savepoint = False
+
+    async def claim(self, message_id: uuid.UUID) -> bool:
+        """Claim ``message_id`` under a fresh savepoint; False when it was applied before."""
+        head = "BEGIN; " if not self._begun else ""
+        if self._savepoint:
+            head += f"RELEASE SAVEPOINT {SAVEPOINT}; "
+        result: str = await self.conn.execute(
+            f"{head}SAVEPOINT {SAVEPOINT}; INSERT INTO handler_applied"
+            " (message_id, handler, applied_at)"
+            f" VALUES ({literal(message_id)}, {literal(self.handler)}, clock_timestamp())"
+            " ON CONFLICT (handler, message_id) DO NOTHING"
+        )
+        self._begun = self._savepoint = True
+        return result == "INSERT 0 1"
+
+    async def undo(self) -> None:
+        """Roll back the current event (its claim and whatever its route did)."""
+        await self.conn.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+
+    async def commit(self, calls: Sequence[tuple[uuid.UUID | None, int | None, int]]) -> None:
+        """Record ``calls`` (message id, attempt, status) and commit (one round trip)."""
+        rows = [_call_row(self.handler, mid, attempt, status) for mid, attempt, status in calls]
+        if not self._begun:
+            if rows:
+                await self.conn.execute("; ".join(rows))
+            return
+        head = [f"RELEASE SAVEPOINT {SAVEPOINT}"] if self._savepoint else []
+        await self.conn.execute("; ".join([*head, *rows, "COMMIT"]))
+        self._begun = self._savepoint = False
+
+    async def abort(self) -> None:
+        """Roll back whatever is open (best effort: the connection may be gone)."""
+        if self._begun and not self.conn.is_closed():
+            self._begun = self._savepoint = False
+            try:
+                await self.conn.execute("ROLLBACK")
+            except Exception as exc:  # the pool discards a broken connection anyway
+                log.debug("rollback of a batch failed: %s", exc)

@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 
+from shared.domain.batch_call import batch_document, batch_headers
 from shared.domain.envelope import Envelope, wire_json
 from shared.domain.handler_call import request_body, request_headers
 from shared.domain.signing import sign
@@ -119,6 +120,29 @@ def handler_call(
     )
 
 
+def batch_body(calls: list[HandlerCall]) -> tuple[bytes, dict[str, str]]:
+    """The body and (unsigned) headers of a batch call carrying ``calls``, as the consumer
+    builds them (:mod:`shared.domain.batch_call`)."""
+    events = []
+    for call in calls:
+        event = call.document()
+        if call.traceparent:
+            event["traceparent"] = call.traceparent
+        events.append(event)
+    headers = {**batch_headers(len(calls)), "Content-Type": "application/json"}
+    return wire_json(batch_document(events)), headers
+
+
+def batch_results(reply: Reply) -> dict[str, dict[str, Any]]:
+    """A batch reply's results by event id (fails when an id has several)."""
+    found: dict[str, dict[str, Any]] = {}
+    for result in (reply.body or {}).get("results", []):
+        if result["id"] in found:
+            raise AssertionError(f"two results for {result['id']}")
+        found[result["id"]] = result
+    return found
+
+
 def signed_headers(
     secret: bytes, durable: str, body: bytes, *, now: float | None = None
 ) -> dict[str, str]:
@@ -197,6 +221,14 @@ class SigningClient:
             secret=secret,
             signed_at=signed_at,
         )
+
+    async def send_batch(
+        self, calls: list[HandlerCall], *, sign: bool = True, signed_at: float | None = None
+    ) -> Reply:
+        """POST ``calls`` as one batch call (:func:`batch_body`), as a durable with
+        ``handler.batch`` >= 2 does; the reply's body holds one result per event."""
+        body, headers = batch_body(calls)
+        return await self.post(body, headers, sign=sign, signed_at=signed_at)
 
     async def post(
         self,
