@@ -276,6 +276,20 @@ class NatsCluster:
                 return str(leader)
         return None
 
+    def stream_leaders(self, index: int) -> dict[str, str]:
+        """Stream name -> leader's server name, as node ``index`` sees it (``/jsz``)."""
+        try:
+            doc = _get_json(self.monitor_url(index, "jsz?accounts=true&streams=true"))
+        except (urllib.error.URLError, OSError, ValueError):
+            return {}
+        leaders = {}
+        for account in doc.get("account_details") or []:
+            for stream in account.get("stream_detail") or []:
+                leader = (stream.get("cluster") or {}).get("leader")
+                if leader:
+                    leaders[str(stream["name"])] = str(leader)
+        return leaders
+
     def running_indexes(self) -> list[int]:
         """Indexes of the nodes whose process runs."""
         return [i for i, node in enumerate(self.nodes) if node.running]

@@ -19,10 +19,19 @@ import urllib.request
 from pathlib import Path
 
 from devstack.console import write_console_accounts
-from devstack.credentials import admin_nats_env, check_var_dir, hostport, write_role_credentials
+from devstack.credentials import (
+    admin_nats_env,
+    check_var_dir,
+    hostport,
+    secrets_of,
+    write_role_credentials,
+)
+from devstack.nats_cluster import NatsCluster
 from devstack.ports import free_port
 from devstack.secrets import write_handler_secrets
+from shared.access.nats_auth import DevAccess
 from shared.contracts.loading import load_topology
+from shared.contracts.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Port variables supervisord.conf expands; each gets a free port unless already set.
@@ -47,8 +56,10 @@ STACK_TOPOLOGIES = ("topologies/sea-vibespro.yaml", "topologies/mediation.yaml")
 START_TIMEOUT = 120.0
 
 
-def stack_environment(var_dir: Path) -> dict[str, str]:
-    """The environment supervisord and every program inherit."""
+def stack_environment(var_dir: Path, cluster_url: str | None = None) -> dict[str, str]:
+    """The environment supervisord and every program inherit; with ``cluster_url`` (the
+    seed list of a JetStream cluster the stack started) the single nats-server stays down
+    and streams keep the topology's replicas."""
     env = dict(os.environ)
     for name in PORT_VARS:
         env.setdefault(name, str(free_port()))
@@ -57,8 +68,12 @@ def stack_environment(var_dir: Path) -> dict[str, str]:
         FERRY_VAR=str(var_dir),
         FERRY_PYTHON=sys.executable,
         FERRY_EMBEDDED="false" if external else "true",
+        FERRY_EMBEDDED_NATS="false" if external or cluster_url else "true",
         PYTHONPATH=str(ROOT),
     )
+    if cluster_url is not None:
+        env["FERRY_NATS_URL"] = cluster_url
+        env["FERRY_MAX_STREAM_REPLICAS"] = "3"
     env.setdefault("FERRY_NATS_URL", f"nats://127.0.0.1:{env['FERRY_NATS_PORT']}")
     env.setdefault(
         "FERRY_DSN_TEMPLATE", f"postgresql://postgres@127.0.0.1:{env['FERRY_PG_PORT']}/{{database}}"
@@ -143,6 +158,8 @@ def wait_until_up(env: dict[str, str], supervisord: subprocess.Popen[bytes]) -> 
             raise SystemExit(f"bootstrap failed; see {env['FERRY_VAR']}/log/bootstrap.log")
         others = {k: v for k, v in states.items() if k != "bootstrap"}
         embedded = env["FERRY_EMBEDDED"] == "true"
+        if env.get("FERRY_EMBEDDED_NATS", env["FERRY_EMBEDDED"]) != "true":
+            others.pop("nats-server", None)  # external NATS, or the stack's own cluster
         if states.get("bootstrap") == "EXITED":
             start_roles(env, others)
         if states.get("bootstrap") == "EXITED" and all(
@@ -211,15 +228,52 @@ def print_consoles(env: dict[str, str]) -> None:
         print(f"  console     http://127.0.0.1:{port}/  ({topology})")
 
 
-def up(var_dir: Path, *, demo: bool, demo_args: list[str], keep: bool = False) -> int:
+def start_cluster(var_dir: Path, topologies: list[Topology]) -> NatsCluster:
+    """``--cluster``: a 3-node JetStream cluster under ``<var>/nats-cluster``, every node
+    authorizing the stack's users (its config written 0600), started and ready (a meta
+    leader, JetStream current)."""
+    access = DevAccess.create(topologies, secrets_of(var_dir).root)
+    cluster = NatsCluster(var_dir / "nats-cluster", access=access)
+    print(f"==> starting a {cluster.size}-node JetStream cluster")
+    cluster.start()
+    return cluster
+
+
+def up(
+    var_dir: Path,
+    *,
+    demo: bool,
+    demo_args: list[str],
+    keep: bool = False,
+    cluster: bool = False,
+) -> int:
     """Start the stack; run the demo or wait; always shut down cleanly. With ``keep`` the
-    stack stays up after the demo until Ctrl-C (the consoles show what it did)."""
+    stack stays up after the demo until Ctrl-C (the consoles show what it did). With
+    ``cluster`` NATS is a 3-node JetStream cluster (streams at 3 replicas) instead of one
+    server; every role connects with its seed list."""
     check_var_dir(var_dir)
     prepare_var_dir(var_dir)
-    write_handler_secrets(var_dir, [load_topology(ROOT / path) for path in STACK_TOPOLOGIES])
-    write_role_credentials(var_dir, [load_topology(ROOT / path) for path in STACK_TOPOLOGIES])
+    topologies = [load_topology(ROOT / path) for path in STACK_TOPOLOGIES]
+    write_handler_secrets(var_dir, topologies)
+    write_role_credentials(var_dir, topologies)
     write_console_accounts(var_dir)
-    env = stack_environment(var_dir)
+    nodes = start_cluster(var_dir, topologies) if cluster else None
+    try:
+        return _up(var_dir, demo=demo, demo_args=demo_args, keep=keep, cluster=nodes)
+    finally:
+        if nodes is not None:
+            nodes.stop()
+
+
+def _up(
+    var_dir: Path,
+    *,
+    demo: bool,
+    demo_args: list[str],
+    keep: bool,
+    cluster: NatsCluster | None,
+) -> int:
+    env = stack_environment(var_dir, None if cluster is None else cluster.url)
     # The operator's shell (stack.env) and the demo act as the NATS admin; the programs
     # never inherit it: each gets its own role's user in supervisord.conf.
     operator = {**env, **admin_nats_env(var_dir)}
@@ -285,9 +339,20 @@ def main(argv: list[str] | None = None) -> int:
     up_cmd.add_argument(
         "--keep", action="store_true", help="after the demo, stay up until Ctrl-C (the consoles)"
     )
+    up_cmd.add_argument(
+        "--cluster",
+        action="store_true",
+        help="NATS as a 3-node JetStream cluster (streams at 3 replicas, roles on its seed list)",
+    )
     args, rest = parser.parse_known_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    return up(args.var_dir.resolve(), demo=args.demo, demo_args=rest, keep=args.keep)
+    return up(
+        args.var_dir.resolve(),
+        demo=args.demo,
+        demo_args=rest,
+        keep=args.keep,
+        cluster=args.cluster,
+    )
 
 
 if __name__ == "__main__":
