@@ -57,6 +57,15 @@ log = logging.getLogger("chaos.run")
 PRODUCER_GRACE = 60.0
 #: Failing to reach PostgreSQL at all (it may be crashed, or restarting).
 REACH_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, OSError)
+#: The 3-node JetStream cluster's scenarios (:mod:`chaos.scenario_cluster`).
+CLUSTER_CHOICES = (
+    "cluster",
+    "cluster-leader",
+    "cluster-meta-leader",
+    "cluster-partition",
+    "cluster-rolling",
+    "cluster-ci",
+)
 #: After the drain condition first holds, it must still hold this many seconds later.
 QUIET_SECONDS = 3.0
 
@@ -599,9 +608,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--scenario",
-        choices=("long-outage", "hostile-handler", "hostile-payloads", "ordering", "restore"),
+        choices=(
+            "long-outage",
+            "hostile-handler",
+            "hostile-payloads",
+            "ordering",
+            "restore",
+            *CLUSTER_CHOICES,
+        ),
         help="run one scenario instead (chaos.scenarios, chaos.scenario_ordering,"
-        " chaos.scenario_restore): small with --schedule ci, long with --schedule soak",
+        " chaos.scenario_restore, chaos.scenario_cluster for cluster*): small with"
+        " --schedule ci, long with --schedule soak",
     )
     parser.add_argument("--seconds", type=float, help="length of the fault phase")
     parser.add_argument("--events", type=int, help="events to commit over the fault phase")
@@ -634,6 +651,10 @@ def main(argv: list[str] | None = None) -> int:
         progress_every=args.progress,
         faults=tuple(args.fault),
     )
+    if args.scenario in CLUSTER_CHOICES:
+        from chaos.scenario_cluster import main_cluster  # it imports this module
+
+        return main_cluster(config, args.scenario)
     if args.scenario is not None:
         return _main_scenario(config, args.scenario)
     try:

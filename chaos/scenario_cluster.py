@@ -617,15 +617,17 @@ class ClusterRun(Chaos):
             finally:
                 await conn.close()
             processed[durable] = {r["id"]: float(r["at"]) for r in rows}
-        committed = [i for i in self.ledger.intents.values() if i.committed_at is not None]
+        committed = [
+            (i, i.committed_at) for i in self.ledger.intents.values() if i.committed_at is not None
+        ]
         out: list[float | None] = []
         for record in self.records:
             worst: float | None = None
             for durable, done in processed.items():
                 times = [
                     done[i.id]
-                    for i in committed
-                    if i.durable == durable and i.id in done and i.committed_at >= record.started
+                    for i, at in committed
+                    if i.durable == durable and i.id in done and at >= record.started
                 ]
                 if not times:
                     worst = None

@@ -308,7 +308,8 @@ class NatsCluster:
         if blind:
             problems.append(f"no meta leader seen by {', '.join(blind)}")
         elif len(set(leaders.values())) > 1:
-            problems.append(f"nodes disagree on the meta leader: {sorted(set(leaders.values()))}")
+            seen = sorted({leader or "" for leader in leaders.values()})
+            problems.append(f"nodes disagree on the meta leader: {seen}")
         problems += [f"{names[i]} /healthz not 200" for i in indexes if not self.healthy(i)]
         return problems
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.run import RunConfig
+from chaos.run import CLUSTER_CHOICES, RunConfig
 from chaos.scenario_cluster import (
     CLUSTER_SCENARIOS,
     SIZES,
@@ -77,3 +77,7 @@ async def test_leader_kill_and_partition_lose_no_acknowledged_publish(tmp_path: 
     # The pipeline came back after each fault.
     assert all(f.recovery is not None for f in result.faults), story
     assert result.violations == [], story
+
+
+def test_chaos_run_offers_every_cluster_scenario() -> None:
+    assert set(CLUSTER_CHOICES) == set(CLUSTER_SCENARIOS)
