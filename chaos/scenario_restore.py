@@ -346,10 +346,12 @@ class RestoreRun(ScenarioRun):
             )
             before = drill.downstream_duplicates_before.get(durable, {})
             downstream_dupes += sum(n - before.get(i, 0) for i, n in now.items())
-        reached = 0
+        downstream: dict[str, str] = {}
         for durable in self.downstream:
             statuses, _, _ = await read_inbox(self._dsn(topo.durables[durable].target), durable)
-            reached += sum(1 for i in drill.forgotten_published if statuses.get(i) in FINAL)
+            downstream.update((i, statuses[i]) for i in drill.forgotten if i in statuses)
+        reached = sum(1 for i in drill.forgotten_published if downstream.get(i) in FINAL)
+        self._list_forgotten(downstream)
         after = {i.id for i in self.ledger.intents.values()
                  if i.context == RESTORED and i.status == "committed"} - drill.kept  # fmt: skip
         table: dict[str, Any] = {
@@ -360,6 +362,7 @@ class RestoreRun(ScenarioRun):
             "restore took (s, roles down)": round(drill.restore_seconds, 1),
             f"{RESTORED} events before the backup (kept)": len(drill.kept),
             f"{RESTORED} events after the backup (forgotten)": len(drill.forgotten),
+            "  forgotten, listed in": "forgotten.json",
             "  forgotten, already published": len(drill.forgotten_published),
             "  forgotten, processed downstream anyway": reached,
             f"{RESTORED} events after the restore": len(after),
@@ -383,6 +386,23 @@ class RestoreRun(ScenarioRun):
         for durable in self.consuming:
             await self._count_consuming(durable, settled, table, violations)
         return table, violations
+
+    def _list_forgotten(self, downstream: dict[str, str]) -> None:
+        """``forgotten.json``: each event the restore forgot, when it was committed (seconds
+        into the run), whether it had been published, its downstream inbox status."""
+        forgotten = [self.ledger.intents[i] for i in self.drill.forgotten]
+        doc = [
+            {
+                "id": i.id,
+                "event": f"{i.event_type}.v{i.version}",
+                "class": i.klass,
+                "committed": round((i.committed_at or 0.0) - self.timeline.origin, 3),
+                "published": i.id in self.drill.forgotten_published,
+                "downstream": downstream.get(i.id),
+            }
+            for i in sorted(forgotten, key=lambda i: i.committed_at or 0.0)
+        ]
+        (self.config.run_dir / "forgotten.json").write_text(json.dumps(doc, indent=1) + "\n")
 
     async def _count_consuming(
         self, durable: str, settled: Settled, table: dict[str, Any], violations: list[str]
