@@ -32,6 +32,12 @@ database, ``--effect-dsn``, by default the durable's target context database) th
 runs before and after every call: the normal event must change its result and no other
 call may. Without it, a 2xx to the duplicate is reported ``unverified``, not a breach.
 
+With ``--batch`` (for a durable with ``handler.batch`` >= 2) three batch calls follow
+(:mod:`shared.domain.batch_call`), each carrying a valid event of every type and a poison
+one: unsigned (401), signed (200 with one well-formed result per event: 2xx for the valid
+ones, 422 for the poison, the effect changed) and the same events again (409, or 2xx
+without a second effect, for each valid one).
+
 Each answer is also shown as what the consumer would do with it (ack, retry,
 dead-letter, hold). Exit codes: 0 every answer conforms, 1 at least one breach, 2 the
 handler (or the effect database) cannot be reached, or a usage or configuration error.
@@ -67,6 +73,14 @@ from shared.domain.ack import (
     RetryPolicy,
     body_retryable,
     decide,
+)
+from shared.domain.batch_call import (
+    ANSWER_LIMIT,
+    BatchAnswer,
+    MalformedAnswer,
+    batch_document,
+    batch_headers,
+    read_batch_answer,
 )
 from shared.domain.envelope import Envelope, payload_digest, wire_json
 from shared.domain.errors import ConfigurationError, TransientError
@@ -108,6 +122,10 @@ EXPECTED = {
     "poison": "422",
     "unknown-version": "422",
     "unknown-type": "422",
+    "batch-unsigned": "401",
+    "batch": "200, one result per event: 2xx for each valid event, 422 for the poison",
+    "batch-duplicate": "200, one result per event: 409 (or 2xx with no second effect) for "
+    "each valid event, 422 for the poison",
 }
 
 
@@ -607,6 +625,161 @@ async def run_checks(
     return report
 
 
+# --- batch calls (--batch) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BatchProbe:
+    """The events of the batch checks: (label, body, poison) each."""
+
+    events: list[tuple[str, dict[str, Any], bool]]
+
+    def document(self, attempt: int) -> dict[str, Any]:
+        """The batch body, every event at delivery ``attempt``."""
+        bodies = []
+        for _, body, _ in self.events:
+            again = {**body, "delivery": {**body["delivery"], "attempt": attempt}}
+            again.update(retryCount=attempt - 1)
+            bodies.append(again)
+        return batch_document(bodies)
+
+    def sent(self, how: str) -> str:
+        """What was sent, in words."""
+        return f"a batch of {len(self.events)} ({', '.join(e[0] for e in self.events)}), {how}"
+
+
+def batch_probe(plan: Plan) -> BatchProbe:
+    """A valid event of every type the plan checks, and the first poison one."""
+    events: list[tuple[str, dict[str, Any], bool]] = []
+    poisoned = False
+    for event in plan.events:
+        events.append((event.name, plan.body(event, plan.valid_payload(event)), False))
+        poison = poison_payload(event.payload_schema or {}, plan.valid_payload(event))
+        if poison is not None and not poisoned:
+            events.append((f"poison {event.name}", plan.body(event, poison), True))
+            poisoned = True
+    return BatchProbe(events)
+
+
+def judge_batch(
+    check: str, probe: BatchProbe, status: int | None, head: bytes, effect_changed: bool | None
+) -> tuple[Verdict, str, str]:
+    """The verdict of a batch check, why, and each event's answer in words."""
+    if check == "batch-unsigned":
+        return _judge_unsigned_batch(status)
+    if status != 200:
+        return "breach", f"a batch call is answered 200 with one result per event, not {status}", ""
+    ids = [uuid.UUID(body["message_id"]) for _, body, _ in probe.events]
+    answer = read_batch_answer(head, ids)
+    if isinstance(answer, MalformedAnswer):
+        return "breach", f"the batch answer is malformed: {answer.detail}", ""
+    problems, shown, unseen = _judge_results(check, probe, answer, effect_changed)
+    if check == "batch" and effect_changed is False:
+        problems.append("the batch's valid events changed nothing (--effect-sql)")
+    if problems:
+        return "breach", "; ".join(problems), ", ".join(shown)
+    if unseen:
+        return (
+            "unverified",
+            "a 2xx to a redelivery is unverified without --effect-sql",
+            ", ".join(shown),
+        )
+    return "conforms", "", ", ".join(shown)
+
+
+def _judge_results(
+    check: str, probe: BatchProbe, answer: BatchAnswer, effect_changed: bool | None
+) -> tuple[list[str], list[str], bool]:
+    """Each event's result judged: the problems, each answer in words, and whether a 2xx
+    to a redelivery went unverified (no effect query)."""
+    problems, shown, unseen = [], [], False
+    for label, body, poison in probe.events:
+        outcome = answer.outcomes[uuid.UUID(body["message_id"])]
+        if not isinstance(outcome, HandlerResponse):
+            problems.append(f"{label}: {outcome.detail}")
+            shown.append(f"{label}: no result")
+            continue
+        shown.append(f"{label}: {outcome.status}")
+        wanted = _batch_expected(check, poison, outcome.status, effect_changed)
+        if wanted:
+            problems.append(f"{label} answered {outcome.status}: {wanted}")
+        elif check == "batch-duplicate" and not poison and outcome.status != 409:
+            unseen = unseen or effect_changed is None
+    return problems, shown, unseen
+
+
+def _judge_unsigned_batch(status: int | None) -> tuple[Verdict, str, str]:
+    if status in (401, 403):
+        return "conforms", "", ""
+    return "breach", "an unsigned batch must be refused 401", ""
+
+
+def _batch_expected(check: str, poison: bool, status: int, effect_changed: bool | None) -> str:
+    """What is wrong with one event's status (empty: nothing)."""
+    if poison:
+        return "" if status == 422 else "expected 422"
+    if check == "batch":
+        return "" if 200 <= status < 300 else "expected 2xx"
+    if status == 409 or (200 <= status < 300 and effect_changed is not True):
+        return ""
+    return "expected 409 (or 2xx with no second effect)"
+
+
+async def run_batch_checks(
+    plan: Plan, url: str, secret: bytes, *, timeout: float, effects: EffectProbe | None = None
+) -> list[Result]:
+    """The batch checks (``--batch``), judged."""
+    probe = batch_probe(plan)
+    found: list[Result] = []
+    client_timeout = aiohttp.ClientTimeout(total=timeout)
+    async with aiohttp.ClientSession(timeout=client_timeout) as session:
+        for check, attempt, signed in (
+            ("batch-unsigned", 1, False),
+            ("batch", 1, True),
+            ("batch-duplicate", 2, True),
+        ):
+            data = wire_json(probe.document(attempt))
+            headers = {**batch_headers(len(probe.events)), "Content-Type": "application/json"}
+            if signed:
+                headers.update(sign(secret, plan.durable_name, data, time.time()))
+            before = await effects.value() if effects else None
+            status, head = await _post_batch(session, url, data, headers)
+            changed = None if effects is None else (await effects.value()) != before
+            verdict, why, each = judge_batch(check, probe, status, head, changed)
+            how = "signed" if signed else "no signature headers"
+            if attempt > 1:
+                how += ", the same events again (attempt 2)"
+            found.append(
+                Result(
+                    check=check,
+                    event="batch",
+                    sent=probe.sent(how),
+                    expected=EXPECTED[check],
+                    answer=str(status) if status is not None else "no answer",
+                    detail=each or " ".join(head[:DETAIL_SHOWN].decode("utf-8", "replace").split()),
+                    consumer="settle each result by the ACK table" if status == 200 else "-",
+                    verdict=verdict,
+                    why=why,
+                    effect_changed=changed,
+                )
+            )
+    return found
+
+
+async def _post_batch(
+    session: aiohttp.ClientSession, url: str, data: bytes, headers: dict[str, str]
+) -> tuple[int | None, bytes]:
+    try:
+        async with session.post(url, data=data, headers=headers, allow_redirects=False) as resp:
+            return resp.status, await resp.content.read(ANSWER_LIMIT + 1)
+    except TimeoutError:
+        return None, b"no answer (timeout)"
+    except aiohttp.ClientConnectorError as exc:
+        raise Unreachable(f"cannot reach {url}: {exc}") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        return None, f"{type(exc).__name__}: {exc}".encode()
+
+
 # --- the command --------------------------------------------------------------------------
 
 
@@ -660,6 +833,13 @@ def add_command(sub: Any) -> None:
         metavar="DSN",
         help="the database of --effect-sql (default: the durable's target context database)",
     )
+    check.add_argument(
+        "--batch",
+        action="store_true",
+        help="also send batch calls (for a durable with handler.batch >= 2): unsigned, "
+        "signed, and the same events again; each must be answered 200 with one result per "
+        "event",
+    )
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.set_defaults(func=cmd_handler_check)
 
@@ -712,6 +892,10 @@ async def cmd_handler_check(settings: CommonSettings, args: argparse.Namespace) 
                 raise Unreachable(f"effect database {redact(dsn)}: {exc}") from None
         effects = EffectProbe(conn, args.effect_sql) if conn is not None else None
         report = await run_checks(plan, args.url, secret, timeout=timeout, effects=effects)
+        if args.batch:
+            report.results += await run_batch_checks(
+                plan, args.url, secret, timeout=timeout, effects=effects
+            )
     except Unreachable as exc:
         print(json.dumps({"error": str(exc)}) if args.json else f"ferry: {exc}")
         return EXIT_UNREACHABLE

@@ -1,0 +1,48 @@
+"""``ferry handler-check --batch``: Ferry's example handler (the SDK) answers batch calls
+per event and conforms; a handler that knows only per-message calls is reported."""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+import pytest
+
+from shared.ops.handler_check import EffectProbe, plan_for, run_batch_checks
+from tests.conftest import Env
+
+from .conftest import DURABLE, EFFECT_SQL, SECRET, hand_made
+from .test_conformance import SEA_EFFECT_SQL, example_handler, ferry_check
+
+pytestmark = pytest.mark.integration
+
+
+async def test_ferrys_example_handler_conforms_to_the_batch_checks(world: Env) -> None:
+    async with example_handler(world) as url:
+        code, doc = await ferry_check(world, url, "--batch", "--effect-sql", SEA_EFFECT_SQL)
+    assert code == 0, json.dumps(doc, indent=2)
+    batch = {r["check"]: r for r in doc["results"] if r["event"] == "batch"}
+    assert set(batch) == {"batch-unsigned", "batch", "batch-duplicate"}
+    assert all(r["verdict"] == "conforms" for r in batch.values())
+    assert batch["batch-unsigned"]["answer"] == "401"
+    assert batch["batch"]["effect_changed"] is True
+    assert batch["batch-duplicate"]["effect_changed"] is False
+    # Per event: both versions applied, then 409; the poison 422 both times.
+    assert batch["batch"]["detail"].count(": 200") == 2
+    assert batch["batch-duplicate"]["detail"].count(": 409") == 2
+    assert batch["batch-duplicate"]["detail"].count(": 422") == 1
+
+
+async def test_a_per_message_only_handler_breaches_the_batch_checks(world: Env) -> None:
+    plan = plan_for(world.topology, DURABLE)
+    conn = await asyncpg.connect(world.dsn("sea"))
+    try:
+        async with hand_made(world) as url:
+            results = await run_batch_checks(
+                plan, url, SECRET.encode(), timeout=5, effects=EffectProbe(conn, EFFECT_SQL)
+            )
+    finally:
+        await conn.close()
+    verdicts = {r.check: r.verdict for r in results}
+    assert verdicts["batch-unsigned"] == "conforms"
+    assert verdicts["batch"] == "breach" and verdicts["batch-duplicate"] == "breach"
