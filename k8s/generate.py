@@ -1233,8 +1233,71 @@ def nats_files(topologies: Sequence[Topology], label: str) -> dict[str, str]:
     }
 
 
-def monitoring_files(rules_path: Path) -> dict[str, str]:
-    """The PrometheusRule wrapping the plain Prometheus rules file."""
+#: A ``criticality: high`` durable's lag alert: oldest undelivered message older than this
+#: (seconds), for :data:`CRITICAL_LAG_FOR`.
+CRITICAL_LAG_SECONDS = 60
+CRITICAL_LAG_FOR = "1m"
+#: Window in which a high durable's dead letter (a new series, or an increase) pages.
+CRITICAL_DEAD_LETTER_WINDOW = "5m"
+
+
+def critical_alert_group(topologies: Sequence[Topology]) -> dict[str, Any] | None:
+    """The alerts of the ``criticality: high`` durables (INFRA-005 §7: "H publish: low
+    frequency but high criticality"): the FIRST dead letter pages at once, and so does any
+    lag over a minute (the P0 lag alert waits for 5 minutes over 5 minutes). None when no
+    durable is declared high.
+
+    A dead letter's counter series is born at 1 (no 0 sample for ``increase`` to see), so
+    the expression also takes a series that did not exist one window ago.
+    """
+    high = sorted(
+        name for t in topologies for name, d in t.durables.items() if d.criticality == "high"
+    )
+    if not high:
+        return None
+    match = 'durable=~"' + "|".join(high) + '"'  # lower_snake names: nothing to escape
+    dead = f"ferry_dead_letters_total{{{match}}}"
+    window = CRITICAL_DEAD_LETTER_WINDOW
+    labels = {"severity": "critical", "priority": "P0", "criticality": "high"}
+    return {
+        "name": "ferry.critical",
+        "rules": [
+            {
+                "alert": "FerryCriticalDeadLetter",
+                "expr": f"sum by (namespace, durable) (increase({dead}[{window}])) > 0 or "
+                f"sum by (namespace, durable) ({dead} unless {dead} offset {window}) > 0",
+                "for": "0m",
+                "labels": labels,
+                "annotations": {
+                    "summary": "Critical durable {{ $labels.durable }} dead-lettered a message",
+                    "description": "{{ $labels.durable }} is declared criticality: high: "
+                    "every dead letter pages. See it with `ferry dlq list --durable "
+                    "{{ $labels.durable }}`, fix the cause, then replay it (`ferry dlq "
+                    "replay`); a held key's later events wait for it (`ferry parked list`).",
+                },
+            },
+            {
+                "alert": "FerryCriticalLag",
+                "expr": f"max by (namespace, durable) (ferry_consumer_lag_seconds{{{match}}})"
+                f" > {CRITICAL_LAG_SECONDS}",
+                "for": CRITICAL_LAG_FOR,
+                "labels": labels,
+                "annotations": {
+                    "summary": "Critical durable {{ $labels.durable }} is behind",
+                    "description": "The oldest message {{ $labels.durable }} has not yet "
+                    "delivered is {{ $value | humanizeDuration }} old (criticality: high "
+                    f"pages over {CRITICAL_LAG_SECONDS}s for {CRITICAL_LAG_FOR}). Is the "
+                    "consumer running and bound (ferry_consumer_bound), is the handler "
+                    "answering? Scale the consumer first (INFRA-005 §7).",
+                },
+            },
+        ],
+    }
+
+
+def monitoring_files(rules_path: Path, topologies: Sequence[Topology] = ()) -> dict[str, str]:
+    """The PrometheusRule wrapping the plain Prometheus rules file, plus the alerts of the
+    topologies' ``criticality: high`` durables (:func:`critical_alert_group`)."""
     label = _relative(rules_path)
     try:
         rules = yaml.safe_load(rules_path.read_text())
@@ -1251,6 +1314,10 @@ def monitoring_files(rules_path: Path) -> dict[str, str]:
         },
         "spec": {"groups": rules["groups"]},
     }
+    critical = critical_alert_group(topologies)
+    if critical is not None:
+        rule["spec"]["groups"] = [*rules["groups"], critical]
+        label += " and the topologies (criticality: high)"
     return {
         "monitoring/prometheusrule.yaml": _dump([rule], label),
         "monitoring/kustomization.yaml": _kustomization(
@@ -1276,7 +1343,7 @@ def generate(paths: Sequence[Path], rules_path: Path = ALERT_RULES) -> dict[str,
     sources = ", ".join(_relative(p) for p in paths)
     files.update(cnpg_files([t for t, _ in loaded], sources))
     files.update(nats_files([t for t, _ in loaded], sources))
-    files.update(monitoring_files(rules_path))
+    files.update(monitoring_files(rules_path, [t for t, _ in loaded]))
     return dict(sorted(files.items()))
 
 
