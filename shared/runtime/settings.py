@@ -61,7 +61,9 @@ class CommonSettings(BaseSettings):
     #: holding the events, schemas and handlers of the topologies this process serves; unset:
     #: the registry Ferry ships, compiled from its own manifests. Read once, at start.
     registry: Path | None = None
-    #: NATS server URLs, comma-separated.
+    #: NATS server URLs, comma-separated: a cluster's seed list (``nats://n1:4222,nats://n2:4222,
+    #: nats://n3:4222``). The client connects to one of them that answers and, when that server
+    #: goes away, reconnects to another of the list.
     nats_url: str = "nats://127.0.0.1:4222"
     #: Per-database DSNs as JSON, e.g. ``{"sea": "postgresql://..."}``; wins over the template.
     databases: dict[str, str] = Field(default_factory=dict)
