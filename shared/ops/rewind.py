@@ -483,7 +483,9 @@ async def rewind(
             await asyncio.shield(_finish(conn, rewind_id, tally, "interrupted", "cancelled"))
             raise
         except BaseException as exc:
-            await asyncio.shield(_finish(conn, rewind_id, tally, "failed", repr(exc)[:1000]))
+            task = asyncio.current_task()  # a cancel that surfaced as another error
+            outcome = "interrupted" if task is not None and task.cancelling() else "failed"
+            await asyncio.shield(_finish(conn, rewind_id, tally, outcome, repr(exc)[:1000]))
             raise
         await _finish(conn, rewind_id, tally, "done", None)
     finally:
@@ -570,12 +572,18 @@ class _Rewinder:
 
     async def _next(self, sub: Any, stop: int) -> Any:
         try:
-            return await sub.next_msg(timeout=STALL_TIMEOUT)
+            msg = await sub.next_msg(timeout=STALL_TIMEOUT)
         except TimeoutError:
             raise TransientError(
                 f"no message from {self.stream} for {STALL_TIMEOUT:.0f}s while rewinding "
                 f"{self.durable} (last sequence read: {self.tally.last_seq}, stop at {stop})"
             ) from None
+        # next_msg awaits a task of its own: a cancel that lands as the message arrives is
+        # swallowed there (the task returns the message). It stays requested on ours.
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
+        return msg
 
     async def _take(self, msg: Any, seq: int) -> None:
         """Count one selected message and (unless a dry run) publish its copy."""

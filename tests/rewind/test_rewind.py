@@ -341,3 +341,34 @@ async def test_the_command_as_the_operator_console_identity(
     both = await ferry(env, "durable", "rewind", "--durable", DURABLE, "--since", "1h",
                        "--from-seq", "1", "--reason", "x")  # fmt: skip
     assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+async def test_an_interrupted_rewind_stays_visible_as_unfinished(
+    env: Env, nc: NATS, handler: ScriptedHandler
+) -> None:
+    fast_durable(env, handler.url)
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
+    js = nc.jetstream()
+    pending_acks = []
+    for index in range(3000):
+        event = envelope(vibe_id=f"v{index % 9}")
+        pending_acks.append(
+            await js.publish_async(
+                event.subject, event.to_wire(), headers={"Nats-Msg-Id": event.message_id}
+            )
+        )
+    await asyncio.gather(*pending_acks)
+    started = asyncio.Event()
+
+    def progress(done: int, selected: int) -> None:
+        if done:
+            started.set()
+
+    task = asyncio.create_task(run_rewind(env, nc, from_seq=1, progress=progress))
+    await asyncio.wait_for(started.wait(), timeout=60)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    [row] = await sea_rows(env, "SELECT * FROM durable_rewinds")
+    assert row["outcome"] == "interrupted" and row["finished_at"] is not None
+    assert 0 < row["published"] < 3000 and row["selected"] < 3000
