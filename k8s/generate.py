@@ -1305,6 +1305,11 @@ def monitoring_files(rules_path: Path, topologies: Sequence[Topology] = ()) -> d
         raise ConfigurationError(f"{label}: cannot read alert rules: {exc}") from exc
     if not isinstance(rules, dict) or not isinstance(rules.get("groups"), list):
         raise ConfigurationError(f"{label}: a rules file needs a top-level 'groups' list")
+    groups = list(rules["groups"])
+    critical = critical_alert_group(topologies)
+    if critical is not None:
+        groups.append(critical)
+        label += " and the topologies (criticality: high)"
     rule = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -1312,12 +1317,8 @@ def monitoring_files(rules_path: Path, topologies: Sequence[Topology] = ()) -> d
             "name": "ferry-alerts",
             "labels": {"app.kubernetes.io/part-of": "ferry", "app.kubernetes.io/name": "ferry"},
         },
-        "spec": {"groups": rules["groups"]},
+        "spec": {"groups": groups},
     }
-    critical = critical_alert_group(topologies)
-    if critical is not None:
-        rule["spec"]["groups"] = [*rules["groups"], critical]
-        label += " and the topologies (criticality: high)"
     return {
         "monitoring/prometheusrule.yaml": _dump([rule], label),
         "monitoring/kustomization.yaml": _kustomization(

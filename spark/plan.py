@@ -80,6 +80,10 @@ class Plan:
         """The topology's name (a key of every KPI row)."""
         return self.topology.name
 
+    def critical_durables(self) -> list[str]:
+        """Durables declared ``criticality: high`` (the report lists them first)."""
+        return sorted(n for n, d in self.topology.durables.items() if d.criticality == "high")
+
     def first_database(self) -> str:
         """The database of the topology's first context (the default KPI database)."""
         return next(iter(self.topology.contexts.values())).database

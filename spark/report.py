@@ -14,6 +14,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -63,6 +64,8 @@ class Report:
     note: str = ""
     #: Seconds per phase of the run (check, spark, judge_and_write) before the report.
     timings: dict[str, float] = field(default_factory=dict)
+    #: Durables declared ``criticality: high`` (INFRA-005 §7): listed first, marked.
+    critical: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document (timestamps as ISO 8601, NaN-free)."""
@@ -83,6 +86,7 @@ class Report:
                 "note": self.note,
                 "duration_seconds": round(self.duration_seconds, 3),
                 "timings": self.timings,
+                "critical_durables": self.critical,
                 "events": self.events,
                 "findings": {
                     "gate": [f.as_dict() for f in self.gate_findings],
@@ -133,9 +137,9 @@ _COLUMNS_RIGHT = (
 )  # fmt: skip
 
 
-def _text_table(rows: list[Row]) -> list[str]:
+def _text_table(rows: list[Row], critical: Sequence[str] = ()) -> list[str]:
     width = max([7, *(len(r["subject"]) for r in rows)])
-    durable = max([7, *(len(r["durable"]) for r in rows)])
+    durable = max([7, *(len(_marked(r["durable"], critical)) for r in rows)])
     head = f"{'context':<10} {'durable':<{durable}} {'subject':<{width}}"
     head += "".join(f" {name:>{w}}" for name, w in _COLUMNS_RIGHT) + "  verdict"
     out = [head]
@@ -145,10 +149,26 @@ def _text_table(rows: list[Row]) -> list[str]:
             _pct(row["dlq_rate"], 2), _ms(row["latency_p50_ms"]), _ms(row["latency_p95_ms"]),
             _ms(row["latency_p99_ms"]), str(row["lost_candidates"]),
         )  # fmt: skip
-        line = f"{row['context']:<10} {row['durable']:<{durable}} {row['subject']:<{width}}"
+        name = _marked(row["durable"], critical)
+        line = f"{row['context']:<10} {name:<{durable}} {row['subject']:<{width}}"
         line += "".join(f" {v:>{w}}" for v, (_, w) in zip(values, _COLUMNS_RIGHT, strict=True))
         out.append(line + "  " + (", ".join(row["slo_breaches"]) or "ok"))
     return out
+
+
+def critical_first(rows: list[Any], critical: Sequence[str]) -> list[Any]:
+    """``rows`` (KPI rows or findings) with the critical durables' first, each group in
+    its own order."""
+    high = set(critical)
+
+    def durable(row: Any) -> str:
+        return str(row["durable"] if isinstance(row, dict) else row.durable)
+
+    return sorted(rows, key=lambda row: durable(row) not in high)
+
+
+def _marked(durable: str, critical: Sequence[str]) -> str:
+    return f"{durable} [high]" if durable in critical else durable
 
 
 def summary_rows(totals: list[Row]) -> list[Row]:
@@ -199,11 +219,13 @@ def text_summary(report: Report, report_dir: Path | None) -> str:
     if report.note:
         lines.append(report.note)
     if report.totals:
-        lines += ["", *_text_table(summary_rows(report.totals))]
+        rows = critical_first(summary_rows(report.totals), report.critical)
+        lines += ["", *_text_table(rows, report.critical)]
     for title, findings in (
         ("targets missed (gate)", summary_findings(report.gate_findings)),
         ("INFRA-005 alerts", summary_findings(report.alerts)),
     ):
+        findings = critical_first(findings, report.critical)
         if findings:
             lines += ["", f"{title}: {len(findings)}", *(_describe(f) for f in findings[:12])]
             if len(findings) > 12:
@@ -348,6 +370,7 @@ th{background:#f0f0f0} td.k{text-align:left}
 .pass{background:#d8f5d8} .breach{background:#f8d0d0} .alert{background:#fbeec0}
 .banner{padding:.6em 1em;font-size:1.3em;border-radius:4px;display:inline-block}
 img{max-width:100%;border:1px solid #ddd;margin:.5em 0}
+tr.high td.k{font-weight:bold}
 """
 _HTML_COLUMNS = (
     ("produced", "produced", str),
@@ -373,7 +396,7 @@ def _cell(text: str, cls: str = "") -> str:
     return f'<td class="{cls}">{html.escape(text)}</td>'
 
 
-def _html_table(rows: list[Row], *, with_window: bool) -> str:
+def _html_table(rows: list[Row], *, with_window: bool, critical: Sequence[str] = ()) -> str:
     head = ["window"] if with_window else []
     head += ["context", "durable", "subject"] + [title for _, title, _ in _HTML_COLUMNS]
     head += ["verdict"]
@@ -381,8 +404,10 @@ def _html_table(rows: list[Row], *, with_window: bool) -> str:
     for row in rows:
         marks = row["slo_breaches"] + row["alerts"]
         cls = "breach" if row["slo_breaches"] else ("alert" if row["alerts"] else "")
+        cls += " high" if row["durable"] in critical else ""
         cells = [_cell(f"{row['window_start']:%Y-%m-%d %H:%M:%S}", "k")] if with_window else []
-        cells += [_cell(str(row[k]), "k") for k in ("context", "durable", "subject")]
+        cells += [_cell(str(row["context"]), "k"), _cell(_marked(row["durable"], critical), "k")]
+        cells.append(_cell(str(row["subject"]), "k"))
         cells += [_cell(fmt(row[key])) for key, _, fmt in _HTML_COLUMNS]
         cells.append(_cell(", ".join(marks) or "ok", "k"))
         out.append(f'<tr class="{cls}">' + "".join(cells) + "</tr>")
@@ -420,6 +445,7 @@ def _reasons_html(reasons: list[Row]) -> str:
 
 def render_html(report: Report, latency_png: Path, windows_png: Path) -> str:
     """The standalone HTML report (plots embedded)."""
+    high = report.critical
     per_window = [r for r in report.windows if r["subject"] == ALL_SUBJECTS]
     folded = len(per_window) > HTML_WINDOW_ROWS
     lost = "".join(
@@ -435,18 +461,21 @@ def render_html(report: Report, latency_png: Path, windows_png: Path) -> str:
         f"as of {report.as_of:%Y-%m-%d %H:%M:%S} UTC · gate: {html.escape(report.gate)} · "
         f"{report.events} events · run {html.escape(report.run_id)}</p>",
         f"<p>{html.escape(report.note)}</p>" if report.note else "",
-        _findings_html("Targets missed (gate)", report.gate_findings),
-        _findings_html("Targets missed (not gating)", report.other_findings),
-        _findings_html("INFRA-005 alerts", report.alerts),
+        _findings_html("Targets missed (gate)", critical_first(report.gate_findings, high)),
+        _findings_html("Targets missed (not gating)", critical_first(report.other_findings, high)),
+        _findings_html("INFRA-005 alerts", critical_first(report.alerts, high)),
         "<h2>Run totals</h2>",
-        _html_table(report.totals, with_window=False),
+        f"<p>Critical lanes (criticality: high) first, marked [high]: {', '.join(high)}</p>"
+        if high
+        else "",
+        _html_table(critical_first(report.totals, high), with_window=False, critical=high),
         "<h2>Latency distribution</h2>",
         _img(latency_png),
         "<h2>KPIs per window</h2>",
         _img(windows_png),
         "<h2>Per window and durable</h2>",
         "<details><summary>table</summary>" if folded else "",
-        _html_table(per_window, with_window=True),
+        _html_table(critical_first(per_window, high), with_window=True, critical=high),
         "</details>" if folded else "",
         "<h2>Retries and dead letters by reason</h2>",
         _reasons_html(report.reasons),

@@ -402,6 +402,7 @@ class _Run:
             gate_findings=gate,
             other_findings=other,
             alerts=alerts,
+            critical=self.plan.critical_durables(),
         )
 
     def _nothing_to_do(self, elapsed: float) -> RunOutcome:
