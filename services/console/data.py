@@ -110,6 +110,8 @@ class DurableView:
     name: str
     target: str
     ordered: bool
+    #: Declared ``criticality: high`` (INFRA-005 §7): listed first, marked.
+    critical: bool = False
     backlog: int = 0
     retrying: int = 0
     failed: int = 0
@@ -159,6 +161,15 @@ def durables_by_database(topology: Topology) -> dict[str, list[str]]:
     return found
 
 
+def durable_views(topology: Topology) -> dict[str, DurableView]:
+    """The overview's durables, empty: the ``criticality: high`` ones first, then by name."""
+    ranked = sorted(topology.durables.items(), key=lambda i: (i[1].criticality != "high", i[0]))
+    return {
+        name: DurableView(name, spec.target, spec.ordering == "key", spec.criticality == "high")
+        for name, spec in ranked
+    }
+
+
 def _age(oldest: str | None, now: datetime) -> float | None:
     if not oldest:
         return None
@@ -176,10 +187,7 @@ async def read_overview(
         for name, spec in sorted(topology.contexts.items())
         if spec.stream is not None
     ]
-    durables = {
-        name: DurableView(name, spec.target, spec.ordering == "key")
-        for name, spec in sorted(topology.durables.items())
-    }
+    durables = durable_views(topology)
     jobs = [_read_outbox(topology, pools, view, now) for view in contexts]
     jobs += [
         _read_database(pools[db], [durables[n] for n in names])
