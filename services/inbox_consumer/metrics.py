@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from shared.adapters import inbox, parking
 from shared.domain.ack import HandlerFailure, HandlerResponse
+from shared.domain.throttle import Limit
 from shared.runtime.metrics import (
     BATCH_BUCKETS,
     DESTINATION,
@@ -272,6 +273,34 @@ def ownership_families(durable: str, ownership: Any) -> list[Metric]:
             {(durable, k): v for k, v in events.items()},
         ),
     ]
+
+
+def throttle_families(
+    durable: str, source: str, limit: Limit | None, waited: float
+) -> list[Metric]:
+    """The throttle of a durable (:mod:`.throttle`): ``ferry_throttle_rate`` and
+    ``ferry_throttle_burst`` while a limit is in force, ``ferry_throttle_wait_seconds_total``."""
+    rate = GaugeMetricFamily(
+        "ferry_throttle_rate",
+        "Processing rate limit in force (messages/s per consumer process), by source "
+        "(topology, override); absent when the durable is not throttled.",
+        labels=["durable", "source"],
+    )
+    burst = GaugeMetricFamily(
+        "ferry_throttle_burst",
+        "Burst of the rate limit in force (messages); absent when not throttled.",
+        labels=["durable"],
+    )
+    if limit is not None:
+        rate.add_metric([durable, source], limit.rate)
+        burst.add_metric([durable], limit.burst)
+    waiting = counter_family(
+        "ferry_throttle_wait_seconds",
+        "Seconds the consumer's fetch loops waited for the throttle (summed over loops).",
+        ["durable"],
+        {(durable,): waited},
+    )
+    return [rate, burst, waiting]
 
 
 def consumer_families(durable: str, stream: str, stats: Any) -> list[Metric]:

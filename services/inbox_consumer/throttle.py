@@ -29,14 +29,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
+from services.inbox_consumer.metrics import throttle_families
 from shared.adapters import throttles
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.adapters.throttles import Override
 from shared.contracts.topology import DurableSpec
 from shared.domain.throttle import Limit, TokenBucket
-from shared.runtime.metrics import counter_family
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -162,27 +162,5 @@ class Throttle:
                 await asyncio.wait_for(stop.wait(), timeout=interval)
 
     def families(self) -> list[Metric]:
-        """``ferry_throttle_rate``/``_burst`` (only while a limit is in force) and
-        ``ferry_throttle_wait_seconds_total``."""
-        rate = GaugeMetricFamily(
-            "ferry_throttle_rate",
-            "Processing rate limit in force (messages/s per consumer process), by source "
-            "(topology, override); absent when the durable is not throttled.",
-            labels=["durable", "source"],
-        )
-        burst = GaugeMetricFamily(
-            "ferry_throttle_burst",
-            "Burst of the rate limit in force (messages); absent when not throttled.",
-            labels=["durable"],
-        )
-        limit = self.limit
-        if limit is not None:
-            rate.add_metric([self.durable, self.source], limit.rate)
-            burst.add_metric([self.durable], limit.burst)
-        waited = counter_family(
-            "ferry_throttle_wait_seconds",
-            "Seconds the consumer's fetch loops waited for the throttle (summed over loops).",
-            ["durable"],
-            {(self.durable,): self.waited},
-        )
-        return [rate, burst, waited]
+        """Its series (:func:`.metrics.throttle_families`)."""
+        return throttle_families(self.durable, self.source, self.limit, self.waited)

@@ -10,6 +10,7 @@ tokens are ever spent over ``t`` seconds.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import math
 from pathlib import Path
@@ -19,9 +20,12 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
 
+from services.inbox_consumer.throttle import Throttle
+from shared.adapters.throttles import Override
 from shared.contracts.lint import lint_topology
-from shared.contracts.topology import Topology, read_topology
+from shared.contracts.topology import DurableSpec, Topology, read_topology
 from shared.domain.errors import ConfigurationError
 from shared.domain.throttle import (
     MAX_RATE,
@@ -243,3 +247,84 @@ def test_throttle_joins_a_durable_group_another_command_made() -> None:
     args = parser.parse_args(["durable", "throttle", "--durable", "d", "--clear"])
     assert (args.durable_command, args.clear) == ("throttle", True)
     assert parser.parse_args(["durable", "rewind"]).durable_command == "rewind"
+
+
+# ---- the consumer's throttle (no servers: its limit, window, series)
+
+
+def _spec(**fields: Any) -> DurableSpec:
+    topo = read_topology(ROOT / "topologies/mediation.yaml")
+    return topo.durables["cg_replay"].model_copy(update=fields)
+
+
+def _series(throttle: Throttle) -> str:
+    registry = CollectorRegistry()
+    registry.register(_Collect(throttle))
+    return generate_latest(registry).decode()
+
+
+class _Collect:
+    def __init__(self, throttle: Throttle) -> None:
+        self.throttle = throttle
+
+    def collect(self) -> Any:
+        return self.throttle.families()
+
+
+def _override(rate: float | None, burst: int | None = None) -> Override:
+    return Override("cg_replay", rate, burst, actor="ops", reason="test")
+
+
+def test_the_consumer_throttle_follows_overrides_and_exports_what_is_in_force() -> None:
+    throttle = Throttle("cg_replay", _spec())
+    assert (throttle.source, throttle.limit) == ("topology", Limit(20.0, 40))
+    text = _series(throttle)
+    assert 'ferry_throttle_rate{durable="cg_replay",source="topology"} 20.0' in text
+    assert 'ferry_throttle_burst{durable="cg_replay"} 40.0' in text
+    assert 'ferry_throttle_wait_seconds_total{durable="cg_replay"} 0.0' in text
+    throttle.apply(_override(5.0))
+    assert (throttle.source, throttle.limit) == ("override", Limit(5.0, 5))
+    assert 'source="override"} 5.0' in _series(throttle)
+    throttle.apply(_override(None))  # --rate none: the topology's limit lifted
+    assert (throttle.source, throttle.limit) == ("override", None)
+    assert "ferry_throttle_rate{" not in _series(throttle)
+    throttle.apply(None)  # cleared
+    assert (throttle.source, throttle.limit) == ("topology", Limit(20.0, 40))
+
+
+def test_the_pull_window_shrinks_with_the_rate() -> None:
+    throttle = Throttle("cg_replay", _spec(batch_size=10, ack_wait=120.0))
+    assert throttle.window(10) == 10  # 20/s, burst 40: a batch at most
+    throttle.apply(_override(2.0, 1))
+    assert throttle.window(10) == 1  # the burst
+    throttle.apply(_override(1 / 60, 50))
+    assert throttle.window(10) == 1  # 1/m: about half an ack_wait's worth, at least one
+    throttle.apply(_override(None))
+    assert throttle.window(10) == 10
+
+
+def test_a_high_criticality_durable_ignores_an_override() -> None:
+    throttle = Throttle("cg_h_publish", _spec(criticality="high", throttle=None))
+    throttle.apply(_override(1.0))
+    assert (throttle.source, throttle.limit) == ("none", None)
+
+
+async def test_admit_hands_out_the_tokens_then_waits_for_the_next() -> None:
+    now = [0.0]
+    throttle = Throttle("cg_replay", _spec(), clock=lambda: now[0])
+    throttle.apply(_override(4.0, 3))
+    stop = asyncio.Event()
+    assert await throttle.admit(10, stop) == 3
+    throttle.spent(3)
+
+    async def later() -> None:
+        await asyncio.sleep(0.05)
+        now[0] += 0.25  # one token's worth at 4/s: the waiter sees it after its pause
+
+    waker = asyncio.create_task(later())
+    assert await asyncio.wait_for(throttle.admit(10, stop), timeout=5) == 1
+    await waker
+    assert throttle.waited > 0
+    stop.set()
+    throttle.spent(5)  # in debt
+    assert await throttle.admit(10, stop) == 0  # stopped: nothing
