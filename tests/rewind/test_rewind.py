@@ -22,6 +22,7 @@ from nats.aio.client import Client as NATS
 
 from shared.access.streams import provision
 from shared.adapters.dead_letters.replay import replay
+from shared.domain.errors import TransientError
 from shared.domain.ordering import partition_of
 from shared.ops.rewind import RewindRefused, RewindResult, rewind
 from shared.runtime.settings import CommonSettings
@@ -372,3 +373,21 @@ async def test_an_interrupted_rewind_stays_visible_as_unfinished(
     [row] = await sea_rows(env, "SELECT * FROM durable_rewinds")
     assert row["outcome"] == "interrupted" and row["finished_at"] is not None
     assert 0 < row["published"] < 3000 and row["selected"] < 3000
+
+
+async def test_a_copy_the_stream_refuses_fails_the_rewind_and_the_audit_says_so(
+    env: Env, nc: NATS, handler: ScriptedHandler
+) -> None:
+    env.doc["contexts"]["vibespro"]["stream"]["max_msg_size"] = "4KB"
+    fast_durable(env, handler.url)
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
+    await publish_events(nc, 3)
+    big = envelope(vibe_id="big", title="")
+    big.payload["title"] = "x" * (4000 - 120 - len(big.to_wire()))  # fits with its own headers,
+    assert 3800 < len(big.to_wire()) < 4000  # not with the copy's (about 250 bytes more)
+    await publish(nc, big)
+    with pytest.raises(TransientError, match=r"copy of sequence 4 .* after 4 attempts"):
+        await run_rewind(env, nc, from_seq=1)
+    [row] = await sea_rows(env, "SELECT * FROM durable_rewinds")
+    assert (row["outcome"], row["selected"], row["published"]) == ("failed", 4, 3)
+    assert "sequence 4" in row["error"] and row["finished_at"] is not None
