@@ -61,10 +61,12 @@ class World:
         self.procs[name] = proc
         return proc
 
-    def start_g_handler(self, **extra: str) -> subprocess.Popen[bytes]:
-        """Module G's handler, running replay jobs, on its port."""
+    async def start_g_handler(self, **extra: str) -> subprocess.Popen[bytes]:
+        """Module G's handler, running replay jobs, on its port; once it is ready."""
         args = ["services.handlers", "--service", "module_g", "--port", str(self.g_port)]
-        return self.start("handler-module_g", args, FERRY_HANDLER_REPLAY_JOBS="true", **extra)
+        proc = self.start("handler-module_g", args, FERRY_HANDLER_REPLAY_JOBS="true", **extra)
+        await wait_ready(f"http://127.0.0.1:{self.g_port}/readyz", proc, "module_g's handler")
+        return proc
 
     async def fetch(self, sql: str, *args: Any, context: str = "module_f") -> list[Any]:
         conn = await asyncpg.connect(self.env.dsn(context))
@@ -97,8 +99,18 @@ async def record_scored(env: Env, faults: dict[str, Any] | None = None) -> str:
 
 
 @pytest.fixture
+def replay_rate() -> str:
+    """FERRY_HANDLER_REPLAY_RATE of module G's handler (a test parametrizes it)."""
+    return "20"
+
+
+@pytest.fixture
 async def world(
-    tmp_path: Path, pg_server: PostgresServer, nats_server: NatsServer, nc: NATS
+    tmp_path: Path,
+    pg_server: PostgresServer,
+    nats_server: NatsServer,
+    nc: NATS,
+    replay_rate: str,
 ) -> AsyncIterator[World]:
     doc = yaml.safe_load((ROOT / "topologies/mediation.yaml").read_text())
     prefix = "r" + uuid.uuid4().hex[:10]
@@ -107,6 +119,8 @@ async def world(
     for durable in doc["durables"].values():  # test clocks: a retry in a second, not minutes
         durable.update(ack_wait="6s", max_deliver=4, backoff=["300ms", "300ms", "300ms"])
         durable["handler"]["timeout"] = "5s"
+    # A job outlives a restart of module G's handler: its retries wait for it to be back.
+    doc["durables"]["cg_replay"].update(max_deliver=10, backoff=["1s"] * 5)
     env = Env(tmp_path, pg_server, nats_server.url, doc)
     for database in env.topology.databases():
         await asyncio.wait_for(migrate_database(pg_server.dsn(database)), timeout=60)
@@ -129,7 +143,7 @@ async def world(
             ["services.handlers", "--service", "module_f", "--port", str(f_port)],
             FERRY_HANDLER_FAULT_INJECTION="true",
         )
-        world.start_g_handler()
+        await world.start_g_handler(FERRY_HANDLER_REPLAY_RATE=replay_rate)
         world.start("pub-e", ["services.outbox_publisher", "--context", "module_e"])
         world.start("pub-g", ["services.outbox_publisher", "--context", "module_g"])
         world.start(
@@ -163,7 +177,7 @@ async def world(
             rows = await world.fetch("SELECT count(*) AS n FROM dead_letters")
             return bool(rows[0]["n"] == FIXABLE)
 
-        await eventually(dead_lettered, timeout=60, what=f"{FIXABLE} dead letters", interval=0.3)
+        await eventually(dead_lettered, timeout=120, what=f"{FIXABLE} dead letters", interval=0.3)
         yield world
     finally:
         for proc in world.procs.values():

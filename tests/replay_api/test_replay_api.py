@@ -240,15 +240,12 @@ async def test_a_job_is_accepted_at_once_then_runs_once_through_the_stream(world
             assert resp.status == 404
 
 
+# Slow on purpose: a replay every 3 s, so the job is cut after its first entry.
+@pytest.mark.parametrize("replay_rate", ["0.33"])
 async def test_a_run_cut_short_runs_again_and_replays_nothing_twice(world: World) -> None:
     """Module G's handler dies mid-job (SIGKILL after the first replay): the claim rolls
     back, cg_replay redelivers, the new run refuses what the first replayed."""
     await _wait_fixed(world)
-    proc = world.procs["handler-module_g"]
-    proc.send_signal(signal.SIGTERM)
-    await asyncio.to_thread(proc.wait, 20)
-    # Slow on purpose: a replay every 3 s, so the job is cut after its first entry.
-    world.start_g_handler(FERRY_HANDLER_REPLAY_RATE="0.33")
     ids = world.fixable[:2]
     status, job = await api(
         world, "POST", "/api/replay-jobs", {"durable": DURABLE, "message_ids": ids, "reason": "r"}
@@ -263,7 +260,7 @@ async def test_a_run_cut_short_runs_again_and_replays_nothing_twice(world: World
     await eventually(one_replayed, timeout=60, what="the first entry replayed", interval=0.1)
     world.procs["handler-module_g"].send_signal(signal.SIGKILL)
     await asyncio.to_thread(world.procs["handler-module_g"].wait, 20)
-    world.start_g_handler()
+    await world.start_g_handler()
     done = await _done(world, job_id, timeout=90)
     assert done["state"] == "done" and done["runs"] == 2, done
     assert (done["replayed"], done["refused"]) == (1, 1), done
