@@ -355,7 +355,10 @@ def test_nats_values_give_the_cluster_the_design_needs() -> None:
 def test_prometheus_rule_is_the_rules_file(rendered: dict[str, list[Doc]]) -> None:
     rules = yaml.safe_load((K8S / "base" / "alerts" / "ferry-alerts.rules.yaml").read_text())
     [rule] = by_kind(rendered["prod"], "PrometheusRule")
-    assert rule["spec"]["groups"] == rules["groups"]
+    # The rules file, then the alerts of the criticality: high durables (k8s.generate).
+    *plain, critical = rule["spec"]["groups"]
+    assert plain == rules["groups"]
+    assert critical["name"] == "ferry.critical"
     alerts = {r["alert"] for g in rules["groups"] for r in g["rules"]}
     # INFRA-005 §6 P0: lag > 5 min sustained, dead-letter spike, success ratio drop.
     assert {"FerryConsumerLagHigh", "FerryDeadLetterSpike", "FerrySuccessRatioLow"} <= alerts
