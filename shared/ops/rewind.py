@@ -784,7 +784,8 @@ def add_commands(sub: Any) -> argparse.ArgumentParser:
     )
     rw.add_argument("--topology", help="topology file (default: FERRY_TOPOLOGY)")
     rw.add_argument("--durable", required=True, help="the durable to re-deliver to")
-    start = rw.add_mutually_exclusive_group(required=True)
+    # One of them is needed: checked with the range (check_range), exit 2 either way.
+    start = rw.add_mutually_exclusive_group()
     start.add_argument(
         "--since",
         type=_when,

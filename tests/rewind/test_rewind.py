@@ -342,6 +342,8 @@ async def test_the_command_as_the_operator_console_identity(
     both = await ferry(env, "durable", "rewind", "--durable", DURABLE, "--since", "1h",
                        "--from-seq", "1", "--reason", "x")  # fmt: skip
     assert both.returncode == 2 and "not allowed with" in both.stderr
+    neither = await ferry(env, "durable", "rewind", "--durable", DURABLE, "--reason", "x")
+    assert neither.returncode == 2 and "exactly one start" in neither.stderr
 
 
 async def test_an_interrupted_rewind_stays_visible_as_unfinished(
