@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spark.errors import JavaMissing, JdbcDriverMissing
+from spark.errors import JavaMissing, JdbcDriverMissing, SparkFailed
 from spark.settings import KpiSettings
 
 if TYPE_CHECKING:
@@ -135,6 +135,7 @@ def prepare_java(settings: KpiSettings) -> Java:
 def build_session(settings: KpiSettings) -> SparkSession:
     """The SparkSession (an existing one is reused, e.g. a test's or spark-submit's)."""
     # Imported here: the checks above must answer fast, without loading PySpark.
+    from py4j.protocol import Py4JError
     from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
@@ -146,5 +147,18 @@ def build_session(settings: KpiSettings) -> SparkSession:
         spark = builder.getOrCreate()
     except PySparkRuntimeError as exc:
         raise JavaMissing(f"Spark's JVM did not start: {exc}") from exc
+    except Py4JError as exc:
+        # The JVM runs but refused the context (e.g. executor memory below Spark's minimum,
+        # a master that does not answer): exit 13, never a traceback's 1 (a verdict).
+        raise SparkFailed(f"Spark did not start: {_first_line(exc)}") from exc
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _first_line(exc: BaseException) -> str:
+    """The Java exception's message line of a Py4J error (not the whole stack)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith(": "):
+            return line[2:][:400]
+    return (lines[0] if lines else type(exc).__name__)[:400]
