@@ -615,9 +615,11 @@ def main(argv: list[str] | None = None) -> int:
             "ordering",
             "restore",
             *CLUSTER_CHOICES,
+            "pg-failover",
         ),
         help="run one scenario instead (chaos.scenarios, chaos.scenario_ordering,"
-        " chaos.scenario_restore, chaos.scenario_cluster for cluster*): small with"
+        " chaos.scenario_restore, chaos.scenario_cluster for cluster*,"
+        " chaos.scenario_pg_failover for pg-failover): small with"
         " --schedule ci, long with --schedule soak",
     )
     parser.add_argument("--seconds", type=float, help="length of the fault phase")
@@ -651,6 +653,10 @@ def main(argv: list[str] | None = None) -> int:
         progress_every=args.progress,
         faults=tuple(args.fault),
     )
+    if args.scenario == "pg-failover":
+        from chaos.scenario_pg_failover import main_failover  # it imports this module
+
+        return main_failover(config)
     if args.scenario in CLUSTER_CHOICES:
         from chaos.scenario_cluster import main_cluster  # it imports this module
 

@@ -27,7 +27,10 @@ asyncpg understands it since 0.28).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Mapping
@@ -180,8 +183,8 @@ class PostgresPair:
     def require_sync(self, timeout: float) -> None:
         """Make the primary's commits wait for the standby (``synchronous_standby_names =
         '*'`` by ALTER SYSTEM) and wait until the standby is listed as ``sync``."""
-        self._query(self.primary, "ALTER SYSTEM SET synchronous_standby_names = '*'")
-        self._query(self.primary, "SELECT pg_reload_conf()")
+        self.query(self.primary, "ALTER SYSTEM SET synchronous_standby_names = '*'")
+        self.query(self.primary, "SELECT pg_reload_conf()")
         deadline = time.monotonic() + timeout
         state = ""
         while time.monotonic() < deadline:
@@ -193,17 +196,29 @@ class PostgresPair:
 
     def sync_state(self) -> str:
         """The standby's ``sync_state`` in the primary's ``pg_stat_replication`` ('' if none)."""
-        return self._query(self.primary, "SELECT sync_state FROM pg_stat_replication LIMIT 1")
+        return self.query(self.primary, "SELECT sync_state FROM pg_stat_replication LIMIT 1")
 
     def kill_primary(self) -> None:
-        """SIGKILL the primary's postmaster and every backend at once."""
+        """SIGKILL the primary's postmaster and every process it started, at once.
+
+        Each PostgreSQL child process is a session of its own (not in the postmaster's
+        process group), and a child whose postmaster died finishes what it is doing before
+        it notices: a backend could still complete a COMMIT, the WAL sender still send WAL.
+        A crash stops them all where they are.
+        """
+        pid = self.primary.pid
+        if pid is not None:
+            doomed = [pid, *_children(pid)]
+            for victim in doomed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
         self.primary.kill()
 
     def promote(self, timeout: int = 60) -> float:
         """Promote the standby (``SELECT pg_promote(true, timeout)``); seconds it took. It
         becomes :attr:`primary`; it commits alone until :meth:`rejoin`."""
         begin = time.monotonic()
-        answer = self._query(self.standby, f"SELECT pg_promote(true, {int(timeout)})")
+        answer = self.query(self.standby, f"SELECT pg_promote(true, {int(timeout)})")
         if answer != "t":
             raise ServerError(f"pg_promote answered {answer!r}")
         self.primary_index = 1 - self.primary_index
@@ -224,9 +239,10 @@ class PostgresPair:
 
     def in_recovery(self, server: PostgresServer) -> bool:
         """True while ``server`` is a standby (``pg_is_in_recovery()``)."""
-        return self._query(server, "SELECT pg_is_in_recovery()") == "t"
+        return self.query(server, "SELECT pg_is_in_recovery()") == "t"
 
-    def _query(self, server: PostgresServer, sql: str) -> str:
+    def query(self, server: PostgresServer, sql: str) -> str:
+        """Run ``sql`` on ``server`` as the superuser (psql); its output, unaligned."""
         argv = [_binary("psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql]
         argv += ["-d", f"{server.dsn()}?connect_timeout=10"]
         try:
@@ -250,3 +266,19 @@ class PostgresPair:
                 server.kill()
         if errors:
             raise errors[0]
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        fields = raw[raw.rfind(")") + 2 :].split()
+        if len(fields) > 1 and fields[1] == str(pid):
+            found.append(int(entry.name))
+    return found
