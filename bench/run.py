@@ -11,7 +11,8 @@ processes and the load generator in a process of its own, and measures, by secti
 ``peer``       faststream-outbox relaying the same backlog into JetStream
 ``publisher``  outbox-publisher drain of a ``--rows`` backlog
 ``drain``      end-to-end drain of a ``--rows`` backlog with one and two consumer replicas,
-               and ordered (``ordering: key``, 1,000 keys, ``--ordered-partitions``
+               one consumer with batch handler calls (``--handler-batch`` events per POST,
+               judged against the raw per-message POST /handle), and ordered (``ordering: key``, 1,000 keys, ``--ordered-partitions``
                partitions, ``--ordered-replicas`` replicas) against the unordered drain
 ``latency``    end-to-end latency at each of ``--rates`` offered by the producer
 ``sustained``  the highest rate the pipeline holds with the producer on the box
@@ -143,6 +144,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--ordered-replicas", type=int, default=2,
         help="consumer replicas of the ordered drain (2)",
     )  # fmt: skip
+    parser.add_argument(
+        "--handler-batch", type=int, default=50,
+        help="events per handler call in the batch-call drain (handler.batch; 50)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="output directory (bench/results/<time>)")
     parser.add_argument(
         "--keep",
@@ -172,6 +177,8 @@ def options_from(args: argparse.Namespace) -> s.Options:
             f"--rates: {args.rates!r} is not a comma-separated list of integers"
         ) from None
     rows = int(pick("rows"))
+    if not 2 <= args.handler_batch <= 1000:
+        raise SystemExit("--handler-batch must be between 2 and 1000")
     if args.ordered_partitions < 1 or args.ordered_replicas < 1:
         raise SystemExit("--ordered-partitions and --ordered-replicas must be at least 1")
     modes = ["on", "off"] if args.tracing == "both" else [args.tracing]
@@ -187,6 +194,7 @@ def options_from(args: argparse.Namespace) -> s.Options:
         baseline_seconds=float(pick("baseline_seconds")), statements=args.statements,
         role_settings=role_settings(args.role_settings),
         ordered_partitions=args.ordered_partitions, ordered_replicas=args.ordered_replicas,
+        handler_batch=args.handler_batch,
     )  # fmt: skip
 
 
@@ -335,6 +343,7 @@ def _plan(bench: s.Bench) -> Plan:
             plan.append((f"publisher [{mode}]", partial(s.publisher_drain, bench, mode)))
         if "drain" in sections:
             plan.append((f"drain x1 [{mode}]", partial(s.e2e_drain, bench, mode, 1)))
+            plan.append((f"drain batch x1 [{mode}]", partial(s.batch_drain, bench, mode)))
             plan.append((f"drain x2 [{mode}]", partial(s.e2e_drain, bench, mode, 2)))
             plan.append((f"drain ordered [{mode}]", partial(s.ordered_drain, bench, mode)))
         if sections & {"latency", "sustained"}:
@@ -364,6 +373,9 @@ def _finish(bench: s.Bench) -> None:
         "ferry.e2e_drain_1": drain_path,
         "ferry.e2e_drain_2": drain_path,
         "ferry.e2e_drain_ordered": drain_path,
+        # The batch-call drain is judged against the per-message HTTP round trip itself
+        # (issue 29: what batching gains over one POST per event).
+        "ferry.e2e_drain_batch": ("raw.http",),
         "ferry.sustained": ("raw.pg_txn", *drain_path),
     }
     for row in results.rows:

@@ -72,6 +72,8 @@ class Options:
     #: The ordered drain: partitions of its stream and consumer replicas.
     ordered_partitions: int = 4
     ordered_replicas: int = 2
+    #: The batch-call drain: events per handler call (``handler.batch``).
+    handler_batch: int = 50
 
 
 @dataclass
@@ -341,6 +343,26 @@ async def ordered_drain(bench: Bench, mode: str) -> None:
     await _e2e_drain(bench, mode, bench.options.ordered_replicas, ordered=True)
 
 
+async def batch_drain(bench: Bench, mode: str) -> None:
+    """The same backlog and handler as :func:`e2e_drain`, one consumer, the durable making
+    batch handler calls (``handler.batch``: ``--handler-batch`` events per POST; the
+    example handler applies each batch in one transaction)."""
+    await _e2e_drain(bench, mode, 1, ordered=False, batched=bench.options.handler_batch)
+
+
+def _batch_topology(size: int) -> Callable[[dict[str, Any]], None]:
+    """The change that makes the sea→vibespro durable call its handler ``size`` at a time."""
+
+    def patch(doc: dict[str, Any]) -> None:
+        doc["durables"][SEA_DURABLE]["handler"]["batch"] = size
+
+    return patch
+
+
+#: The batch-call drain's target: its rate over the raw per-message POST /handle rate.
+BATCH_TARGET = Target(">=", 1.5, "≥ 1.5 x raw POST /handle", ratio=True)
+
+
 def _ordered_topology(partitions: int) -> Callable[[dict[str, Any]], None]:
     """The change that makes the sea→vibespro lane ordered: SEA_EVENTS with ``partitions``
     partitions (its subjects ``sea.event.>`` capture the token) and the durable
@@ -367,9 +389,20 @@ class _DrainKind:
     patch: Callable[[dict[str, Any]], None] | None = None
 
 
-def _drain_kind(bench: Bench, mode: str, replicas: int, ordered: bool) -> _DrainKind:
+def _drain_kind(
+    bench: Bench, mode: str, replicas: int, ordered: bool, batched: int = 0
+) -> _DrainKind:
     rows = bench.options.rows
     many = "s" if replicas > 1 else ""
+    if batched:
+        say(f"end-to-end drain of {rows:,} events, {replicas} consumer replica{many}, batch "
+            f"handler calls of up to {batched}, tracing {mode}")  # fmt: skip
+        return _DrainKind(
+            f"end-to-end backlog drain, {rows:,} events, {replicas} consumer{many}, batch "
+            f"calls of {batched} (÷ raw POST /handle)",
+            "ferry.e2e_drain_batch", "e2e_drain_batch", f"batch{replicas}", BATCH_TARGET,
+            patch=_batch_topology(batched),
+        )  # fmt: skip
     if not ordered:
         say(f"end-to-end drain of {rows:,} events, {replicas} consumer replica{many}, "
             f"tracing {mode}")  # fmt: skip
@@ -390,9 +423,11 @@ def _drain_kind(bench: Bench, mode: str, replicas: int, ordered: bool) -> _Drain
     )  # fmt: skip
 
 
-async def _e2e_drain(bench: Bench, mode: str, replicas: int, *, ordered: bool) -> None:
+async def _e2e_drain(
+    bench: Bench, mode: str, replicas: int, *, ordered: bool, batched: int = 0
+) -> None:
     rows, budget = bench.options.rows, bench.options.drain_budget
-    kind = _drain_kind(bench, mode, replicas, ordered)
+    kind = _drain_kind(bench, mode, replicas, ordered, batched)
     label = kind.label
     row = ferry_row(bench, kind.key, label, "msg/s", target=kind.target)
     if ordered:  # its rows under it; the ratio is filled in once every drain has run
@@ -453,6 +488,7 @@ async def _e2e_drain(bench: Bench, mode: str, replicas: int, *, ordered: bool) -
     bench.results.sections.setdefault(kind.section, {})[mode] = {
         "rows": rows, "processed": done, "msg_s": rate, "seconds": float(last) - first,
         "replicas": replicas, "partitions": partitions, "keys": AGGREGATES, **books,
+        "handler_batch": batched or 1,
         **order, "spans_exported": spans, "cpu_s": cpu, "batches": batches,
     }  # fmt: skip
     row.set(mode, rate)
