@@ -59,7 +59,9 @@ log = logging.getLogger("chaos.cluster")
 
 #: The ``--scenario`` names and the fault kinds each plays.
 CLUSTER_SCENARIOS: dict[str, tuple[str, ...]] = {
-    "cluster": ("kill_stream_leader", "kill_meta_leader", "partition", "rolling_restart"),
+    # The partition last: the cluster may take long to be healthy after it heals (the cut
+    # node's higher Raft term forces re-elections), and the next fault waits for that.
+    "cluster": ("kill_stream_leader", "kill_meta_leader", "rolling_restart", "partition"),
     "cluster-leader": ("kill_stream_leader",),
     "cluster-meta-leader": ("kill_meta_leader",),
     "cluster-partition": ("partition",),
@@ -224,6 +226,8 @@ class ClusterResult:
     duration: float
     run_dir: Path
     notes: list[str] = field(default_factory=list)
+    #: Median seconds from commit to processed before the first fault (recovery's yardstick).
+    baseline_latency: float | None = None
 
     @property
     def role_restarts(self) -> int:
@@ -270,6 +274,9 @@ class ClusterResult:
             "acknowledged but missing (probe)": len(self.acked_missing),
             "acknowledged but missing (outbox)": len(self.outbox_acked_missing),
             "role restarts": self.role_restarts,
+            "latency before the faults (median s)": (
+                None if self.baseline_latency is None else round(self.baseline_latency, 2)
+            ),
             "faults": [
                 {
                     "kind": f.kind,
@@ -366,7 +373,7 @@ class ClusterRun(Chaos):
             acked_missing = await self.probe.missing(js)
             await self.probe.purge(js)
             accounts = await self._count()
-            recoveries = await self._recoveries()
+            recoveries, baseline = await self._recoveries()
         finally:
             self.stopping.set()
             await asyncio.gather(monitor, return_exceptions=True)
@@ -404,6 +411,7 @@ class ClusterRun(Chaos):
             duration=time.monotonic() - started,
             run_dir=self.config.run_dir,
             notes=[t for _, t in self.timeline.events],
+            baseline_latency=baseline,
         )
         out = self.config.run_dir
         (out / "cluster.json").write_text(json.dumps(result.table(), indent=2, default=str) + "\n")
@@ -602,9 +610,10 @@ class ClusterRun(Chaos):
             if not role.alive:
                 role.start()
 
-    async def _recoveries(self) -> list[float | None]:
+    async def _recoveries(self) -> tuple[list[float | None], float | None]:
         """Per fault: seconds from it to the first event committed after it being processed,
-        in the slowest durable (None: no event committed after it was processed)."""
+        in the slowest durable (None: no event committed after it was processed); and the
+        median commit-to-processed latency of ``normal`` events before the first fault."""
         processed: dict[str, dict[str, float]] = {}
         for durable, spec in sorted(self.world.topo.durables.items()):
             conn = await asyncpg.connect(self.world.direct_dsn(spec.target), timeout=10)
@@ -635,7 +644,13 @@ class ClusterRun(Chaos):
                 took = min(times) - record.started
                 worst = took if worst is None else max(worst, took)
             out.append(worst)
-        return out
+        first = min((r.started for r in self.records), default=float("inf"))
+        before = sorted(
+            processed[i.durable][i.id] - at
+            for i, at in committed
+            if i.klass == "normal" and at < first and i.id in processed.get(i.durable, {})
+        )
+        return out, (before[len(before) // 2] if before else None)
 
 
 async def run_cluster_scenario(config: RunConfig, scenario: str, size: str = "ci") -> ClusterResult:

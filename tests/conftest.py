@@ -202,7 +202,8 @@ class Env:
             FERRY_TOPOLOGY=str(self.path),
             FERRY_NATS_URL=self.nats_url,
             FERRY_DATABASES=json.dumps(databases),
-            FERRY_MAX_STREAM_REPLICAS="1",
+            # A single test server holds one replica; a cluster's seed list keeps 3.
+            FERRY_MAX_STREAM_REPLICAS="3" if "," in self.nats_url else "1",
             FERRY_MAX_STREAM_BYTES="256MB",
             FERRY_LOG_LEVEL="INFO",
             PYTHONPATH=str(ROOT),

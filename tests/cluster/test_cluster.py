@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,15 +19,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.js.errors import NoStreamResponseError
 
 from devstack.nats_cluster import NatsCluster, cluster_block, seed_list
+from devstack.postgres import PostgresServer
 from devstack.stack import stack_environment
 from shared.access.streams import Caps, is_clean, provision
 from shared.adapters.nats import connect_nats
 from shared.contracts.loading import load_topology
 from shared.runtime.settings import CommonSettings
 from tests.cluster.conftest import cluster_admin
-from tests.conftest import ROOT
+from tests.conftest import ROOT, Env, sea_vibespro_doc
 
 TOPOLOGY = ROOT / "topologies" / "sea-vibespro.yaml"
 
@@ -146,8 +151,16 @@ async def test_acknowledged_publishes_survive_the_stream_leader_killed(
         assert (msg.headers or {}).get("Nats-Msg-Id") == msg_id
     info = await js.stream_info("PROBE")
     assert info.state.messages == 100
-    assert info.cluster is not None and info.cluster.replicas is not None
-    assert all(peer.current for peer in info.cluster.replicas)
+    # The restarted node catches up: every replica current again (as its leader sees it).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        info = await js.stream_info("PROBE")
+        assert info.cluster is not None and info.cluster.replicas is not None
+        if len(info.cluster.replicas) == 2 and all(p.current for p in info.cluster.replicas):
+            break
+        await asyncio.sleep(0.3)
+    else:
+        raise AssertionError(f"replicas not current after 30s: {info.cluster}")
 
 
 @pytest.mark.integration
@@ -175,7 +188,41 @@ async def test_a_role_connects_with_the_seed_list_while_the_first_node_is_down(
     try:
         assert nc.connected_url is not None
         assert nc.connected_url.port in nats_cluster.client_ports[1:]
-        ack = await nc.jetstream(timeout=10).publish("seeds.x", b"1")
+        js, ack = nc.jetstream(timeout=2), None
+        deadline = time.monotonic() + 30
+        while ack is None:  # the stream's leader may have been the node killed: an election
+            try:
+                ack = await js.publish("seeds.x", b"1", headers={"Nats-Msg-Id": "one"})
+            except (NoRespondersError, TimeoutError, NoStreamResponseError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.3)
         assert ack.stream == "SEEDS" and ack.seq == 1
     finally:
         await nc.close()
+
+
+@pytest.mark.integration
+async def test_ferry_provision_with_the_seed_list_creates_every_stream_at_3_replicas(
+    tmp_path: Path, pg_server: PostgresServer, nats_cluster: NatsCluster, cluster_nc: NATS
+) -> None:
+    env = Env(tmp_path, pg_server, nats_cluster.url, sea_vibespro_doc("c"))
+    settings = env.settings_env()
+    assert settings["FERRY_NATS_URL"] == nats_cluster.url
+    assert settings["FERRY_MAX_STREAM_REPLICAS"] == "3"
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "shared.ops.cli", "provision"],
+        cwd=ROOT,
+        env=settings,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    js = cluster_nc.jetstream(timeout=10)
+    streams = [c.stream.name for c in env.topology.contexts.values() if c.stream is not None]
+    streams += [s.name for s in env.topology.dead_letter_streams]
+    for name in streams:
+        info = await js.stream_info(name)
+        assert info.config.num_replicas == 3, name
