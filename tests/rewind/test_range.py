@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.domain.errors import ConfigurationError, MalformedInput
-from shared.ops.rewind import Kept, RewindRefused, check_kept, check_range, parse_when
+from shared.ops.rewind import Kept, RewindRefused, _Meter, check_kept, check_range, parse_when
 
 NOW = datetime(2026, 11, 26, 17, 0, tzinfo=UTC)
 aware = st.datetimes(
@@ -125,3 +125,18 @@ def test_a_stream_that_lost_nothing_takes_any_since() -> None:
     with pytest.raises(RewindRefused, match=r"keeps sequences 2\.\.10"):
         check_kept("S", Kept(2, 10, FIRST), since=FIRST - timedelta(seconds=1), from_seq=None)
     check_kept("S", Kept(2, 10, FIRST), since=FIRST, from_seq=None)
+
+
+def test_the_progress_line_gives_done_selected_and_the_rate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    meter = _Meter(dry_run=False, every=0.0)
+    meter(1500, 20000)
+    dry = _Meter(dry_run=True, every=0.0)
+    dry(7, 7)
+    quiet = _Meter(dry_run=False, every=3600.0)
+    quiet(1, 2)  # within its second: nothing
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("rewind: published 1500/20000 selected (") and "/s)" in lines[0]
+    assert lines[1].startswith("rewind: counted 7/7 selected (")
