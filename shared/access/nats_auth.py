@@ -28,9 +28,9 @@ exactly the subjects its nats-py calls use, and nothing else:
     the operator console: reads the info of the topology's streams (event, dead-letter
     and advisory streams) and consumers, reads messages of its event streams by sequence
     (``ferry where``), may create an *ephemeral* (unnamed) consumer on them to find an
-    event no inbox row locates, and publishes the replay subjects (what ``ferry dlq
-    replay`` publishes). It can neither create a named consumer nor change or delete
-    one.
+    event no inbox row locates or to read the range of a rewind, and publishes the replay
+    subjects (what ``ferry dlq replay`` and ``ferry durable rewind`` publish). It can
+    neither create a named consumer nor change or delete one.
 
 Replies: every client uses a private inbox prefix (``_INBOX.{user}``, see
 :func:`~shared.domain.reply_subjects.inbox_prefix`) and may subscribe only there, so no
