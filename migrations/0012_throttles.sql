@@ -3,7 +3,7 @@
 -- target context. The topology's `throttle:` is the default; a row here replaces it while
 -- it exists, and the durable's running consumers pick it up within a few seconds (they
 -- poll it: FERRY_THROTTLE_POLL_INTERVAL). Clearing deletes the row: the topology's value
--- is in force again.
+-- is in force again. A limit is the durable's, shared by its live consumer processes.
 --
 -- throttle_overrides: one row per overridden durable.
 --   rate   messages per second; NULL = no limit (the topology's throttle lifted)
@@ -18,6 +18,16 @@ CREATE TABLE IF NOT EXISTS throttle_overrides (
   CONSTRAINT chk_throttle_overrides_rate CHECK (rate IS NULL OR (rate > 0 AND rate <= 100000)),
   CONSTRAINT chk_throttle_overrides_burst CHECK (burst IS NULL OR (burst >= 1 AND burst <= 100000)),
   CONSTRAINT chk_throttle_overrides_reason CHECK (length(btrim(reason)) > 0)
+);
+
+-- The live consumer processes of each durable: each one upserts its row every poll, so
+-- the durable's limit is shared among the processes seen lately (a durable's rate holds
+-- whatever its replica count, KEDA's scaling included). Rows of dead processes age out.
+CREATE TABLE IF NOT EXISTS throttle_members (
+  durable TEXT NOT NULL,
+  owner TEXT NOT NULL,
+  seen_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+  PRIMARY KEY (durable, owner)
 );
 
 -- Every set and clear, kept: who, when, why, and the limit set (the audit).

@@ -276,16 +276,23 @@ def ownership_families(durable: str, ownership: Any) -> list[Metric]:
 
 
 def throttle_families(
-    durable: str, source: str, limit: Limit | None, waited: float
+    durable: str, source: str, limit: Limit | None, members: int, waited: float
 ) -> list[Metric]:
     """The throttle of a durable (:mod:`.throttle`): ``ferry_throttle_rate`` and
-    ``ferry_throttle_burst`` while a limit is in force, ``ferry_throttle_wait_seconds_total``."""
+    ``ferry_throttle_burst`` while a limit is in force, ``ferry_throttle_processes``,
+    ``ferry_throttle_wait_seconds_total``."""
     rate = GaugeMetricFamily(
         "ferry_throttle_rate",
-        "Processing rate limit in force (messages/s per consumer process), by source "
-        "(topology, override); absent when the durable is not throttled.",
+        "The durable's processing rate limit in force (messages/s, shared by its consumer "
+        "processes), by source (topology, override); absent when it is not throttled.",
         labels=["durable", "source"],
     )
+    processes = GaugeMetricFamily(
+        "ferry_throttle_processes",
+        "Live consumer processes of the durable sharing its limit (as this one last read).",
+        labels=["durable"],
+    )
+    processes.add_metric([durable], members)
     burst = GaugeMetricFamily(
         "ferry_throttle_burst",
         "Burst of the rate limit in force (messages); absent when not throttled.",
@@ -300,7 +307,7 @@ def throttle_families(
         ["durable"],
         {(durable,): waited},
     )
-    return [rate, burst, waiting]
+    return [rate, burst, processes, waiting]
 
 
 def consumer_families(durable: str, stream: str, stats: Any) -> list[Metric]:

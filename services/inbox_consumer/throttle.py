@@ -4,7 +4,12 @@ The run loop asks :meth:`Throttle.admit` before each fetch: it waits until the b
 holds a token and answers how many messages may be fetched now (at most the tokens in
 the bucket); the loop takes one token per message actually fetched (:meth:`Throttle.spent`).
 So a throttled durable's handler receives at most ``rate`` messages a second on average,
-in bursts of at most ``burst``, per consumer process.
+in bursts of at most ``burst``. The limit is the durable's, not a process's: every poll
+marks this process alive in ``throttle_members`` and counts the processes seen lately, and
+each takes ``rate / n`` and ``burst / n`` (:func:`split`) — scaling out (KEDA) does not
+multiply the rate. A process that stops deletes its row; one that dies ages out after
+three poll intervals (meanwhile the others run below the limit, never above it for longer
+than a poll after a new one starts).
 
 Nothing waits unprotected: the pull window shrinks with the limit (:meth:`Throttle.window`,
 so at most about half an ack_wait's worth of messages is requested ahead), and whatever
@@ -25,7 +30,10 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
+import socket
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -49,17 +57,36 @@ READ_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, TimeoutError)
 DEFAULT_POLL_INTERVAL = 2.0
 
 
+def split(limit: Limit | None, members: int) -> Limit | None:
+    """One of ``members`` processes' part of ``limit``: the rate divided, the burst too
+    (at least one token)."""
+    if limit is None or members <= 1:
+        return limit
+    return Limit(limit.rate / members, max(1, math.ceil(limit.burst / members)))
+
+
 class Throttle:
     """The rate limit in force for one durable in this process (shared by its partitions)."""
 
     def __init__(
-        self, durable: str, spec: DurableSpec, *, clock: Callable[[], float] = time.monotonic
+        self,
+        durable: str,
+        spec: DurableSpec,
+        *,
+        owner: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.durable, self.spec, self.clock = durable, spec, clock
+        #: This process among the durable's consumers (``throttle_members``).
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         #: The topology's limit (None: not throttled unless an operator says so).
         self.default: Limit | None = spec.throttle.limit() if spec.throttle else None
         #: The operator's override in force (None: the topology's value applies).
         self.override: Override | None = None
+        #: The durable's limit in force (None: unthrottled), shared by its processes.
+        self.limit: Limit | None = self.default
+        #: Live consumer processes of the durable, this one included (last poll).
+        self.members = 1
         self.bucket = TokenBucket(self.default, clock())
         #: Seconds fetch loops waited for a token (ferry_throttle_wait_seconds_total).
         self.waited = 0.0
@@ -67,8 +94,8 @@ class Throttle:
         self._ignored_logged = False
 
     @property
-    def limit(self) -> Limit | None:
-        """The limit in force (None: unthrottled)."""
+    def share(self) -> Limit | None:
+        """This process's part of the limit: the rate and burst split among the members."""
         return self.bucket.limit
 
     @property
@@ -78,8 +105,9 @@ class Throttle:
             return "override"
         return "topology" if self.default is not None else "none"
 
-    def apply(self, override: Override | None) -> None:
-        """Put ``override`` in force (None: back to the topology's value)."""
+    def apply(self, override: Override | None, members: int | None = None) -> None:
+        """Put ``override`` in force (None: back to the topology's value), shared among
+        ``members`` processes (default: as many as last time)."""
         if override is not None and self.spec.criticality == "high":
             if not self._ignored_logged:
                 log.error(
@@ -89,21 +117,24 @@ class Throttle:
                 )
                 self._ignored_logged = True
             override = None
-        wanted = override.limit() if override is not None else self.default
-        before = (self.source, self.limit)
+        before = (self.source, self.limit, self.members)
         self.override = override
-        if wanted != self.bucket.limit:
-            self.bucket.set_limit(wanted, self.clock())
+        self.limit = override.limit() if override is not None else self.default
+        self.members = max(1, members or self.members)
+        share = split(self.limit, self.members)
+        if share != self.bucket.limit:
+            self.bucket.set_limit(share, self.clock())
             self._changed.set()
-        if (self.source, self.limit) != before:
+        if (self.source, self.limit, self.members) != before:
             shown = self.limit.describe() if self.limit else "no limit"
             who = f" by {override.actor}: {override.reason}" if override else ""
-            log.info("throttle of %s now %s (%s%s)", self.durable, shown, self.source, who)
+            log.info("throttle of %s now %s (%s%s), shared by %d process(es)",
+                     self.durable, shown, self.source, who, self.members)  # fmt: skip
 
     def window(self, batch_size: int) -> int:
         """Messages to keep requested from JetStream: the batch size unthrottled; else at
         most the burst and about half an ack_wait's worth, at least one."""
-        limit = self.limit
+        limit = self.share
         if limit is None:
             return batch_size
         ahead = math.floor(limit.rate * self.spec.ack_wait / 2)
@@ -132,9 +163,11 @@ class Throttle:
         """``count`` messages were fetched: take their tokens."""
         self.bucket.take(count, self.clock())
 
-    async def refresh(self, conn: Any) -> None:
-        """Read the override table once and apply what it says."""
-        self.apply(await throttles.current(conn, self.durable))
+    async def refresh(self, conn: Any, alive: float = 3 * DEFAULT_POLL_INTERVAL) -> None:
+        """Mark this process alive; apply the override in force and the number of live
+        processes (seen within ``alive`` seconds) sharing the limit."""
+        override, members = await throttles.poll(conn, self.durable, self.owner, alive=alive)
+        self.apply(override, members)
 
     async def watch(
         self, pool: Any, stop: asyncio.Event, interval: float = DEFAULT_POLL_INTERVAL
@@ -145,7 +178,7 @@ class Throttle:
         while not stop.is_set():
             try:
                 async with pool.acquire() as conn:
-                    await self.refresh(conn)
+                    await self.refresh(conn, alive=3 * interval + 1.0)
                 if failing:
                     log.info("throttle overrides of %s readable again", self.durable)
                 failing = False
@@ -160,7 +193,10 @@ class Throttle:
                 failing = True
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)
+        with contextlib.suppress(*READ_ERRORS):  # the others take the share at once
+            async with pool.acquire() as conn:
+                await asyncio.wait_for(throttles.leave(conn, self.durable, self.owner), 5.0)
 
     def families(self) -> list[Metric]:
         """Its series (:func:`.metrics.throttle_families`)."""
-        return throttle_families(self.durable, self.source, self.limit, self.waited)
+        return throttle_families(self.durable, self.source, self.limit, self.members, self.waited)

@@ -13,7 +13,8 @@ inbox-consumer-{durable}    its target's database: its own rows of ``inbox_messa
                             (insert), enforced per row (row-level security on ``durable``);
                             an ``ordering: key`` durable also its ``parked_messages`` and
                             ``partition_members`` (all four) and ``partition_leases`` (no
-                            delete); its row of ``throttle_overrides`` (read)
+                            delete); its row of ``throttle_overrides`` (read) and its
+                            processes' rows of ``throttle_members`` (all four)
 handler-{ctx}               its context's database: create and use its own ``handler_*``
                             tables; a handler that forwards events (module_f) may also
                             INSERT into ``outbox_events``; the handler that runs the replay
@@ -102,7 +103,7 @@ REWIND_TABLE = "durable_rewinds"
 #: The replay API's jobs (migrations/0013_replay_jobs.sql).
 REPLAY_JOBS_TABLE = "replay_jobs"
 #: Throttle overrides and their audit (migrations/0012_throttles.sql), one durable's rows each.
-THROTTLE_TABLES = ("throttle_overrides", "throttle_actions")
+THROTTLE_TABLES = ("throttle_overrides", "throttle_actions", "throttle_members")
 #: Every table of the migrations that a grant here may touch.
 FERRY_TABLES = (
     *THROTTLE_TABLES,
@@ -193,8 +194,11 @@ def role_access(identity: Identity, topology: Topology) -> list[RoleAccess]:
         spec = topology.durables[of]
         database = topology.contexts[spec.target].database
         tables = _per_durable([of], inbox=_READ_WRITE, dead=_READ_WRITE)
-        # Its operator throttle override (read every few seconds).
-        tables += (TableAccess("throttle_overrides", ("SELECT",), (of,)),)
+        # Its operator throttle override (read every few seconds) and its live processes.
+        tables += (
+            TableAccess("throttle_overrides", ("SELECT",), (of,)),
+            TableAccess("throttle_members", ("SELECT", "INSERT", "UPDATE", "DELETE"), (of,)),
+        )
         if spec.ordering == "key":
             # Its parked messages and its partition leases and members (issue 23).
             every = ("SELECT", "INSERT", "UPDATE", "DELETE")

@@ -42,6 +42,45 @@ async def current(conn: Conn, durable: str) -> Override | None:
     return None if row is None else Override(**dict(row))
 
 
+#: Rows of processes not seen for this long are deleted by the next poll (seconds).
+MEMBER_EXPIRY = 3600.0
+
+
+async def poll(
+    conn: Conn, durable: str, owner: str, *, alive: float
+) -> tuple[Override | None, int]:
+    """One poll of a running consumer process: mark ``owner`` alive, and read the override
+    in force and how many processes of ``durable`` were seen within ``alive`` seconds
+    (``owner`` included) — the limit is shared among them."""
+    row = await conn.fetchrow(
+        """
+        WITH me AS (
+          INSERT INTO throttle_members (durable, owner) VALUES ($1, $2)
+          ON CONFLICT (durable, owner) DO UPDATE SET seen_at = clock_timestamp()
+        ), gone AS (
+          DELETE FROM throttle_members
+          WHERE durable = $1 AND seen_at < clock_timestamp() - $4 * interval '1 second'
+        )
+        SELECT o.durable, o.rate, o.burst, o.actor, o.reason, o.set_at,
+          1 + (SELECT count(*) FROM throttle_members m WHERE m.durable = $1 AND m.owner <> $2
+               AND m.seen_at > clock_timestamp() - $3 * interval '1 second') AS members
+        FROM (SELECT 1) AS one LEFT JOIN throttle_overrides o ON o.durable = $1
+        """,
+        durable, owner, alive, MEMBER_EXPIRY,
+    )  # fmt: skip
+    assert row is not None
+    found = dict(row)
+    members = int(found.pop("members"))
+    return (None if found["durable"] is None else Override(**found)), members
+
+
+async def leave(conn: Conn, durable: str, owner: str) -> None:
+    """``owner`` stops: the others take its share at their next poll."""
+    await conn.execute(
+        "DELETE FROM throttle_members WHERE durable = $1 AND owner = $2", durable, owner
+    )
+
+
 async def set_override(
     conn: Conn, durable: str, rate: float | None, burst: int | None, *, actor: str, reason: str
 ) -> None:

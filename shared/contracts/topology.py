@@ -153,7 +153,8 @@ Rate = Annotated[float, BeforeValidator(parse_rate)]
 class ThrottleSpec(_Model):
     """A processing rate limit (INFRA-005 §7.3): at most ``rate`` messages (``20/s``,
     ``300/m``, ``1/h``) are fetched for the handler per second, with bursts of up to
-    ``burst`` (default: one second's worth). Per consumer process (replica)."""
+    ``burst`` (default: one second's worth), for the whole durable: its live consumer
+    processes (replicas) share it."""
 
     rate: Rate
     burst: int | None = Field(default=None, ge=1, le=MAX_BURST)

@@ -16,10 +16,12 @@ import subprocess
 import sys
 from typing import Any
 
+import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
 
 from services.inbox_consumer.consumer import InboxConsumer
+from services.inbox_consumer.throttle import Throttle
 from shared.access.identities import Identity
 from shared.access.streams import provision
 from shared.domain.throttle import Limit
@@ -151,6 +153,41 @@ async def test_an_override_changes_a_running_consumer_and_clearing_restores_the_
     assert "in force: 2/s (burst 2)" in shown.stdout
     assert "catch up after the incident" in shown.stdout and "incident over" in shown.stdout
     assert "set 1000/s" in shown.stdout and "clear" in shown.stdout
+
+
+async def test_the_limit_is_shared_by_the_durables_live_processes(env: Env) -> None:
+    """Two consumer processes of one durable (their own database login) each take half
+    of its limit; when one stops, the other takes it all at its next poll."""
+    fast_durable(env, "http://127.0.0.1:9/handle", throttle={"rate": "10/s", "burst": 10})
+    database = env.topology.contexts["sea"].database
+    await env.grant_roles(database)
+    pool = await asyncpg.create_pool(
+        env.role_dsn(Identity("inbox-consumer", DURABLE), database), min_size=1, max_size=4
+    )
+    spec = env.topology.durables[DURABLE]
+    one, two = Throttle(DURABLE, spec), Throttle(DURABLE, spec)
+    stop_two = asyncio.Event()
+    try:
+        async with pool.acquire() as conn:
+            await one.refresh(conn)
+        watching = asyncio.create_task(two.watch(pool, stop_two, interval=0.2))
+
+        async def halved() -> bool:
+            async with pool.acquire() as conn:
+                await one.refresh(conn)
+            return one.members == two.members == 2
+
+        await eventually(halved, timeout=10, what="both processes counted")
+        assert one.limit == two.limit == Limit(10.0, 10)
+        assert one.share == two.share == Limit(5.0, 5)
+        stop_two.set()
+        await watching  # its row is deleted as it stops
+        async with pool.acquire() as conn:
+            await one.refresh(conn)
+        assert (one.members, one.share) == (1, Limit(10.0, 10))
+    finally:
+        stop_two.set()
+        await pool.close()
 
 
 async def test_invalid_overrides_are_refused_and_change_nothing(

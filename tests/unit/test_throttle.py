@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from services.inbox_consumer.throttle import Throttle
+from services.inbox_consumer.throttle import Throttle, split
 from shared.adapters.throttles import Override
 from shared.contracts.lint import lint_topology
 from shared.contracts.topology import DurableSpec, Topology, read_topology
@@ -290,6 +290,20 @@ def test_the_consumer_throttle_follows_overrides_and_exports_what_is_in_force() 
     assert "ferry_throttle_rate{" not in _series(throttle)
     throttle.apply(None)  # cleared
     assert (throttle.source, throttle.limit) == ("topology", Limit(20.0, 40))
+
+
+def test_the_durables_limit_is_split_among_its_processes() -> None:
+    throttle = Throttle("cg_replay", _spec())
+    throttle.apply(None, members=3)
+    assert throttle.limit == Limit(20.0, 40)  # the durable's
+    assert throttle.share == Limit(20.0 / 3, 14)  # this process's part
+    assert 'ferry_throttle_processes{durable="cg_replay"} 3.0' in _series(throttle)
+    assert 'ferry_throttle_rate{durable="cg_replay",source="topology"} 20.0' in _series(throttle)
+    throttle.apply(_override(1.0, 1), members=4)
+    assert throttle.share == Limit(0.25, 1)  # at least one token
+    throttle.apply(None)  # same members as last time
+    assert throttle.share == Limit(5.0, 10)
+    assert split(None, 5) is None
 
 
 def test_the_pull_window_shrinks_with_the_rate() -> None:
