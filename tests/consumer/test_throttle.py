@@ -226,6 +226,26 @@ async def test_invalid_overrides_are_refused_and_change_nothing(
         ferry, env, "--json", "durable", "throttle", "--durable", DURABLE
     )
     assert '"source": "topology"' in shown.stdout and '"actions": []' in shown.stdout
+    # A critical lane is never throttled; lifting a limit (--rate none) is an override too.
+    env.doc["durables"]["vibespro__from_sea"]["criticality"] = "high"
+    env.write()
+    code, err = await asyncio.to_thread(
+        ferry_here, "--durable", "vibespro__from_sea", "--rate", "5/s", "--reason", "x"
+    )
+    assert code == 1 and "criticality: high and is never throttled" in err
+    code, err = await asyncio.to_thread(
+        ferry_here, "--durable", DURABLE, "--rate", "none", "--reason", "drain it"
+    )
+    assert code == 0, err
+    conn = await asyncpg.connect(env.dsn("sea"))
+    try:
+        row = await conn.fetchrow("SELECT rate, burst FROM throttle_overrides")
+        actions = await conn.fetch("SELECT action, actor, reason FROM throttle_actions")
+    finally:
+        await conn.close()
+    assert (row["rate"], row["burst"]) == (None, None)
+    assert [(a["action"], a["reason"]) for a in actions] == [("set", "drain it")]
+    assert actions[0]["actor"]  # who: OS user@host by default
 
 
 async def _watch(consumer: InboxConsumer, stop: asyncio.Event) -> None:
