@@ -243,7 +243,7 @@ async def test_invalid_overrides_are_refused_and_change_nothing(
         actions = await conn.fetch("SELECT action, actor, reason FROM throttle_actions")
     finally:
         await conn.close()
-    assert (row["rate"], row["burst"]) == (None, None)
+    assert row is not None and (row["rate"], row["burst"]) == (None, None)
     assert [(a["action"], a["reason"]) for a in actions] == [("set", "drain it")]
     assert actions[0]["actor"]  # who: OS user@host by default
 
