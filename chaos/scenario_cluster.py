@@ -83,7 +83,7 @@ PROBE_DURABLE = "chaos_probe"
 #: Seconds between probe publishes (each to every event stream).
 PROBE_EVERY = 0.1
 #: Seconds the cluster gets to be healthy again after a fault.
-HEAL_TIMEOUT = 90.0
+HEAL_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
