@@ -73,8 +73,8 @@ Progress = Callable[[int, int], None]
 
 #: Copies whose PubAck may be outstanding at once.
 WINDOW = 1000
-#: Seconds a window's PubAcks may take before the copies still unconfirmed are published
-#: again (same Nats-Msg-Id: a copy that did land is dropped as a duplicate).
+#: Seconds a copy's PubAck may take before the copy is published again (same Nats-Msg-Id:
+#: a copy that did land is dropped as a duplicate).
 ACK_TIMEOUT = 10.0
 #: Messages read before their copies are published (one socket write for all of them).
 READ_BATCH = 256
@@ -653,25 +653,28 @@ class _Rewinder:
         """Count one selected message and (unless a dry run) publish its copy."""
         tally = self.tally
         tally.seen(seq, split_partition(msg.subject)[0])
+        data = bytes(msg.data)
+        envelope = _envelope_of(data)
+        subject = None if envelope is None else self._replay_subject(envelope)
+        if envelope is None or subject is None:
+            tally.skipped += 1
+            return
         if self.dry_run:
             if tally.selected % 1000 == 0:
                 self.report()
             return
-        data = bytes(msg.data)
-        envelope = _envelope_of(data)
-        if envelope is None:
-            tally.skipped += 1
-            return
-        subject = self.plain_subject
-        if self.partitioned:
-            try:
-                subject = self.topology.replay_subject_for(self.durable, envelope)
-            except OrderingKeyError:
-                tally.skipped += 1
-                return
         original = (msg.headers or {}).get("Nats-Msg-Id") or str(envelope["message_id"])
         headers = _copy_headers(self.rewind_id, original, msg, seq)
         await self.publisher.send(subject, data, headers)
+
+    def _replay_subject(self, envelope: dict[str, Any]) -> str | None:
+        """Where the copy goes (None: an ordered durable's event without its key)."""
+        if not self.partitioned:
+            return self.plain_subject
+        try:
+            return self.topology.replay_subject_for(self.durable, envelope)
+        except OrderingKeyError:
+            return None
 
 
 # --------------------------------------------------------------------------- the command

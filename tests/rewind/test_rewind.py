@@ -35,6 +35,7 @@ from tests.consumer.conftest import (
     envelope,
     fast_durable,
     publish,
+    publish_raw,
 )
 from tests.helpers import eventually, stream_messages
 
@@ -173,23 +174,29 @@ async def test_a_dry_run_counts_by_subject_and_publishes_nothing(
     await publish_events(nc, 6)
     for _ in range(4):
         await publish(nc, envelope(version=2))
+    # Not an envelope (the consumer dead-lettered it when it came): selected, not carried.
+    await publish_raw(nc, "vibespro.event.vibe_created.v1", b"not json", str(uuid.uuid4()))
     seen: list[tuple[int, int]] = []
     result = await run_rewind(
         env, nc, from_seq=3, dry_run=True, progress=lambda d, s: seen.append((d, s))
     )
-    assert (result.selected, result.published, result.dry_run) == (8, 0, True)
+    assert (result.selected, result.skipped, result.published) == (9, 1, 0)
+    assert result.dry_run and (result.first_seq, result.last_seq) == (3, 11)
     assert result.by_subject == {
-        "vibespro.event.vibe_created.v1": 4,
+        "vibespro.event.vibe_created.v1": 5,
         "vibespro.event.vibe_created.v2": 4,
     }
-    assert seen and seen[-1] == (8, 8)
+    assert seen and seen[-1] == (9, 9)
     info = await nc.jetstream().stream_info(STREAM)
-    assert info.state.last_seq == 10, "a dry run publishes nothing"
+    assert info.state.last_seq == 11, "a dry run publishes nothing"
     [row] = await sea_rows(env, "SELECT * FROM durable_rewinds")
     assert (row["dry_run"], row["selected"], row["published"], row["outcome"]) == (
-        True, 8, 0, "done",
+        True, 9, 0, "done",
     )  # fmt: skip
     assert json.loads(row["by_subject"]) == result.by_subject
+    done = await run_rewind(env, nc, from_seq=3)
+    assert (done.selected, done.skipped, done.published) == (9, 1, 8)
+    assert (await nc.jetstream().stream_info(STREAM)).state.last_seq == 19
 
 
 async def test_since_and_until_select_by_the_time_the_stream_stored_them(
