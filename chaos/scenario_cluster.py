@@ -2,7 +2,8 @@
 
 ``python -m chaos.run --scenario cluster [--schedule soak]`` runs every fault below in
 turn; ``cluster-leader``, ``cluster-meta-leader``, ``cluster-partition`` and
-``cluster-rolling`` run one kind alone. The world (:mod:`chaos.cluster_world`): three
+``cluster-rolling`` run one kind alone (twice), ``cluster-ci`` (the CI test's) the leader
+kill and the partition. The world (:mod:`chaos.cluster_world`): three
 nats-server nodes with JetStream (file store, ``sync_interval: always``), streams at 3
 replicas, every route through a proxy of its own, every role on the seed list.
 
