@@ -24,7 +24,7 @@ from chaos.launcher import start_toxiproxy
 from chaos.stall import install_stall
 from chaos.world import CRASHABLE_PG, ProxyLink, Tuning, World, chaos_topology_doc
 from devstack.nats import NatsServer
-from devstack.nats_cluster import NatsCluster
+from devstack.nats_cluster import CLUSTER_SIZE, NatsCluster
 from devstack.ports import free_ports
 from devstack.postgres import PostgresServer
 from shared.access.streams import Caps, is_clean, provision
@@ -47,6 +47,7 @@ class ClusterWorld(World):
     def __init__(self, run_dir: Path, seed: int, tuning: Tuning | None = None) -> None:
         super().__init__(run_dir, seed, tuning)
         self.cluster: NatsCluster | None = None
+        self._pg_port: int | None = None
 
     # -- accessors ---------------------------------------------------------------------
 
@@ -79,10 +80,21 @@ class ClusterWorld(World):
             start_toxiproxy, self.logs / "toxiproxy.log", seed=self.seed
         )
         self.client.update_api_consumer(self.toxi.host, self.toxi.port)
-        self.cluster = NatsCluster(self.run_dir / "nats")
-        size = self.cluster.size
+        # Every port at once (the nodes' and the route proxies'): ports picked in separate
+        # calls may collide, one call's ports being free again by the next.
+        size = CLUSTER_SIZE
         pairs = [(a, b) for a in range(size) for b in range(size) if a != b]
-        for (a, b), port in zip(pairs, free_ports(len(pairs)), strict=True):
+        ports = free_ports(3 * size + len(pairs) + 1)
+        self._pg_port = ports.pop()
+        self.cluster = NatsCluster(
+            self.run_dir / "nats",
+            ports={
+                "client": ports[:size],
+                "monitor": ports[size : 2 * size],
+                "cluster": ports[2 * size : 3 * size],
+            },
+        )
+        for (a, b), port in zip(pairs, ports[3 * size :], strict=True):
             upstream = f"127.0.0.1:{self.cluster.cluster_ports[b]}"
             name = route_link_name(a, b)
             link = ProxyLink(name, self.cluster.node_name(a), "route", port, upstream)
@@ -105,6 +117,7 @@ class ClusterWorld(World):
         self._pg_base.chmod(0o711)
         self.pg = PostgresServer(
             self._pg_base / "data",
+            port=self._pg_port,
             log_path=self.logs / "postgres.log",
             extra_settings=CRASHABLE_PG,
         )
