@@ -3,14 +3,26 @@ before anything touches a server."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta, timezone
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from nats.js.errors import NotFoundError
 
 from shared.domain.errors import ConfigurationError, MalformedInput
-from shared.ops.rewind import Kept, RewindRefused, _Meter, check_kept, check_range, parse_when
+from shared.ops.rewind import (
+    Kept,
+    RewindRefused,
+    _Meter,
+    check_kept,
+    check_range,
+    first_seq_at,
+    parse_when,
+)
 
 NOW = datetime(2026, 11, 26, 17, 0, tzinfo=UTC)
 aware = st.datetimes(
@@ -140,3 +152,41 @@ def test_the_progress_line_gives_done_selected_and_the_rate(
     assert len(lines) == 2
     assert lines[0].startswith("rewind: published 1500/20000 selected (") and "/s)" in lines[0]
     assert lines[1].startswith("rewind: counted 7/7 selected (")
+
+
+class _StoredStream:
+    """What ``first_seq_at`` asks of JetStream: the first stored message at or after a
+    sequence (deleted sequences skipped), with the time the server stored it at."""
+
+    def __init__(self, stored: dict[int, datetime]) -> None:
+        self.stored = stored
+
+    async def get_msg(self, stream: str, seq: int, next: bool) -> Any:
+        assert next
+        after = [s for s in sorted(self.stored) if s >= seq]
+        if not after:
+            raise NotFoundError()
+        return SimpleNamespace(seq=after[0], time=self.stored[after[0]])
+
+
+@given(
+    st.lists(st.tuples(st.booleans(), st.integers(0, 3)), min_size=1, max_size=60),
+    st.integers(1, 20),
+    st.integers(-1, 200),
+)
+def test_first_seq_at_splits_the_stored_messages_at_the_moment(
+    steps: list[tuple[bool, int]], first: int, at: int
+) -> None:
+    stored: dict[int, datetime] = {}
+    clock = 0
+    for offset, (kept, tick) in enumerate(steps):
+        clock += tick  # stored times never go back
+        if kept:
+            stored[first + offset] = FIRST + timedelta(seconds=clock)
+    last = first + len(steps) - 1
+    kept_ = Kept(min(stored, default=last + 1), last, None)
+    moment = FIRST + timedelta(seconds=at)
+    found = asyncio.run(first_seq_at(_StoredStream(stored), "S", kept_, moment))  # type: ignore[arg-type]
+    assert kept_.first_seq <= found <= last + 1
+    assert all(t < moment for s, t in stored.items() if s < found)
+    assert all(t >= moment for s, t in stored.items() if s >= found)

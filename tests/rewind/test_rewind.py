@@ -332,8 +332,9 @@ async def test_the_command_as_the_operator_console_identity(
     assert (doc["selected"], doc["published"], doc["first_seq"], doc["last_seq"]) == (
         25, 25, 1, 25,
     )  # fmt: skip
-    human = await ferry(env, "durable", "rewind", "--durable", DURABLE, "--from-seq", "20",
-                        "--dry-run", "--reason", "look", "--actor", "me", role=role)  # fmt: skip
+    human = await ferry(env, "durable", "rewind", "--topology", str(env.path), "--durable",
+                        DURABLE, "--from-seq", "20", "--dry-run", "--reason", "look",
+                        "--actor", "me", role=role)  # fmt: skip
     assert human.returncode == 0, human.stderr
     assert "6 would be re-delivered" in human.stdout
     assert "vibespro.event.vibe_created.v1" in human.stdout
