@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -163,18 +162,11 @@ async def run(settings: ConsumerSettings, stop: asyncio.Event) -> int:
 
     async def work(inner: asyncio.Event) -> None:
         # Operator overrides of the throttle, read every few seconds (ferry durable throttle).
-        watching = asyncio.create_task(
-            throttle.watch(pool, inner, interval=settings.throttle_poll_interval)
-        )
-        try:
+        async with throttle.watching(pool, inner, settings.throttle_poll_interval):
             if ownership is not None:
                 await ownership.run(inner)
             else:
                 await consumer.run(inner, fetch_timeout=settings.fetch_timeout)
-        finally:
-            watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
 
     try:
         # Unacked messages of a drain that times out are redelivered after ack_wait.

@@ -34,7 +34,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from prometheus_client.core import Metric
@@ -196,6 +196,21 @@ class Throttle:
         with contextlib.suppress(*READ_ERRORS):  # the others take the share at once
             async with pool.acquire() as conn:
                 await asyncio.wait_for(throttles.leave(conn, self.durable, self.owner), 5.0)
+
+    @contextlib.asynccontextmanager
+    async def watching(
+        self, pool: Any, stop: asyncio.Event, interval: float = DEFAULT_POLL_INTERVAL
+    ) -> AsyncIterator[None]:
+        """:meth:`watch` while the block runs; on the way out (``stop`` set: the role is
+        stopping) the watcher leaves ``throttle_members``, so the others take its share."""
+        task = asyncio.create_task(self.watch(pool, stop, interval))
+        try:
+            yield
+        finally:
+            if not stop.is_set():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(task, timeout=interval + 6.0)
 
     def families(self) -> list[Metric]:
         """Its series (:func:`.metrics.throttle_families`)."""

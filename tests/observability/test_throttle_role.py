@@ -19,6 +19,7 @@ from tests.conftest import CAPS, ROOT, Env
 from tests.consumer.conftest import DURABLE, ScriptedHandler, envelope, fast_durable, publish
 from tests.helpers import eventually
 from tests.observability.conftest import Roles, get, metric_value, samples, wait_ready
+from tests.observability.test_metrics import fetchval
 
 pytestmark = pytest.mark.integration
 
@@ -88,3 +89,7 @@ async def test_the_role_exports_its_limit_and_applies_an_override_live(
         assert done.returncode == 0, done.stderr
         await eventually(lambda: shows(("topology", 5.0)), timeout=15, what="the topology's back")
         assert proc.poll() is None, "the consumer restarted or died"
+    members = "SELECT count(*) FROM throttle_members WHERE durable = $1"
+    assert await fetchval(env.dsn("sea"), members, DURABLE) == 1
+    assert await roles.stop("consumer") == 0
+    assert await fetchval(env.dsn("sea"), members, DURABLE) == 0  # it left as it stopped
