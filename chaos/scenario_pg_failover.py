@@ -73,6 +73,8 @@ log = logging.getLogger("chaos.pg_failover")
 
 #: The ``--scenario`` name.
 SCENARIO = "pg-failover"
+#: Ledger statuses of a commit whose outcome the producer did not learn.
+UNSURE = ("uncertain", "pending")
 #: Seconds before a fresh acknowledged commit counts as "just before the kill" (the commits
 #: most at risk: the standby may have had them for milliseconds only).
 AT_RISK_SECONDS = 5.0
@@ -211,6 +213,10 @@ class FailoverResult:
     duration: float
     run_dir: Path
     producer_errors: dict[str, int] = field(default_factory=dict)
+    #: Commits whose outcome the producer could not know (the connection died in COMMIT),
+    #: and how many of them the new primary's outbox holds.
+    unsure: int = 0
+    unsure_committed: int = 0
     notes: list[str] = field(default_factory=list)
     baseline_latency: float | None = None
 
@@ -253,8 +259,8 @@ class FailoverResult:
             "seed": self.seed,
             "verdict": "PASS" if self.ok else "FAIL",
             "events committed": a.committed,
-            "commit outcome unknown -> committed": a.uncertain_committed,
-            "commit outcome unknown -> not committed": a.uncertain_absent,
+            "commit outcome unknown (connection lost)": self.unsure,
+            "  of which in the new primary's outbox": self.unsure_committed,
             "failovers": sum(1 for f in self.failovers if f.ok),
             "lost": sum(len(d.lost) for d in durables),
             "effects applied twice": sum(len(d.double_effects) for d in durables),
@@ -352,6 +358,7 @@ class PgFailoverRun(Chaos):
             await self._play()
             # What the producers saw acknowledged, before the uncertain ones are resolved.
             self.acked = {i.id for i in self.ledger.by_status("committed")}
+            unsure = {i.id for i in self.ledger.intents.values() if i.status in UNSURE}
             await self._settle_world()
             schedule = Schedule(
                 SCENARIO,
@@ -413,6 +420,8 @@ class PgFailoverRun(Chaos):
             duration=time.monotonic() - started,
             run_dir=self.config.run_dir,
             producer_errors=dict(self.ledger.errors),
+            unsure=len(unsure),
+            unsure_committed=sum(1 for i in unsure if self.ledger.intents[i].status == "committed"),
             notes=[t for _, t in self.timeline.events],
             baseline_latency=baseline,
         )

@@ -66,8 +66,11 @@ class CommonSettings(BaseSettings):
     #: goes away, reconnects to another of the list.
     nats_url: str = "nats://127.0.0.1:4222"
     #: Per-database DSNs as JSON, e.g. ``{"sea": "postgresql://..."}``; wins over the template.
+    #: A DSN may name a primary and its standbys with ``target_session_attrs=read-write``:
+    #: ``postgresql://u@pg1:5432,pg2:5432/sea?target_session_attrs=read-write`` connects to
+    #: the one that is writable (after a failover, the promoted standby).
     databases: dict[str, str] = Field(default_factory=dict)
-    #: DSN for any database not listed in ``databases``.
+    #: DSN for any database not listed in ``databases`` (several servers allowed, as there).
     dsn_template: str = DEFAULT_DSN_TEMPLATE
     #: Caps every stream's replicas (1 for a single dev server; unset in production).
     max_stream_replicas: int | None = None
