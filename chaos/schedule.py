@@ -7,6 +7,11 @@
 ``soak``   50,000 events over 10 minutes, a random fault every 5 s, a quarter of the
            5-second periods quiet.
 
+The ``--scenario`` runs have a ci and a soak size of their own, e.g. the PostgreSQL
+failover drill's :data:`chaos.scenario_pg_failover.SIZES` (soak: 12,000 events over 10
+minutes, five failovers, the lost server rejoining as the standby after each); the README
+lists the long runs.
+
 A schedule is a plan; :mod:`chaos.faults` carries it out and records what really happened.
 """
 
