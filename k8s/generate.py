@@ -46,6 +46,7 @@ from shared.access.nats_auth import (
     password_variable,
 )
 from shared.contracts.loading import load_topology
+from shared.contracts.replay_jobs import replay_workers
 from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError
 
@@ -826,9 +827,13 @@ def demo_handler(topology: Topology, context: str) -> list[Doc]:
     named: list[Doc] = [
         {"name": f"http-{port}", "containerPort": port, "protocol": "TCP"} for port in ports
     ]
-    identity = Identity("handler", context)
+    # The handler that runs the replay API's jobs has a NATS user and runs them.
+    replaying = context in replay_workers(topology)
+    identity = Identity("handler", context, nats=replaying)
     env = _common_env("handler", topology, {"ferry.context": context})
     env.append({"name": "FERRY_HOST", "value": "0.0.0.0"})
+    if replaying:
+        env.append({"name": "FERRY_HANDLER_REPLAY_JOBS", "value": "true"})
     env += credential_env(identity)
     container: Doc = {
         "name": "handler",

@@ -361,7 +361,7 @@ def _shipped() -> dict[str, Any]:
          "mediation/module_e/opportunity_scored.v1 is missing from the file's lock: regenerate "
          "the file"),
         (lambda d: d["topologies"]["mediation"].append(d["topologies"]["mediation"][0]),
-         "f.json: topologies.mediation[4](opportunity_scored.v1): declared twice by module_e"),
+         "f.json: topologies.mediation[5](opportunity_scored.v1): declared twice by module_e"),
     ],
 )  # fmt: skip
 def test_a_damaged_registry_file_says_what_is_wrong(change: Any, message: str) -> None:
