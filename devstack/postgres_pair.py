@@ -269,9 +269,12 @@ class PostgresPair:
 
 
 def _children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid`` (from /proc)."""
+    """Processes whose parent is ``pid`` (from /proc; none found without it)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return []
     found = []
-    for entry in Path("/proc").iterdir():
+    for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         try:
