@@ -279,6 +279,7 @@ COMMANDS: list[tuple[str, str, tuple[Any, ...]]] = [
     ("services.dlq_replayer.__main__", "main", ([],)),
     ("services.handlers.__main__", "_parse_args", ([],)),
     ("spark.cli", "parser", ()),
+    ("spark.standalone", "parser", ()),
     ("devstack.stack", "main", ([],)),
     ("devstack.demo", "run_demo", ({}, [])),
     ("devstack.__main__", "_build_parser", ()),
