@@ -23,9 +23,12 @@ answer (:mod:`shared.sdk.store`). Every error becomes a status here and nowhere 
 A batch call (header ``Ferry-Batch``, :mod:`shared.domain.batch_call`) is answered 200
 with one result per event, each the status its event would get alone. By default each
 event runs as above, one after the other, in its own transaction. With
-``batch_transaction=True`` the batch is applied in ONE transaction: per event a savepoint,
-the claim and the route; an event that fails rolls back to its savepoint (its claim and
-effect only) and the others go on; one commit for all. A duplicate is a 409 for that event
+``batch_transaction=True`` the batch is applied in ONE transaction: first all at once
+(every id claimed in one statement, each route, one commit: N + 2 round trips); should an
+id have been applied before or a route raise, that attempt is rolled back and the batch
+goes again event by event, each under a savepoint (claim and route; an event that fails
+rolls back to its savepoint, its claim and effect only, and the others go on), one commit
+for all. A duplicate is a 409 for that event
 only. Should the commit fail (or the connection drop), nothing of the batch committed and
 the whole call is answered 503: every event is retried.
 """
@@ -348,8 +351,12 @@ class Handler:
             async with self.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
                 batch = store.BatchTransaction(conn, handler=self.name)
                 try:
-                    for index, prepared in applying:
-                        answers[index] = await self._apply_in_batch(batch, prepared)
+                    at_once = await self._apply_at_once(batch, applying)
+                    if at_once is not None:
+                        answers.update(at_once)
+                    else:  # a duplicate or a failing event: one savepoint per event
+                        for index, prepared in applying:
+                            answers[index] = await self._apply_in_batch(batch, prepared)
                     calls = [
                         (ids.message_id, ids.attempt, answers[index].status)
                         for index, (_, ids) in enumerate(items)
@@ -376,6 +383,36 @@ class Handler:
                 return forced
         return None
 
+    async def _apply_at_once(
+        self, batch: store.BatchTransaction, applying: list[tuple[int, _Prepared]]
+    ) -> dict[int, Outcome] | None:
+        """The common case in N + 2 round trips: claim every id in one statement, run each
+        route, no savepoints. None (everything rolled back) when an id was applied before
+        or a route raised: the caller then goes event by event under savepoints."""
+        if not applying:
+            return {}
+        ids = [uuid.UUID(prepared.call.message_id) for _, prepared in applying]
+        if not await batch.claim_all(ids):
+            await batch.abort()
+            return None
+        for _, prepared in applying:
+            try:
+                await self._run_route(batch.conn, prepared)
+            except CONNECTION_ERRORS:
+                raise  # the transaction is gone: nothing of the batch commits
+            except Exception:
+                await batch.abort()
+                return None
+        return {index: Outcome.processed(prepared.call.message_id) for index, prepared in applying}
+
+    async def _run_route(self, conn: Conn, prepared: _Prepared) -> None:
+        """The route's effect on ``conn`` (a one-statement route's statement, executed)."""
+        if is_one_statement(prepared.route):
+            statement = cast(StatementRoute, prepared.route)(prepared.call)
+            await conn.execute(statement.sql, *statement.args)
+        else:
+            await cast(Route, prepared.route)(conn, prepared.call)
+
     async def _apply_in_batch(self, batch: store.BatchTransaction, prepared: _Prepared) -> Outcome:
         """Claim and route one event under its savepoint; a failure rolls back to it."""
         message_id = prepared.call.message_id
@@ -384,11 +421,7 @@ class Handler:
             moment = await store.applied_at(batch.conn, handler=self.name, message_id=mid)
             return Outcome.duplicate(message_id, moment)
         try:
-            if is_one_statement(prepared.route):
-                statement = cast(StatementRoute, prepared.route)(prepared.call)
-                await batch.conn.execute(statement.sql, *statement.args)
-            else:
-                await cast(Route, prepared.route)(batch.conn, prepared.call)
+            await self._run_route(batch.conn, prepared)
         except CONNECTION_ERRORS:
             raise  # the transaction is gone: nothing of the batch commits
         except Exception as exc:

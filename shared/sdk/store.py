@@ -270,10 +270,12 @@ SAVEPOINT = "ferry_event"
 class BatchTransaction:
     """One transaction for the events of a batch call, a savepoint per event.
 
-    :meth:`claim` opens the transaction (first event) or releases the previous event's
-    savepoint, sets the event's own and claims its id — one round trip; :meth:`undo` rolls
-    back to it (the event's claim and effect only); :meth:`commit` records the calls (with
-    the ledger) and commits everything at once. Any other end: :meth:`abort`.
+    :meth:`claim_all` opens it and claims every id at once (the common case: no duplicate,
+    no failure, no savepoint). Otherwise :meth:`claim` opens the transaction (first event)
+    or releases the previous event's savepoint, sets the event's own and claims its id —
+    one round trip; :meth:`undo` rolls back to it (the event's claim and effect only).
+    :meth:`commit` records the calls (with the ledger) and commits everything at once. Any
+    other end: :meth:`abort`.
     """
 
     def __init__(self, conn: Conn, *, handler: str) -> None:
@@ -293,6 +295,19 @@ class BatchTransaction:
         )
         self._begun = self._savepoint = True
         return result == "INSERT 0 1"
+
+    async def claim_all(self, message_ids: Sequence[uuid.UUID]) -> bool:
+        """Open the transaction and claim every id in one statement, no savepoint; False
+        when one was applied before (or listed twice): the caller aborts."""
+        values = ", ".join(
+            f"({literal(mid)}, {literal(self.handler)}, clock_timestamp())" for mid in message_ids
+        )
+        result: str = await self.conn.execute(
+            "BEGIN; INSERT INTO handler_applied (message_id, handler, applied_at)"
+            f" VALUES {values} ON CONFLICT (handler, message_id) DO NOTHING"
+        )
+        self._begun = True
+        return result == f"INSERT 0 {len(message_ids)}"
 
     async def undo(self) -> None:
         """Roll back the current event (its claim and whatever its route did)."""
