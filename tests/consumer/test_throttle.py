@@ -53,7 +53,12 @@ def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def throttled_world(env: Env, nc: NATS, handler: ScriptedHandler, **throttle: Any) -> None:
-    fast_durable(env, handler.url, throttle=throttle)
+    # ack_wait 3 s (fast_durable): far shorter than a throttled message may wait. A
+    # generous handler timeout: a busy machine must not turn a slow answer into a retry
+    # (a second handler call the test would blame on the throttle).
+    fast_durable(
+        env, handler.url, throttle=throttle, handler={"url": handler.url, "timeout": "20s"}
+    )
     await provision(nc.jetstream(), env.topology, caps=CAPS)
 
 
