@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 import uuid
@@ -23,10 +24,12 @@ import asyncpg
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 
-from shared.adapters import inbox, outbox, parking
+from shared.adapters import inbox, outbox, parking, throttles
 from shared.adapters.dead_letters import subject_regex
 from shared.contracts.topology import Topology
 from shared.domain.dead_letter import DISCARDABLE_STATUSES, PARKABLE_STATUSES, REPLAYABLE_STATUSES
+
+log = logging.getLogger("ferry.console")
 
 #: Dead-letter statuses that still need somebody (the failures page's default).
 OPEN_STATUSES = ("dead", "held", "replaying", "parked")
@@ -112,6 +115,9 @@ class DurableView:
     ordered: bool
     #: Declared ``criticality: high`` (INFRA-005 §7): listed first, marked.
     critical: bool = False
+    #: The throttle in force (INFRA-005 §7.3), e.g. ``20/s (burst 40)``, with
+    #: ``override`` when an operator set it (``ferry durable throttle``); None: none.
+    throttle: str | None = None
     backlog: int = 0
     retrying: int = 0
     failed: int = 0
@@ -165,7 +171,13 @@ def durable_views(topology: Topology) -> dict[str, DurableView]:
     """The overview's durables, empty: the ``criticality: high`` ones first, then by name."""
     ranked = sorted(topology.durables.items(), key=lambda i: (i[1].criticality != "high", i[0]))
     return {
-        name: DurableView(name, spec.target, spec.ordering == "key", spec.criticality == "high")
+        name: DurableView(
+            name,
+            spec.target,
+            spec.ordering == "key",
+            spec.criticality == "high",
+            spec.throttle.limit().describe() if spec.throttle else None,
+        )
         for name, spec in ranked
     }
 
@@ -236,6 +248,20 @@ async def _read_database(pool: asyncpg.Pool, views: list[DurableView]) -> None:
     by_name = {v.name: v for v in views}
     for row in rows:
         by_name[row["durable"]].dead_by_reason.append((row["reason_code"], row["count"]))
+    await _read_throttles(pool, by_name)
+
+
+async def _read_throttles(pool: asyncpg.Pool, by_name: dict[str, DurableView]) -> None:
+    """Operators' throttle overrides replace the topology's value on the overview (a
+    database not migrated that far just shows the topology's)."""
+    try:
+        async with pool.acquire() as conn:
+            for override in await throttles.overrides(conn, list(by_name)):
+                limit = override.limit()
+                shown = limit.describe() if limit is not None else "no limit"
+                by_name[override.durable].throttle = f"{shown}, override"
+    except (OSError, asyncpg.PostgresError) as exc:
+        log.warning("throttle overrides not read: %s", _short_error(exc))
 
 
 async def _read_lag(topology: Topology, nc: NATS | None, view: DurableView) -> None:

@@ -81,6 +81,16 @@ async def leave(conn: Conn, durable: str, owner: str) -> None:
     )
 
 
+async def overrides(conn: Conn, durables: list[str]) -> list[Override]:
+    """The overrides in force for any of ``durables``."""
+    rows = await conn.fetch(
+        "SELECT durable, rate, burst, actor, reason, set_at FROM throttle_overrides "
+        "WHERE durable = ANY($1::text[]) ORDER BY durable",
+        durables,
+    )
+    return [Override(**dict(r)) for r in rows]
+
+
 async def set_override(
     conn: Conn, durable: str, rate: float | None, burst: int | None, *, actor: str, reason: str
 ) -> None:
