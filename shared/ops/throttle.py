@@ -54,6 +54,12 @@ def burst_argument(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count from 0 to 1000")
+    return int(text)
+
+
 def _text(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
@@ -96,12 +102,10 @@ async def cmd_throttle(settings: CommonSettings, args: argparse.Namespace) -> in
             return 0
         if args.rate is not False:
             rate: float | None = args.rate
-            if rate is not None:
-                Limit.of(rate, args.burst)
+            limit = None if rate is None else Limit.of(rate, args.burst)
             await throttles.set_override(
                 conn, args.durable, rate, args.burst, actor=actor, reason=args.reason
             )
-            limit = None if rate is None else Limit.of(rate, args.burst)
             print(f"{args.durable}: override set: {_describe(limit)} (topology: "
                   f"{_describe(default)}); running consumers apply it within "
                   "FERRY_THROTTLE_POLL_INTERVAL")  # fmt: skip
@@ -203,7 +207,7 @@ def add_commands(sub: Any) -> argparse.ArgumentParser:
     )
     cmd.add_argument("--reason", type=_text, help="why (recorded; required to set or clear)")
     cmd.add_argument("--actor", type=_text, help="who (default: OS user@host)")
-    cmd.add_argument("--history", type=int, default=10, help="actions shown (default 10)")
+    cmd.add_argument("--history", type=_count, default=10, help="latest changes shown (default 10)")
     cmd.add_argument("--json", action="store_true", help="machine-readable output")
     cmd.set_defaults(func=cmd_throttle)
     return cmd
