@@ -385,12 +385,12 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m spark.standalone",
         description="A Spark standalone master and workers on 127.0.0.1 (development, tests)",
     )
-    p.add_argument("--workers", type=int, default=2, help="number of workers (default 2)")
-    p.add_argument("--cores", type=int, default=1, help="cores each worker offers (default 1)")
+    p.add_argument("--workers", type=int, default=2, help="number of workers")
+    p.add_argument("--cores", type=int, default=1, help="cores each worker offers")
     p.add_argument("--worker-memory", default=WORKER_MEMORY,
-                   help=f"memory each worker offers (default {WORKER_MEMORY})")  # fmt: skip
+                   help="memory each worker offers")  # fmt: skip
     p.add_argument("--executor-memory", default=EXECUTOR_MEMORY,
-                   help=f"memory of each executor (default {EXECUTOR_MEMORY})")  # fmt: skip
+                   help="memory of each executor")  # fmt: skip
     p.add_argument("--dir", type=Path,
                    help="directory of logs and work (default: a temporary one)")  # fmt: skip
     p.add_argument("command", nargs=argparse.REMAINDER,

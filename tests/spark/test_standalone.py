@@ -27,8 +27,8 @@ import pytest
 
 from devstack.ports import free_port
 from devstack.postgres import PostgresServer
-from spark.bench import generate
-from spark.errors import EXIT_SLO_BREACH
+from spark.bench import clear_kpi_tables, generate, kpi_outputs
+from spark.errors import EXIT_SLO_BREACH, EXIT_SPARK
 from spark.standalone import (
     StandaloneCluster,
     WorkerKill,
@@ -121,35 +121,9 @@ def _env(dataset: Dataset, report_dir: Path, extra: dict[str, str]) -> dict[str,
     return env
 
 
-def _clear(world: KpiWorld) -> None:
-    """Empty the KPI tables, so each run's rows are its own."""
-    for table in ("kpi_windows", "kpi_reasons", "kpi_runs", "kpi_watermarks"):
-        world.execute("sea", f"DELETE FROM {table}")
-
-
-def _outputs(world: KpiWorld, report_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Everything the run wrote that does not name the run itself, and its whole report."""
-    report = json.loads((report_dir / "sea-vibespro" / "latest" / "report.json").read_text())
-    stable = {k: v for k, v in report.items() if k not in ("run_id", "duration_seconds",
-                                                           "timings")}  # fmt: skip
-    outputs = {
-        "kpi_windows": world.fetch(
-            "sea", "SELECT * FROM kpi_windows ORDER BY window_start, context, durable, subject"
-        ),
-        "kpi_reasons": world.fetch("sea", "SELECT * FROM kpi_reasons ORDER BY 1,2,3,4,5,6,7,8"),
-        "kpi_runs": world.fetch(
-            "sea",
-            "SELECT topology, window_seconds, range_start, range_end, as_of, incremental,"
-            " windows, events, verdict, exit_code FROM kpi_runs",
-        ),
-        "report": stable,
-    }
-    return outputs, report
-
-
 def _run(dataset: Dataset, env: dict[str, str], *, during: Any = None) -> Run:
     """Run the job to its end (``during(process)`` is polled while it runs)."""
-    _clear(dataset.world)
+    asyncio.run(clear_kpi_tables(dataset.world.dsn("sea")))
     report_dir = Path(env["FERRY_KPI_REPORT_DIR"])
     clock = time.monotonic()
     process = subprocess.Popen(dataset.argv(), env=env, cwd=ROOT, stdout=subprocess.PIPE,
@@ -167,7 +141,8 @@ def _run(dataset: Dataset, env: dict[str, str], *, during: Any = None) -> Run:
     summary = f"exit {process.returncode}\n{stdout[-2000:]}\n{stderr[-4000:]}"
     assert process.returncode == EXIT_SLO_BREACH, summary
     assert "BREACH" in stdout, summary
-    outputs, report = _outputs(dataset.world, report_dir)
+    report = json.loads((report_dir / "sea-vibespro" / "latest" / "report.json").read_text())
+    outputs = asyncio.run(kpi_outputs(dataset.world.dsn("sea"), report))
     return Run(process.returncode, wall, stdout, stderr, outputs, report)
 
 
@@ -214,7 +189,58 @@ def test_a_worker_killed_mid_job_changes_nothing(
     # The driver saw the executor go and went on with the other one; the master, the worker.
     assert f"Lost executor {kill.executor}" in survived.stderr, survived.stderr[-3000:]
     whole_cluster.wait_for_workers(1, timeout=60)
+    # Work was lost with it (its running task, or shuffle output a stage had to recompute) ...
+    assert kill.failed_tasks + kill.stage_retries >= 1, kill
+    # ... and redone elsewhere: not one KPI differs.
     assert survived.outputs == local_run.outputs
-    print(f"\nworker {kill.worker} SIGKILLed {kill.at}s into the job while its executor "
-          f"{kill.executor} ran {kill.active_tasks} task(s); {kill.failed_tasks} task(s) failed "
-          f"with it and {kill.stage_retries} stage(s) ran again; same KPIs; {survived.times()}")  # fmt: skip
+    print(
+        f"\nworker {kill.worker} SIGKILLed {kill.at}s into the job while its executor "
+        f"{kill.executor} ran {kill.active_tasks} task(s); {kill.failed_tasks} task(s) failed, "
+        f"{kill.stage_retries} stage(s) re-run; same KPIs; {survived.times()}"
+    )
+
+
+def test_a_configuration_spark_refuses_exits_13_in_one_line(
+    dataset: Dataset, tmp_path: Path
+) -> None:
+    # Below Spark's 450 MiB minimum the driver refuses to start; a traceback would exit 1,
+    # which means "a target was missed".
+    conf = {"spark.executor.memory": "384m", "spark.driver.extraJavaOptions": QUICK_JVM}
+    extra = {"FERRY_KPI_MASTER": "spark://127.0.0.1:7077", "FERRY_KPI_SPARK_CONF": json.dumps(conf)}
+    result = subprocess.run(dataset.argv(), env=_env(dataset, tmp_path, extra), cwd=ROOT,
+                            capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+    assert result.returncode == EXIT_SPARK, result.stderr[-3000:]
+    line = next(x for x in result.stderr.splitlines() if x.startswith("kpi-spark-job: "))
+    assert "Spark did not start" in line and "Insufficient executor memory" in line, line
+    assert "Traceback" not in result.stderr
+
+
+def test_the_command_runs_a_job_on_its_cluster_and_leaves_no_jvm(tmp_path: Path) -> None:
+    # What an operator or developer runs: the cluster, the command with its master, then
+    # nothing left running (the daemons' directory is in every JVM's command line).
+    probe = (
+        "import json, os, sys; conf = json.loads(os.environ['FERRY_KPI_SPARK_CONF']);"
+        " print('MASTER', os.environ['FERRY_KPI_MASTER'], conf['spark.executor.memory']);"
+        " sys.exit(7)"
+    )
+    directory = tmp_path / "cluster"
+    argv = [sys.executable, "-m", "spark.standalone", "--workers", "1", "--dir", str(directory),
+            "--", sys.executable, "-c", probe]  # fmt: skip
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=180,
+                            check=False)  # fmt: skip
+    assert result.returncode == 7, result.stderr[-3000:]
+    assert "MASTER spark://127.0.0.1:" in result.stdout and " 512m" in result.stdout
+    assert "Registering worker 127.0.0.1" in (directory / "master.log").read_text()
+    assert _processes_mentioning(str(directory)) == []
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in args:
+            found.append(args[:200])
+    return found
