@@ -11,8 +11,8 @@ printed (``pytest -s``); ``python -m spark.bench --cluster --kill-worker`` does 
 any size (the long run, by hand). Also: a configuration Spark refuses is exit 13 in one
 line, and ``python -m spark.standalone -- CMD`` leaves no JVM behind.
 
-About three minutes on two idle cores (six JVM starts); the cluster's daemons have
-256 MiB heaps, its executors 512 MiB.
+Six JVM starts plus the cluster's: 4 to 6 minutes measured on two cores shared with other
+test runs (load 10-17). The cluster's daemons have 256 MiB heaps, its executors 512 MiB.
 """
 
 from __future__ import annotations
