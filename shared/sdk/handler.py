@@ -90,6 +90,15 @@ ACQUIRE_TIMEOUT = 5.0
 READY_TIMEOUT = 2.0
 #: Most events one batch call may carry (the topology's ``handler.batch`` limit).
 MAX_BATCH = 1000
+#: Tries of a batch transaction all at once that lost a lock race (a deadlock between
+#: two batches updating the same rows in another order) before going event by event.
+AT_ONCE_TRIES = 3
+#: What :meth:`Handler._apply_at_once` returns when it lost such a race.
+LOST_RACE = "lost a lock race"
+LOCK_RACES: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.exceptions.SerializationError,
+)
 
 #: The payload (not the database) is at fault: a value no column can hold. Client-side
 #: argument encoding errors subclass InterfaceError, so they must be caught first.
@@ -351,8 +360,12 @@ class Handler:
             async with self.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
                 batch = store.BatchTransaction(conn, handler=self.name)
                 try:
-                    at_once = await self._apply_at_once(batch, applying)
-                    if at_once is not None:
+                    at_once = None
+                    for _ in range(AT_ONCE_TRIES):
+                        at_once = await self._apply_at_once(batch, applying)
+                        if at_once is not LOST_RACE:
+                            break
+                    if isinstance(at_once, dict):
                         answers.update(at_once)
                     else:  # a duplicate or a failing event: one savepoint per event
                         for index, prepared in applying:
@@ -385,14 +398,21 @@ class Handler:
 
     async def _apply_at_once(
         self, batch: store.BatchTransaction, applying: list[tuple[int, _Prepared]]
-    ) -> dict[int, Outcome] | None:
+    ) -> dict[int, Outcome] | str | None:
         """The common case in N + 2 round trips: claim every id in one statement, run each
         route, no savepoints. None (everything rolled back) when an id was applied before
-        or a route raised: the caller then goes event by event under savepoints."""
+        or a route raised: the caller then goes event by event under savepoints;
+        :data:`LOST_RACE` (rolled back) when the transaction lost a lock race to another
+        (a deadlock between two batches touching the same rows): the caller tries again."""
         if not applying:
             return {}
         ids = [uuid.UUID(prepared.call.message_id) for _, prepared in applying]
-        if not await batch.claim_all(ids):
+        try:
+            claimed = await batch.claim_all(ids)
+        except LOCK_RACES:
+            await batch.abort()
+            return LOST_RACE
+        if not claimed:
             await batch.abort()
             return None
         for _, prepared in applying:
@@ -400,6 +420,9 @@ class Handler:
                 await self._run_route(batch.conn, prepared)
             except CONNECTION_ERRORS:
                 raise  # the transaction is gone: nothing of the batch commits
+            except LOCK_RACES:
+                await batch.abort()
+                return LOST_RACE
             except Exception:
                 await batch.abort()
                 return None

@@ -8,6 +8,7 @@ what the handler answered.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,6 +33,8 @@ LATE_TABLE = (
     " DEFERRABLE INITIALLY DEFERRED)"
 )
 
+TALLY_TABLE = "CREATE TABLE IF NOT EXISTS tallies (k TEXT PRIMARY KEY, n INT NOT NULL)"
+
 
 class Served:
     def __init__(self, url: str, pool: asyncpg.Pool, handler: Handler) -> None:
@@ -46,8 +49,16 @@ class Served:
 async def served(request: pytest.FixtureRequest, dsn: str, tmp_path: Path) -> AsyncIterator[Served]:
     handler = billing(payload_module(tmp_path))
     handler.ledger = True
-    handler.tables = (*handler.tables, LATE_TABLE)
+    handler.tables = (*handler.tables, LATE_TABLE, TALLY_TABLE)
     handler.batch_transaction = request.param == "one-transaction"
+
+    @handler.route("tally_noted", 1)
+    async def tally_noted(conn: Any, call: Any) -> None:
+        await conn.execute(
+            "INSERT INTO tallies VALUES ($1, 1) ON CONFLICT (k) DO UPDATE SET n = tallies.n + 1",
+            call.payload["k"],
+        )
+        await conn.execute("SELECT pg_sleep($1)", float(call.payload.get("sleep", 0)))
 
     @handler.route("late_noted", 1)
     async def late_noted(conn: Any, call: Any) -> None:
@@ -173,3 +184,24 @@ async def test_a_batch_transaction_that_cannot_commit_commits_nothing(served: Se
     assert await served.count("SELECT count(*) FROM invoices") == 0
     assert await served.count("SELECT count(*) FROM late") == 0
     assert await served.count("SELECT count(*) FROM handler_applied") == 0
+
+
+async def test_batches_updating_the_same_rows_in_opposite_orders_both_commit(
+    served: Served,
+) -> None:
+    """Two batch transactions that lock the same two rows in opposite orders deadlock;
+    the one PostgreSQL aborts goes again, so both answer 200 for every event."""
+    async with _client(served) as ferry:
+
+        def tally(key: str, sleep: float = 0.0) -> Any:
+            return ferry.call("tally_noted", 1, {"k": key, "sleep": sleep}, context="shop")
+
+        first = [tally("a", 0.4), tally("b")]
+        second = [tally("b", 0.4), tally("a")]
+        replies = await asyncio.gather(ferry.send_batch(first), ferry.send_batch(second))
+    for reply in replies:
+        assert reply.status == 200, reply.text
+        assert [r["status"] for r in reply.body["results"]] == [200, 200], reply.text
+    async with served.pool.acquire() as conn:
+        counts = dict(await conn.fetch("SELECT k, n FROM tallies"))
+    assert counts == {"a": 2, "b": 2}
