@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 
 from devstack.postgres_pair import PostgresPair, multi_host_dsn
-from shared.adapters.postgres import DATABASE_ERRORS, create_pool, redact
+from shared.adapters.postgres import DATABASE_ERRORS, create_pool, migrate_database, redact
 from shared.runtime.settings import PublisherSettings
 
 pytestmark = pytest.mark.integration
@@ -90,6 +90,14 @@ async def test_one_dsn_and_one_pool_follow_the_promotion(pair: PostgresPair) -> 
     try:
         assert await conn.fetchval("SELECT pg_is_in_recovery()") is False
         assert await conn.fetchval("SHOW port") == str(primary.port)
+    finally:
+        await conn.close()
+    # `ferry migrate`'s path (create the database through the maintenance database, then
+    # migrate) takes the multi-host DSN too.
+    assert await migrate_database(pair.dsn("pair_sea"))
+    conn = await asyncpg.connect(pair.dsn("pair_sea"), timeout=10)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('outbox_events') IS NOT NULL")
     finally:
         await conn.close()
     pool = await create_pool(dsn, min_size=2, max_size=2)
