@@ -23,7 +23,9 @@ answer (:mod:`shared.sdk.store`). Every error becomes a status here and nowhere 
 A batch call (header ``Ferry-Batch``, :mod:`shared.domain.batch_call`) is answered 200
 with one result per event, each the status its event would get alone. By default each
 event runs as above, one after the other, in its own transaction. With
-``batch_transaction=True`` the batch is applied in ONE transaction: first all at once
+``batch_transaction=True`` the batch is applied in ONE transaction, its events in the order
+of their aggregates (stable: one aggregate's events keep their order), so concurrent batches
+take their locks in one order: first all at once
 (every id claimed in one statement, each route, one commit: N + 2 round trips); should an
 id have been applied before or a route raise, that attempt is rolled back and the batch
 goes again event by event, each under a savepoint (claim and route; an event that fails
@@ -356,6 +358,10 @@ class Handler:
             else:
                 assert isinstance(prepared, _Prepared)
                 applying.append((index, prepared))
+        # One lock order for concurrent batches: by aggregate (a stable sort, so events of
+        # one aggregate keep their stream order). Effects keyed by their aggregate then
+        # wait for each other instead of deadlocking.
+        applying.sort(key=lambda item: _aggregate(item[1].call))
         try:
             async with self.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
                 batch = store.BatchTransaction(conn, handler=self.name)
@@ -583,6 +589,10 @@ class Handler:
             detail,
             extra={"message_id": str(message_id) if message_id else None, "handler": self.name},
         )
+
+
+def _aggregate(call: Call[Any]) -> tuple[str, str]:
+    return call.envelope.aggregate_type, call.envelope.aggregate_id
 
 
 def batch_result(message_id: str, outcome: Outcome) -> dict[str, Any]:
