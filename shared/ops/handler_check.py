@@ -122,6 +122,9 @@ EXPECTED = {
     "poison": "422",
     "unknown-version": "422",
     "unknown-type": "422",
+}
+#: The contract's answer per batch check (``--batch``, judged by :func:`judge_batch`).
+BATCH_EXPECTED = {
     "batch-unsigned": "401",
     "batch": "200, one result per event: 2xx for each valid event, 422 for the poison",
     "batch-duplicate": "200, one result per event: 409 (or 2xx with no second effect) for "
@@ -754,7 +757,7 @@ async def run_batch_checks(
                     check=check,
                     event="batch",
                     sent=probe.sent(how),
-                    expected=EXPECTED[check],
+                    expected=BATCH_EXPECTED[check],
                     answer=str(status) if status is not None else "no answer",
                     detail=each or " ".join(head[:DETAIL_SHOWN].decode("utf-8", "replace").split()),
                     consumer="settle each result by the ACK table" if status == 200 else "-",

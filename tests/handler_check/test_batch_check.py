@@ -4,11 +4,18 @@ per event and conforms; a handler that knows only per-message calls is reported.
 from __future__ import annotations
 
 import json
+import uuid
 
 import asyncpg
 import pytest
 
-from shared.ops.handler_check import EffectProbe, plan_for, run_batch_checks
+from shared.ops.handler_check import (
+    BatchProbe,
+    EffectProbe,
+    judge_batch,
+    plan_for,
+    run_batch_checks,
+)
 from tests.conftest import Env
 
 from .conftest import DURABLE, EFFECT_SQL, SECRET, hand_made
@@ -46,3 +53,31 @@ async def test_a_per_message_only_handler_breaches_the_batch_checks(world: Env) 
     verdicts = {r.check: r.verdict for r in results}
     assert verdicts["batch-unsigned"] == "conforms"
     assert verdicts["batch"] == "breach" and verdicts["batch-duplicate"] == "breach"
+
+
+def _probe() -> BatchProbe:
+    body = {"message_id": str(uuid.uuid4()), "delivery": {"attempt": 1}}
+    poison = {"message_id": str(uuid.uuid4()), "delivery": {"attempt": 1}}
+    return BatchProbe([("vibe_created.v1", body, False), ("poison", poison, True)])
+
+
+def _answer(probe: BatchProbe, *statuses: int) -> bytes:
+    ids = [body["message_id"] for _, body, _ in probe.events]
+    results = [{"id": mid, "status": st} for mid, st in zip(ids, statuses, strict=False)]
+    return json.dumps({"ferry_batch": 1, "results": results}).encode()
+
+
+def test_the_batch_judge() -> None:
+    probe = _probe()
+    assert judge_batch("batch", probe, 200, _answer(probe, 200, 422), True)[0] == "conforms"
+    assert judge_batch("batch", probe, 200, _answer(probe, 200, 200), True)[0] == "breach"
+    assert judge_batch("batch", probe, 200, _answer(probe, 200), True)[0] == "breach"
+    assert judge_batch("batch", probe, 200, b"[]", True)[0] == "breach"
+    assert judge_batch("batch", probe, 500, b"", None)[0] == "breach"
+    assert judge_batch("batch", probe, 200, _answer(probe, 200, 422), False)[0] == "breach"
+    again = "batch-duplicate"
+    assert judge_batch(again, probe, 200, _answer(probe, 409, 422), False)[0] == "conforms"
+    assert judge_batch(again, probe, 200, _answer(probe, 200, 422), True)[0] == "breach"
+    assert judge_batch(again, probe, 200, _answer(probe, 200, 422), None)[0] == "unverified"
+    assert judge_batch("batch-unsigned", probe, 401, b"", None)[0] == "conforms"
+    assert judge_batch("batch-unsigned", probe, 200, b"", None)[0] == "breach"
