@@ -69,6 +69,7 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
         ordering_fields=ordering_fields_of(topology, settings.context),
     )
     publisher.linger = settings.linger
+    publisher.fill_linger = settings.publisher_linger
     listener_stop = asyncio.Event()
     listener = asyncio.create_task(listen(dsn, "ferry_outbox", publisher.notify, listener_stop))
     log.info("publishing context %s into %s", settings.context, context.stream.name)

@@ -75,6 +75,19 @@ class PublisherMetrics:
             buckets=BATCH_BUCKETS,
             registry=reg,
         ).labels(context)
+        linger = Counter(
+            "ferry_outbox_linger",
+            "Wake-ups by a NOTIFY, by what the worker did before claiming: full (waited "
+            "until enough commits to fill a batch), timeout (waited the whole "
+            "FERRY_PUBLISHER_LINGER), busy (waited FERRY_LINGER behind another worker's "
+            "batch), none (claimed at once: commits not quick enough).",
+            ["context", "outcome"],
+            registry=reg,
+        )
+        self._linger = {
+            outcome: linger.labels(context, outcome)
+            for outcome in ("full", "timeout", "busy", "none")
+        }
         self._failing = Gauge(
             "ferry_outbox_failing",
             "Unpublished rows whose last publish attempt failed.",
@@ -132,6 +145,10 @@ class PublisherMetrics:
     def batch_claimed(self, rows: int) -> None:
         """One batch of ``rows`` claimed (> 0) to publish."""
         self._batch.observe(rows)
+
+    def lingered(self, outcome: str) -> None:
+        """A NOTIFY wake-up's wait before its claim: full, timeout, busy or none."""
+        self._linger[outcome].inc()
 
     def publish_error(self, kind: str) -> None:
         """One failed publish or batch."""

@@ -206,6 +206,15 @@ class OutboxPublisher:
         #: Seconds a woken worker waits before claiming, gathering commits into one batch
         #: — only while another worker is publishing (see :meth:`run_worker`).
         self.linger = 0.0
+        #: Seconds a worker woken by a NOTIFY may wait, even with no other worker busy,
+        #: while commits come less than this apart, so that a moderate rate fills
+        #: batches; it claims early once enough commits were notified to fill one
+        #: (see :meth:`_fill`). 0: only :attr:`linger` applies (the earlier behaviour).
+        self.fill_linger = 0.0
+        #: NOTIFYs seen so far, and the workers filling a batch: (count at which it is
+        #: full, the event that ends its wait early).
+        self._notified = 0
+        self._filling: list[tuple[int, asyncio.Event]] = []
         #: Workers between their claim and their commit.
         self._publishing = 0
         #: The recent pace of commits (NOTIFY): lingering pays only when it is quick.
@@ -223,6 +232,17 @@ class OutboxPublisher:
         is told to claim again when its batch ends, so no notification is lost.
         """
         self.arrivals.arrived()
+        self._notified += 1
+        if self._filling:
+            # A worker is gathering commits into its coming claim: this one joins it, no
+            # other worker need claim. When its batch is full it claims at once; later
+            # commits wake another worker as usual.
+            full_at, full = self._filling[-1]
+            if self._notified < full_at:
+                return
+            if not full.is_set():
+                full.set()
+                return
         if self._idle:
             self._idle.pop(0).set()
         elif self._wakeups:
@@ -269,17 +289,42 @@ class OutboxPublisher:
                 await _sleep_unless(stop, min(slow * 10, SLOW_EMPTY_REST_MAX))
             elif count < self.batch_size and not failed:
                 await _wait_listed(wakeup, self._idle, stop, timeout=poll_interval)
-                if (
-                    self.linger
-                    and wakeup.is_set()
-                    and self._publishing
-                    and self.arrivals.expects_within(self.linger)
-                ):
-                    # Another batch is on its way and commits come quickly: let those
-                    # of the next few milliseconds join this claim, turning one-row
-                    # batches into batches. Otherwise the worker claims at once.
-                    await asyncio.sleep(self.linger)
+                if wakeup.is_set():
+                    await self._linger(stop)
         self._wakeups.remove(wakeup)
+
+    async def _linger(self, stop: asyncio.Event) -> None:
+        """After a NOTIFY woke this worker: wait for the commits right behind it, or not.
+
+        Only while commits have lately come quicker than the linger — an isolated commit
+        is claimed at once (and whatever the pace, it waits at most the linger).
+        """
+        if self.fill_linger and self.arrivals.expects_within(self.fill_linger):
+            await self._fill(stop)
+        elif self.linger and self._publishing and self.arrivals.expects_within(self.linger):
+            # Another batch is on its way and commits come quickly: let those of the next
+            # few milliseconds join this claim, turning one-row batches into batches.
+            self.metrics.lingered("busy")
+            await asyncio.sleep(self.linger)
+        elif self.fill_linger or self.linger:
+            self.metrics.lingered("none")
+
+    async def _fill(self, stop: asyncio.Event) -> None:
+        """Wait up to :attr:`fill_linger` for the commits that would fill a batch.
+
+        Counted in NOTIFYs (one per committing transaction, which may hold several rows),
+        so a batch of multi-row commits may be claimed only at the linger's end; the one
+        that woke this worker counts as the first. A single filling worker at a time:
+        the others' wake-ups join its batch (see :meth:`notify`).
+        """
+        full = asyncio.Event()
+        entry = (self._notified + self.batch_size - 1, full)
+        self._filling.append(entry)
+        try:
+            await _wait_any(full, stop, timeout=self.fill_linger)
+        finally:
+            self._filling.remove(entry)
+        self.metrics.lingered("full" if full.is_set() else "timeout")
 
     async def _batch_or_rest(self, stop: asyncio.Event, delay: float) -> Batch | None:
         """One batch; when it raises, log and count why and rest ``delay`` (None)."""

@@ -217,6 +217,12 @@ class PublisherSettings(CommonSettings):
     #: commits have lately come less than ``linger`` apart; otherwise it claims at once
     #: (0: never wait).
     linger: float = Field(default=0.005, ge=0, le=1.0)
+    #: Seconds a worker woken by a NOTIFY waits before it claims, even with no other
+    #: worker publishing, so that at a moderate rate the commits right behind it fill one
+    #: batch — only while commits have lately come less than this apart (an isolated
+    #: commit is claimed at once, and none waits longer than this); it claims early once
+    #: enough commits were notified to fill ``batch_size``. 0: only ``linger`` applies.
+    publisher_linger: float = Field(default=0.005, ge=0, le=1.0)
     #: Seconds to wait for a PubAck before the row is retried.
     publish_timeout: float = Field(default=policy.PUBLISH_TIMEOUT, gt=0)
     #: Seconds SIGTERM allows for in-flight batches (< supervisord stopwaitsecs).
