@@ -12,8 +12,9 @@ processes and the load generator in a process of its own, and measures, by secti
 ``publisher``  outbox-publisher drain of a ``--rows`` backlog
 ``drain``      end-to-end drain of a ``--rows`` backlog with one and two consumer replicas,
                one consumer with batch handler calls (``--handler-batch`` events per POST,
-               judged against the raw per-message POST /handle), and ordered (``ordering: key``, 1,000 keys, ``--ordered-partitions``
-               partitions, ``--ordered-replicas`` replicas) against the unordered drain
+               judged against the raw per-message POST /handle), and ordered (``ordering:
+               key``, 1,000 keys, ``--ordered-partitions`` partitions, ``--ordered-replicas``
+               replicas) against the unordered drain
 ``latency``    end-to-end latency at each of ``--rates`` offered by the producer
 ``sustained``  the highest rate the pipeline holds with the producer on the box
 ``mediation``  lanes E→F and F→G of the mediation topology together
@@ -47,8 +48,8 @@ from typing import Any
 from bench import sections as s
 from bench.common import ROOT, machine_share, machine_times, say
 from bench.plots import draw_all
-from bench.report import Results, cpu_text, statements_text, table, write_json
-from bench.world import Servers, kill_leftovers
+from bench.report import Results, Target, cpu_text, statements_text, table, write_json
+from bench.world import Servers, kill_leftovers, set_traces_ratio, traces_ratio
 
 SECTIONS = ("baselines", "prototype", "peer", "publisher", "drain", "latency", "sustained",
             "mediation", "soak")
@@ -104,6 +105,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="both",
         help="tracing modes of the Ferry sections (both)",
     )
+    parser.add_argument(
+        "--trace-ratio", type=float, default=0.1,
+        help="sampling ratio of tracing on: the roles' parentbased_traceidratio and the "
+        "share of backlog rows stored with a sampled traceparent (0.1)",
+    )  # fmt: skip
     parser.add_argument(
         "--sections",
         default=",".join(SECTIONS),
@@ -182,6 +188,9 @@ def options_from(args: argparse.Namespace) -> s.Options:
     if args.ordered_partitions < 1 or args.ordered_replicas < 1:
         raise SystemExit("--ordered-partitions and --ordered-replicas must be at least 1")
     modes = ["on", "off"] if args.tracing == "both" else [args.tracing]
+    if not 0.0 <= args.trace_ratio <= 1.0:
+        raise SystemExit("--trace-ratio must be between 0 and 1")
+    set_traces_ratio(args.trace_ratio)
     return s.Options(
         rows=rows, peer_rows=args.peer_rows or rows, seconds=float(pick("seconds")),
         rates=rates, mediation_rate=args.mediation_rate,
@@ -261,7 +270,7 @@ def meta(options: s.Options) -> dict[str, Any]:
         "postgres": output(str(install_dir() / "bin" / "postgres"), "--version"),
         "server_settings": "nats-server file store, sync_interval: always; PostgreSQL "
                            "defaults (fsync on, synchronous_commit on)",
-        "tracing_on": "OTLP/HTTP to a local sink, parentbased_traceidratio 0.1",
+        "tracing_on": f"OTLP/HTTP to a local sink, parentbased_traceidratio {traces_ratio()}",
         "options": {k: (sorted(v) if isinstance(v, set) else v)
                     for k, v in vars(options).items()},
     }  # fmt: skip
@@ -397,6 +406,30 @@ def _finish(bench: s.Bench) -> None:
                 row.baseline_label = "p99 of the bare-bones pipeline at the same offered load"
     s.finish_peer_ratio(results)
     s.finish_ordered_ratio(results)
+    finish_tracing_ratio(results)
+
+
+#: Issue 29: the one-consumer drain with tracing on at 10 % keeps at least 0.9x its rate off.
+TRACING_TARGET = Target(">=", 0.9, "≥ 0.9 x")
+
+
+def finish_tracing_ratio(results: Results) -> None:
+    """The one-consumer drain with tracing on over the same drain off, once both ran."""
+    drain = next((r for r in results.rows if r.key == "ferry.e2e_drain_1"), None)
+    if drain is None:
+        return
+    on, off = drain.values.get("on"), drain.values.get("off")
+    if "on" not in drain.values or "off" not in drain.values:
+        return  # one mode only (--tracing on/off): nothing to compare
+    percent = f"{float(traces_ratio()) * 100:g}"
+    row = results.row(
+        "ferry.tracing_cost", f"drain with tracing on ({percent} %) ÷ off, 1 consumer", "x",
+        target=TRACING_TARGET,
+    )  # fmt: skip
+    if on is None or not off:
+        row.not_measured("on", "not measured: a drain of one mode is missing or partial")
+        return
+    row.set("on", on / off, f"{on / off:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:

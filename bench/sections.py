@@ -23,13 +23,13 @@ from bench.common import AGGREGATES, say, stream_span, summarize
 from bench.report import Results, Row, Target
 from bench.world import (
     PYTHON,
-    TRACES_RATIO,
     Deployment,
     Servers,
     batch_delta,
     cpu_delta,
     run_worker,
     spawn,
+    traces_ratio,
 )
 from devstack.ports import free_port
 
@@ -164,7 +164,7 @@ async def fill_outbox(
         rows,
         AGGREGATES,
         traced,
-        float(TRACES_RATIO),
+        float(traces_ratio()),
         scattered,
     )
 

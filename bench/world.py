@@ -54,6 +54,21 @@ STOP_TIMEOUT = 20.0
 #: The sampler every tracing-on measurement uses: 10 % of new traces, parents obeyed.
 TRACES_SAMPLER = "parentbased_traceidratio"
 TRACES_RATIO = "0.1"
+_tracing = {"ratio": TRACES_RATIO}
+
+
+def set_traces_ratio(ratio: float) -> None:
+    """The sampling ratio of tracing-on runs (``--trace-ratio``): the roles' sampler and
+    the share of backlog rows whose stored traceparent is sampled."""
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"a sampling ratio is between 0 and 1, not {ratio}")
+    _tracing["ratio"] = f"{ratio:g}"
+
+
+def traces_ratio() -> str:
+    """The sampling ratio of tracing-on runs, as the roles' FERRY_TRACES_SAMPLER_ARG."""
+    return _tracing["ratio"]
+
 
 _deployments = itertools.count(1)
 #: Process groups of every child still running, for :func:`kill_leftovers`.
@@ -318,7 +333,8 @@ class Servers:
             self.sink = None
 
     def tracing_env(self, on: bool) -> dict[str, str]:
-        """FERRY_* variables for tracing on (OTLP to the sink, 10 % parent-based) or off."""
+        """FERRY_* variables for tracing on (OTLP to the sink, parent-based at
+        :func:`traces_ratio`, 10 % by default) or off."""
         if not on:
             return {"FERRY_TRACES_EXPORTER": "none"}
         if self.sink_port is None:
@@ -328,7 +344,7 @@ class Servers:
             "FERRY_OTLP_PROTOCOL": "http/protobuf",
             "FERRY_OTLP_ENDPOINT": f"http://127.0.0.1:{self.sink_port}",
             "FERRY_TRACES_SAMPLER": TRACES_SAMPLER,
-            "FERRY_TRACES_SAMPLER_ARG": TRACES_RATIO,
+            "FERRY_TRACES_SAMPLER_ARG": traces_ratio(),
         }
 
 
