@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import trace
 from opentelemetry.propagators.textmap import TextMapPropagator
-from opentelemetry.trace import Link, Span
+from opentelemetry.trace import Link, Span, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from shared.telemetry.provider import _state
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 _PROPAGATOR: TextMapPropagator = TraceContextTextMapPropagator()
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
 #: A well-formed version-00 traceparent with non-zero ids whose sampled flag is clear.
+#: A well-formed version-00 traceparent with non-zero ids (any flags).
+_VERSION_00 = re.compile(r"^00-((?!0{32})[0-9a-f]{32})-((?!0{16})[0-9a-f]{16})-([0-9a-f]{2})$")
 _UNSAMPLED = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f][02468ace]$")
 
 
@@ -32,13 +34,38 @@ def inject(headers: MutableMapping[str, str], span: Span | None = None) -> None:
     _PROPAGATOR.inject(headers, context=ctx)
 
 
+def _plain(traceparent: str | None) -> Context | None:
+    """The context of a well-formed version-00 ``traceparent`` without tracestate, built
+    directly (what the propagator would build, without its carrier copy and parsing);
+    None when the propagator must decide."""
+    if traceparent is None or len(traceparent) != 55:
+        return None
+    found = _VERSION_00.match(traceparent)
+    if found is None:
+        return None
+    trace_id, span_id, flags = found.groups()
+    return trace.set_span_in_context(
+        trace.NonRecordingSpan(
+            SpanContext(int(trace_id, 16), int(span_id, 16), True, TraceFlags(int(flags, 16)))
+        )
+    )
+
+
 def extract(headers: Mapping[str, str] | None) -> Context:
     """The W3C trace context carried by ``headers`` (empty context when none)."""
+    if headers and "tracestate" not in headers:
+        ctx = _plain(headers.get("traceparent"))
+        if ctx is not None:  # the common case: once per message, skip the propagator
+            return ctx
     return _PROPAGATOR.extract(dict(headers or {}))
 
 
 def remote_context(traceparent: str | None, tracestate: str | None = None) -> Context:
     """The context a stored traceparent (outbox row, dead letter) stands for."""
+    if not tracestate:
+        ctx = _plain(traceparent)
+        if ctx is not None:
+            return ctx
     carrier = {"traceparent": traceparent} if traceparent else {}
     if traceparent and tracestate:
         carrier["tracestate"] = tracestate

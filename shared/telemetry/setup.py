@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.sampling import (
     SamplingResult,
     TraceIdRatioBased,
 )
-from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from shared.domain.errors import ConfigurationError
 from shared.telemetry.provider import _state, use_tracer_provider
@@ -236,16 +236,93 @@ def instrument(provider: TracerProvider) -> None:
     the calling context (a role's main task, which every later task copies) suppresses
     them, and :func:`current` lifts the suppression inside a recording span only: SQL and
     HTTP calls of sampled messages are traced, the rest pay one context lookup.
+
+    aiohttp client calls get Ferry's own wrapper (:class:`_AioHttpClientSpans`), not
+    OpenTelemetry's aiohttp instrumentation: that one adds a ``TraceConfig`` to every
+    session, and aiohttp then builds and sends its request signals for *every* request,
+    sampled or not (measured: 6 % of the consumer's samples at 10 % sampling).
     """
-    from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
     from opentelemetry.instrumentation.asyncpg import AsyncPGInstrumentor
 
     asyncpg_instrumentor = AsyncPGInstrumentor()  # type: ignore[no-untyped-call]
-    for instrumentor in (asyncpg_instrumentor, AioHttpClientInstrumentor()):
+    instrumentors: tuple[Any, ...] = (asyncpg_instrumentor, _AioHttpClientSpans())
+    for instrumentor in instrumentors:
         if not instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.instrument(tracer_provider=provider)
             _state.instrumented.append(instrumentor)
     otel_context.attach(otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
+
+
+class _AioHttpClientSpans:
+    """A CLIENT span per aiohttp request made inside a *recording* span, its context in
+    the request's ``traceparent``; any other request goes straight through.
+
+    Wraps ``aiohttp.ClientSession._request`` (what ``get``, ``post``, ``request`` call),
+    so every session is covered, made before or after. The span ends when the response's
+    status line and headers are in (as OpenTelemetry's aiohttp instrumentation does).
+    """
+
+    _original: Any = None
+
+    @property
+    def is_instrumented_by_opentelemetry(self) -> bool:
+        return _AioHttpClientSpans._original is not None
+
+    def instrument(self, *, tracer_provider: TracerProvider) -> None:
+        import aiohttp
+        import yarl
+
+        from shared.telemetry.propagation import inject
+        from shared.telemetry.provider import TRACER_NAME
+
+        if _AioHttpClientSpans._original is not None:
+            return
+        original = aiohttp.ClientSession._request
+        tracer = tracer_provider.get_tracer(TRACER_NAME)
+
+        async def _request(
+            session: aiohttp.ClientSession, method: str, url: Any, *args: Any, **kwargs: Any
+        ) -> aiohttp.ClientResponse:
+            parent = trace.get_current_span()
+            if not parent.is_recording() or otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY):
+                return await original(session, method, url, *args, **kwargs)
+            target = yarl.URL(str(url))
+            span = tracer.start_span(
+                method.upper(),
+                kind=SpanKind.CLIENT,
+                attributes={
+                    "http.request.method": method.upper(),
+                    "url.full": str(target.with_user(None).with_query(None)),
+                    "server.address": target.host or "",
+                    "server.port": target.port or 0,
+                },
+            )
+            headers = dict(kwargs.get("headers") or {})
+            inject(headers, span)
+            kwargs["headers"] = headers
+            try:
+                response = await original(session, method, url, *args, **kwargs)
+            except BaseException as exc:
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
+                span.set_attribute("error.type", type(exc).__name__)
+                span.end()
+                raise
+            span.set_attribute("http.response.status_code", response.status)
+            if response.status >= 400:
+                span.set_status(Status(StatusCode.ERROR))
+                span.set_attribute("error.type", str(response.status))
+            span.end()
+            return response
+
+        _AioHttpClientSpans._original = original
+        aiohttp.ClientSession._request = _request  # type: ignore[method-assign,assignment]
+
+    def uninstrument(self) -> None:
+        import aiohttp
+
+        if _AioHttpClientSpans._original is not None:
+            aiohttp.ClientSession._request = _AioHttpClientSpans._original  # type: ignore[method-assign]
+            _AioHttpClientSpans._original = None
 
 
 def uninstrument() -> None:
