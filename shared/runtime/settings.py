@@ -222,7 +222,7 @@ class PublisherSettings(CommonSettings):
     #: batch — only while commits have lately come less than this apart (an isolated
     #: commit is claimed at once, and none waits longer than this); it claims early once
     #: enough commits were notified to fill ``batch_size``. 0: only ``linger`` applies.
-    publisher_linger: float = Field(default=0.005, ge=0, le=1.0)
+    publisher_linger: float = Field(default=0.01, ge=0, le=1.0)
     #: Seconds to wait for a PubAck before the row is retried.
     publish_timeout: float = Field(default=policy.PUBLISH_TIMEOUT, gt=0)
     #: Seconds SIGTERM allows for in-flight batches (< supervisord stopwaitsecs).
