@@ -65,10 +65,12 @@ async def test_lingering_fills_batches_from_a_trickle(
         await _trickle(sea_conn, ROWS)
         await eventually(lambda: _is_zero(sea_conn), timeout=30, what="the trickle published")
     assert publisher.stats.published == ROWS
-    # About ROWS / BATCH batches (the first commits come before the pace is known, and the
-    # last batch waits out its linger); without the linger, nearer one per commit.
+    # About ROWS / BATCH batches (the first commits come before the pace is known, and a
+    # worker whose claim was full claims again at once); without the linger, 79 of them
+    # in one run, nearer one per commit.
     assert publisher.stats.batches <= 2 * ROWS // BATCH
-    assert _lingered(publisher, "full") >= ROWS // BATCH // 2
+    # Some wait ended by count, well before its linger of a second.
+    assert _lingered(publisher, "full") >= 1
     await _assert_once_in_order(nc, sea_conn)
 
 
