@@ -1,0 +1,77 @@
+"""The bench's row for issue 29's tracing target: the one-consumer drain with tracing on
+at the run's ratio over the same drain off, judged against 0.9x."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from bench import run, world
+from bench.report import Results, Row, table
+
+
+def _results(on: float | None, off: float | None, modes: tuple[str, ...]) -> Results:
+    results = Results({})
+    drain = results.row("ferry.e2e_drain_1", "end-to-end backlog drain, 1 consumer", "msg/s")
+    for mode, value in zip(("on", "off"), (on, off), strict=True):
+        if mode in modes:
+            drain.set(mode, value)
+    return results
+
+
+@pytest.fixture(autouse=True)
+def _ratio_restored() -> Iterator[None]:
+    before = world.traces_ratio()
+    yield None
+    world.set_traces_ratio(float(before))
+
+
+def _row(results: Results) -> Row | None:
+    return next((r for r in results.rows if r.key == "ferry.tracing_cost"), None)
+
+
+def _the_row(results: Results) -> Row:
+    row = _row(results)
+    assert row is not None
+    return row
+
+
+@pytest.mark.parametrize(
+    ("on", "off", "verdict"), [(950.0, 1000.0, "met"), (810.0, 1000.0, "MISSED")]
+)
+def test_the_ratio_of_the_two_drains_is_judged_against_09(
+    on: float, off: float, verdict: str
+) -> None:
+    world.set_traces_ratio(0.1)
+    results = _results(on, off, ("on", "off"))
+    run.finish_tracing_ratio(results)
+    row = _the_row(results)
+    assert row.values["on"] == pytest.approx(on / off)
+    assert row.verdict() == verdict
+    assert "drain with tracing on (10 %) ÷ off" in table(results)
+
+
+def test_the_label_names_the_runs_ratio() -> None:
+    world.set_traces_ratio(1.0)
+    results = _results(500.0, 1000.0, ("on", "off"))
+    run.finish_tracing_ratio(results)
+    assert "(100 %)" in _the_row(results).label
+
+
+def test_one_mode_only_makes_no_row() -> None:
+    results = _results(900.0, None, ("on",))
+    run.finish_tracing_ratio(results)
+    assert _row(results) is None
+
+
+def test_a_missing_drain_is_not_measured() -> None:
+    results = _results(None, 1000.0, ("on", "off"))
+    run.finish_tracing_ratio(results)
+    assert _the_row(results).verdict() == "n/m"
+
+
+@pytest.mark.parametrize("ratio", ["-0.1", "1.5"])
+def test_a_ratio_outside_0_1_is_refused(ratio: str) -> None:
+    with pytest.raises(SystemExit):
+        run.options_from(run.parse_args(["--trace-ratio", ratio]))
