@@ -251,7 +251,7 @@ def server_span(
     span = start_span(
         f"{method} {route}",
         kind=SpanKind.SERVER,
-        attributes={
+        attributes=lambda: {
             "http.request.method": method,
             "http.route": route,
             "url.path": route,
