@@ -42,13 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import nats
 from nats.js import JetStreamContext
 
 from chaos.accounting import Accounts
 from chaos.cluster_world import ClusterWorld
 from chaos.faults import FaultRecord
+from chaos.recovery import processed_times, recovery_times
 from chaos.run import Chaos, RunConfig
 from chaos.scenarios import READY_LINES
 from chaos.schedule import PlannedFault, Schedule
@@ -612,46 +612,10 @@ class ClusterRun(Chaos):
                 role.start()
 
     async def _recoveries(self) -> tuple[list[float | None], float | None]:
-        """Per fault: seconds from it to the first event committed after it being processed,
-        in the slowest durable (None: no event committed after it was processed); and the
-        median commit-to-processed latency of ``normal`` events before the first fault."""
-        processed: dict[str, dict[str, float]] = {}
-        for durable, spec in sorted(self.world.topo.durables.items()):
-            conn = await asyncpg.connect(self.world.direct_dsn(spec.target), timeout=10)
-            try:
-                rows = await conn.fetch(
-                    "SELECT message_id::text AS id, extract(epoch FROM processed_at) AS at"
-                    " FROM inbox_messages WHERE durable = $1 AND status = 'processed'",
-                    durable,
-                )
-            finally:
-                await conn.close()
-            processed[durable] = {r["id"]: float(r["at"]) for r in rows}
-        committed = [
-            (i, i.committed_at) for i in self.ledger.intents.values() if i.committed_at is not None
-        ]
-        out: list[float | None] = []
-        for record in self.records:
-            worst: float | None = None
-            for durable, done in processed.items():
-                times = [
-                    done[i.id]
-                    for i, at in committed
-                    if i.durable == durable and i.id in done and at >= record.started
-                ]
-                if not times:
-                    worst = None
-                    break
-                took = min(times) - record.started
-                worst = took if worst is None else max(worst, took)
-            out.append(worst)
-        first = min((r.started for r in self.records), default=float("inf"))
-        before = sorted(
-            processed[i.durable][i.id] - at
-            for i, at in committed
-            if i.klass == "normal" and at < first and i.id in processed.get(i.durable, {})
-        )
-        return out, (before[len(before) // 2] if before else None)
+        """Per fault: its recovery time, and the latency before the first (chaos.recovery)."""
+        processed = await processed_times(self.world.topo, self.world.direct_dsn)
+        starts = [r.started for r in self.records]
+        return recovery_times(processed, self.ledger.intents.values(), starts)
 
 
 async def run_cluster_scenario(config: RunConfig, scenario: str, size: str = "ci") -> ClusterResult:

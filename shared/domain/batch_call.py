@@ -132,7 +132,7 @@ class BatchAnswer:
 
 
 class _Bad(ValueError):
-    pass
+    """A batch answer that breaks wire format 1 (the message says where)."""
 
 
 def read_batch_answer(body: bytes, expected: Sequence[uuid.UUID]) -> BatchAnswer | MalformedAnswer:

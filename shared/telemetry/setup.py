@@ -33,7 +33,8 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from shared.domain.errors import ConfigurationError
-from shared.telemetry.provider import _state, use_tracer_provider
+from shared.telemetry.propagation import inject
+from shared.telemetry.provider import TRACER_NAME, _state, use_tracer_provider
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -271,9 +272,6 @@ class _AioHttpClientSpans:
     def instrument(self, *, tracer_provider: TracerProvider) -> None:
         import aiohttp
         import yarl
-
-        from shared.telemetry.propagation import inject
-        from shared.telemetry.provider import TRACER_NAME
 
         if _AioHttpClientSpans._original is not None:
             return
