@@ -18,13 +18,17 @@ COLUMN_TITLES = {"on": "Ferry, tracing on", "off": "Ferry, tracing off", "raw": 
 class Target:
     """A target from the issue: ``value op limit`` (a ratio when ``ratio`` is set)."""
 
-    op: str  # ">=" or "<="
+    op: str  # ">=", "<=" or "<"
     limit: float
     text: str
     ratio: bool = False
 
     def met(self, value: float) -> bool:
-        return value >= self.limit if self.op == ">=" else value <= self.limit
+        if self.op == ">=":
+            return value >= self.limit
+        if self.op == "<":
+            return value < self.limit
+        return value <= self.limit
 
 
 @dataclass
@@ -65,17 +69,43 @@ class Row:
             return None
         return value / self.baseline
 
-    def verdict(self) -> str:
+    def judged(self, mode: str) -> str:
+        """The verdict of one mode's figure: met, MISSED or n/m (not measured)."""
         if self.target is None:
             return ""
-        head = self.headline()
-        if head is None:
-            return "n/m"
-        mode, value = head
+        value = self.values.get(mode)
         judged = self.ratio(mode) if self.target.ratio else value
-        if judged is None:
+        if judged is None or math.isnan(judged):
             return "n/m"
         return "met" if self.target.met(judged) else "MISSED"
+
+    def verdicts(self) -> dict[str, str]:
+        """The verdict of every mode the row has a column for."""
+        if self.target is None:
+            return {}
+        return {mode: self.judged(mode) for mode in MODES if mode in self.values}
+
+    def verdict(self) -> str:
+        """Every mode's verdict: one word when they agree, else ``on MISSED, off met``."""
+        if self.target is None:
+            return ""
+        verdicts = self.verdicts()
+        if len(set(verdicts.values())) == 1:
+            return next(iter(verdicts.values()))
+        if not verdicts:
+            return "n/m"
+        return ", ".join(f"{mode} {word}" for mode, word in verdicts.items())
+
+    def ratios_shown(self) -> str:
+        """The ratio to the baseline of every mode, ``/``-separated in column order."""
+        if not self.baseline:
+            return ""
+        shown = []
+        for mode in MODES:
+            if mode in self.values:
+                ratio = self.ratio(mode)
+                shown.append("n/m" if ratio is None or math.isnan(ratio) else f"{ratio:.2f}")
+        return "/".join(shown)
 
 
 @dataclass
@@ -128,6 +158,7 @@ class Results:
             doc = asdict(row)
             doc["ratio"] = {m: _round(row.ratio(m)) for m in MODES if m in row.values}
             doc["verdict"] = row.verdict()
+            doc["verdicts"] = row.verdicts()
             rows.append(doc)
         return {"meta": self.meta, "table": rows, "sections": self.sections,
                 "cpu_per_message": self.cpu_table(), "statements": self.statements,
@@ -166,17 +197,17 @@ def table(results: Results) -> str:
     head = f"{'measure':<{width}}{'unit':<7}"
     cell = max([len(v) for r in results.rows for v in r.shown.values()] + [18]) + 2
     head += "".join(f"{COLUMN_TITLES[m]:>{cell}}" for m in modes)
-    head += f"  {'baseline':>9} {'ratio':>6}  {'target':<18}{'verdict':<7}"
+    ratios = max([len(r.ratios_shown()) for r in results.rows] + [6])
+    targets = max([len(r.target.text) for r in results.rows if r.target] + [16]) + 2
+    head += f"  {'baseline':>9} {'ratio':>{ratios}}  {'target':<{targets}}{'verdict':<7}"
     lines = [head, "-" * len(head)]
     notes: list[str] = []
     for row in results.rows:
         line = f"{row.label:<{width}}{row.unit:<7}"
         line += "".join(f"{row.shown.get(m, ''):>{cell}}" for m in modes)
-        head_mode = row.headline()
-        ratio = row.ratio(head_mode[0]) if head_mode else None
         line += f"  {_fmt(row.baseline) if row.baseline else '':>9}"
-        line += f" {f'{ratio:.2f}' if ratio is not None else '':>6}"
-        line += f"  {row.target.text if row.target else '':<18}{row.verdict():<7}"
+        line += f" {row.ratios_shown():>{ratios}}"
+        line += f"  {row.target.text if row.target else '':<{targets}}{row.verdict():<7}"
         lines.append(line)
         for note in row.notes:
             notes.append(f"  {row.label}: {note}")

@@ -59,8 +59,17 @@ def test_the_label_names_the_runs_ratio() -> None:
     assert "(100 %)" in _the_row(results).label
 
 
-def test_one_mode_only_makes_no_row() -> None:
+def test_one_mode_only_says_it_needs_both() -> None:
     results = _results(900.0, None, ("on",))
+    run.finish_tracing_ratio(results)
+    row = _the_row(results)
+    assert row.verdict() == "n/m"
+    assert "needs --tracing both" in row.notes[0]
+
+
+def test_no_drain_makes_no_row_here() -> None:
+    # bench.ratios.finish makes it, naming the skipped section.
+    results = Results({})
     run.finish_tracing_ratio(results)
     assert _row(results) is None
 

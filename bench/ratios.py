@@ -1,0 +1,184 @@
+"""Issue 29's targets: each figure judged against a baseline measured in the same run.
+
+The sections make the measured rows and :func:`bench.run._finish` gives them their
+baselines; :func:`finish` then adds what needs both sides of a run (the CPU per message
+of a moderate load over a drain's) and makes sure every figure of the issue's table is
+in the table, with its verdict per tracing mode: a figure whose section, or whose
+baseline's section, was skipped (or failed) is a row that says so, not a missing row.
+Pure functions over :class:`~bench.report.Results`: no servers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bench.report import Results, Row, Target
+
+#: End-to-end drain, 1 consumer, batch handler calls ÷ the raw per-message POST /handle.
+BATCH_TARGET = Target(">=", 1.5, "≥ 1.5 x raw POST /handle", ratio=True)
+#: The same drain with one call per event ÷ the raw per-message POST /handle.
+DRAIN_TARGET = Target(">=", 0.8, "≥ 0.8 x raw POST /handle", ratio=True)
+#: The offered load whose p99 is judged against the bare-bones pipeline's at that load.
+LATENCY_RATE = 600
+LATENCY_TARGET = Target("<=", 1.2, "p99 ≤ 1.2 x bare-bones", ratio=True)
+#: Highest sustained rate ÷ the bare-bones pipeline's (same search, same criterion).
+SUSTAINED_TARGET = Target(">=", 1.3, "≥ 1.3 x bare-bones", ratio=True)
+#: CPU µs per message at :data:`LATENCY_RATE` ÷ the same in the 1-consumer drain.
+CPU_TARGET = Target("<=", 1.5, "≤ 1.5 x")
+#: Each mediation lane's p99: the seed's own target.
+MEDIATION_TARGET = Target("<", 500.0, "p99 < 500 ms")
+#: The one-consumer drain with tracing on (the run's ratio) ÷ the same drain off.
+TRACING_TARGET = Target(">=", 0.9, "≥ 0.9 x")
+#: outbox-publisher drain ÷ raw pipelined publish, and ÷ faststream-outbox's drain.
+PUBLISHER_TARGET = Target(">=", 0.75, "≥ 0.75 x raw", ratio=True)
+PEER_TARGET = Target(">=", 1.5, "≥ 1.5 x")
+
+CPU_KEY = "ferry.cpu_moderate_vs_drain"
+PROTO_SUSTAINED_KEY = "raw.proto_sustained"
+#: Processes the CPU ratio counts (by name prefix): Ferry's roles and the two servers.
+#: Left out on both sides: the producer (the application, not Ferry) and the OTLP sink.
+CPU_COUNTED = ("publisher", "consumer", "handler", "nats-server", "postgres")
+
+
+def latency_book(rate: int) -> str:
+    """The CPU book's label of the latency step at ``rate``."""
+    return f"latency {rate:,} msg/s"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One line of issue 29's table, as the row that judges it."""
+
+    key: str
+    #: The row's label when no section made it (a section skipped or failed).
+    label: str
+    unit: str
+    target: Target
+    #: Sections that measure the figure, and those that measure its baseline.
+    measured_by: tuple[str, ...]
+    baseline_by: tuple[str, ...] = ()
+    #: Why the row is missing although its sections ran.
+    absent: str = "not measured: its section failed (see errors)"
+
+
+FIGURES = (
+    Figure("ferry.e2e_drain_batch", "end-to-end backlog drain, 1 consumer, batch calls "
+           "(÷ raw POST /handle)", "msg/s", BATCH_TARGET, ("drain",), ("baselines",)),
+    Figure("ferry.e2e_drain_1", "end-to-end backlog drain, 1 consumer, per-message calls "
+           "(÷ raw POST /handle)", "msg/s", DRAIN_TARGET, ("drain",), ("baselines",)),
+    Figure(f"ferry.latency_{LATENCY_RATE}", f"end-to-end latency p50/p95/p99 at "
+           f"{LATENCY_RATE:,} msg/s offered", "ms", LATENCY_TARGET, ("latency",),
+           ("prototype",), absent=f"not measured: --rates has no {LATENCY_RATE} msg/s step, "
+           "or the section failed (see errors)"),
+    Figure("ferry.sustained", "highest sustained rate, producer on the box (÷ bare-bones)",
+           "msg/s", SUSTAINED_TARGET, ("sustained",), ("prototype",)),
+    Figure(CPU_KEY, "", "x", CPU_TARGET, ("latency", "drain")),
+    Figure("ferry.mediation_e_to_f", "mediation E→F latency p50/p95/p99", "ms",
+           MEDIATION_TARGET, ("mediation",)),
+    Figure("ferry.mediation_f_to_g", "mediation F→G latency p50/p95/p99", "ms",
+           MEDIATION_TARGET, ("mediation",)),
+    Figure("ferry.tracing_cost", "drain with tracing on ÷ off, 1 consumer", "x",
+           TRACING_TARGET, ("drain",)),
+    Figure("ferry.publisher_drain", "outbox-publisher drain (÷ raw JetStream publish)", "msg/s",
+           PUBLISHER_TARGET, ("publisher",), ("baselines",)),
+    Figure("ferry.vs_peer", "outbox-publisher drain / faststream-outbox drain", "x",
+           PEER_TARGET, ("publisher", "peer")),
+)  # fmt: skip
+
+
+def cpu_label(rate: int = LATENCY_RATE) -> str:
+    return (f"CPU µs/msg at {rate:,} msg/s ÷ 1-consumer drain (per-message calls); roles, "
+            "nats-server, PostgreSQL")  # fmt: skip
+
+
+def finish(results: Results, sections: Iterable[str], modes: list[str]) -> None:
+    """Issue 29's rows, once every section ran and the baselines are set."""
+    chosen = set(sections)
+    finish_sustained_ratio(results)
+    finish_cpu_ratio(results, modes, skipped=_skipped(chosen, ("latency", "drain")))
+    rows = {r.key: r for r in results.rows}
+    for figure in FIGURES:
+        row = rows.get(figure.key)
+        if row is None:
+            label = cpu_label() if figure.key == CPU_KEY else figure.label
+            row = results.row(figure.key, label, figure.unit, target=figure.target)
+            reason = _skipped(chosen, figure.measured_by) or figure.absent
+            for mode in modes:
+                row.not_measured(mode, reason)
+            continue
+        if figure.target.ratio and not row.baseline:
+            why = _skipped(chosen, figure.baseline_by) or "not measured: its row says why"
+            note = f"baseline {why}"
+            if note not in row.notes:
+                row.notes.append(note)
+        elif not row.values:
+            why = _skipped(chosen, figure.measured_by) or figure.absent
+            for mode in modes:
+                row.not_measured(mode, why)
+
+
+def _skipped(chosen: set[str], needs: Iterable[str]) -> str:
+    skipped = [name for name in needs if name not in chosen]
+    if not skipped:
+        return ""
+    many = "s" if len(skipped) > 1 else ""
+    return f"not measured: section{many} {', '.join(skipped)} skipped"
+
+
+def finish_sustained_ratio(results: Results) -> None:
+    """Ferry's highest sustained rate judged against the bare-bones pipeline's."""
+    rows = {r.key: r for r in results.rows}
+    ferry, proto = rows.get("ferry.sustained"), rows.get(PROTO_SUSTAINED_KEY)
+    if ferry is None or proto is None:
+        return
+    ferry.baseline = proto.values.get("raw")
+    ferry.baseline_label = ("highest sustained rate of the bare-bones pipeline (same search, "
+                            "same criterion)")  # fmt: skip
+    if ferry.baseline and any("--sustain-max" in note for note in proto.notes):
+        ferry.notes.append("the bare-bones search stopped at --sustain-max: its rate is a "
+                           "lower bound, the ratio an upper bound")  # fmt: skip
+
+
+def cpu_per_message(entry: Mapping[str, Any]) -> float:
+    """CPU µs per message of the processes :data:`CPU_COUNTED` names, in one CPU book entry."""
+    spent = sum(s for name, s in entry["cpu_s"].items() if name.startswith(CPU_COUNTED))
+    return float(spent) / max(int(entry["messages"]), 1) * 1e6
+
+
+def finish_cpu_ratio(
+    results: Results, modes: list[str], rate: int = LATENCY_RATE, skipped: str = ""
+) -> Row:
+    """CPU per message of the ``rate`` latency step over the 1-consumer drain's, per mode.
+
+    ``skipped``: the reason to give a mode with a side missing (a skipped section).
+    """
+    row = results.row(CPU_KEY, cpu_label(rate), "x", target=CPU_TARGET)
+    drain = next((r for r in results.rows if r.key == "ferry.e2e_drain_1"), None)
+    books = {(e["label"], e["mode"]): e for e in results.cpu}
+    for mode in modes:
+        step = books.get((latency_book(rate), mode))
+        base = books.get((drain.label, mode)) if drain is not None else None
+        if step is None or base is None:
+            sides = {f"{rate:,} msg/s latency step": step, "1-consumer drain": base}
+            missing = " and no ".join(what for what, entry in sides.items() if entry is None)
+            row.not_measured(mode, skipped or f"not measured: this run has no {missing}")
+            continue
+        moderate, drained = cpu_per_message(step), cpu_per_message(base)
+        if not drained:
+            row.not_measured(mode, "not measured: the drain booked no CPU")
+            continue
+        ratio = moderate / drained
+        row.set(mode, ratio, f"{ratio:.2f} = {moderate:,.0f} ÷ {drained:,.0f} µs")
+        results.sections.setdefault("cpu_ratio", {})[mode] = {
+            "rate": rate, "us_per_msg_at_rate": round(moderate, 1),
+            "us_per_msg_drain": round(drained, 1), "counted": list(CPU_COUNTED),
+        }  # fmt: skip
+    note = ("counted on both sides: Ferry's roles (publisher, consumer, example handler), "
+            "nats-server and PostgreSQL (all backends; at the fixed load that includes the "
+            "producer's transactions); not counted: the producer (the application) and the "
+            "OTLP sink")  # fmt: skip
+    if note not in row.notes:
+        row.notes.append(note)
+    return row

@@ -1,0 +1,227 @@
+"""Issue 29's table in the bench: every figure a ratio to a baseline of the same run, with
+its verdict per tracing mode, and a row that says why when a side was not measured.
+
+Pure: a :class:`Results` filled by hand, finished the way ``python -m bench`` finishes a
+run (:func:`bench.run._finish`); no servers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+
+from bench import ratios, run, world
+from bench import sections as s
+from bench.report import Results, Row, Target, table
+
+DRAIN_LABEL = "end-to-end backlog drain, 1,000 events, 1 consumer, per-message calls"
+ALL = "baselines,prototype,peer,publisher,drain,latency,sustained,mediation"
+#: CPU seconds per process of one measurement: what the ratio counts and what it leaves out.
+ROLES = {"publisher-sea": 0.1, "consumer-vibespro__from_sea-1": 0.2, "handler-vibespro": 0.3}
+SERVERS = {"nats-server": 0.1, "postgres": 0.3}
+LEFT_OUT = {"producer": 5.0, "otlp-sink": 2.0}
+
+
+@pytest.fixture(autouse=True)
+def _ratio_restored() -> Iterator[None]:
+    before = world.traces_ratio()
+    yield None
+    world.set_traces_ratio(float(before))
+
+
+def _set(results: Results, key: str, unit: str, values: dict[str, float], **kw: Any) -> Row:
+    row = results.row(key, key, unit, **kw)
+    for mode, value in values.items():
+        row.set(mode, value)
+    return row
+
+
+def _cpu(results: Results, label: str, mode: str, messages: int, scale: float) -> None:
+    spent = {name: cpu * scale for name, cpu in {**ROLES, **SERVERS, **LEFT_OUT}.items()}
+    results.book_cpu(label, mode, messages, 10.0, spent)
+
+
+def _measured(modes: tuple[str, ...] = ("on", "off")) -> Results:
+    """A run in which every section measured what issue 29's table needs."""
+    results = Results({})
+    raw = {"raw.http": 2900.0, "raw.js_publish": 5000.0, "raw.js_consume": 20000.0,
+           "raw.pg_txn": 2700.0, "raw.proto_600": 50.0, ratios.PROTO_SUSTAINED_KEY: 1000.0,
+           "peer.faststream_outbox": 2500.0}  # fmt: skip
+    for key, value in raw.items():
+        _set(results, key, "msg/s", {"raw": value})
+    pick = {"on": 0, "off": 1}
+
+    def per_mode(on: float, off: float) -> dict[str, float]:
+        return {m: (on, off)[pick[m]] for m in modes}
+
+    _set(results, "ferry.publisher_drain", "msg/s", per_mode(4000, 3500),
+         target=ratios.PUBLISHER_TARGET)  # fmt: skip
+    results.row("ferry.vs_peer", "publisher / peer", "x", target=ratios.PEER_TARGET)
+    drain = results.row("ferry.e2e_drain_1", DRAIN_LABEL, "msg/s", target=ratios.DRAIN_TARGET)
+    for mode, value in per_mode(2000, 2400).items():
+        drain.set(mode, value)
+    _set(results, "ferry.e2e_drain_batch", "msg/s", per_mode(4500, 4000),
+         target=ratios.BATCH_TARGET)  # fmt: skip
+    _set(results, "ferry.latency_600", "ms", per_mode(70, 55), target=ratios.LATENCY_TARGET)
+    _set(results, "ferry.latency_1000", "ms", per_mode(900, 800))
+    _set(results, "ferry.sustained", "msg/s", per_mode(1200, 1500),
+         target=ratios.SUSTAINED_TARGET)  # fmt: skip
+    _set(results, "ferry.mediation_e_to_f", "ms", per_mode(600, 499),
+         target=ratios.MEDIATION_TARGET)  # fmt: skip
+    _set(results, "ferry.mediation_f_to_g", "ms", per_mode(500, 120),
+         target=ratios.MEDIATION_TARGET)  # fmt: skip
+    for mode in modes:
+        # 1,000 µs per message counted at 600 msg/s; 500 (on) and 800 (off) in the drain.
+        _cpu(results, ratios.latency_book(600), mode, 1000, 1.0)
+        _cpu(results, DRAIN_LABEL, mode, 1000, 0.5 if mode == "on" else 0.8)
+    return results
+
+
+def _finished(
+    results: Results, sections: str = ALL, tracing: str = "both", ratio: float = 0.1
+) -> dict[str, Row]:
+    argv = ["--sections", sections, "--tracing", tracing, "--trace-ratio", str(ratio)]
+    options = run.options_from(run.parse_args(argv))
+    bench = s.Bench(cast(Any, None), options, results, None, tracing_available={"on": True})
+    run._finish(bench)
+    return {row.key: row for row in results.rows}
+
+
+def test_every_figure_of_the_issue_is_judged_per_mode() -> None:
+    results = _measured()
+    rows = _finished(results)
+    text = table(results)
+    for figure in ratios.FIGURES:
+        row = rows[figure.key]
+        assert row.target == figure.target, figure.key
+        # The tracing ratio is one figure (on ÷ off); every other is judged in each mode.
+        modes = {"on"} if figure.key == "ferry.tracing_cost" else {"on", "off"}
+        assert set(row.verdicts()) == modes, figure.key
+        assert "n/m" not in row.verdicts().values(), figure.key
+        assert row.label in text, figure.key
+
+
+def test_the_drains_are_judged_against_the_raw_post_handle() -> None:
+    rows = _finished(_measured())
+    drain, batch = rows["ferry.e2e_drain_1"], rows["ferry.e2e_drain_batch"]
+    assert drain.baseline == batch.baseline == 2900.0
+    assert drain.ratio("on") == pytest.approx(2000 / 2900)
+    assert drain.verdicts() == {"on": "MISSED", "off": "met"}  # 0.69 and 0.83 against 0.8
+    assert drain.verdict() == "on MISSED, off met"
+    assert drain.ratios_shown() == "0.69/0.83"
+    assert batch.verdicts() == {"on": "met", "off": "MISSED"}  # 1.55 and 1.38 against 1.5
+
+
+def test_latency_at_600_is_judged_against_the_bare_bones_p99() -> None:
+    rows = _finished(_measured())
+    p99 = rows["ferry.latency_600"]
+    assert p99.baseline == 50.0
+    assert p99.verdicts() == {"on": "MISSED", "off": "met"}  # 1.4 and 1.1 against 1.2
+    # The other loads print their ratio to the bare-bones pipeline, without a target.
+    other = rows["ferry.latency_1000"]
+    assert other.target is None and other.verdict() == ""
+
+
+def test_sustained_is_judged_against_the_bare_bones_search() -> None:
+    results = _measured()
+    results.rows[[r.key for r in results.rows].index(ratios.PROTO_SUSTAINED_KEY)].notes.append(
+        "the search stopped at its ceiling --sustain-max"
+    )
+    rows = _finished(results)
+    sustained = rows["ferry.sustained"]
+    assert sustained.baseline == 1000.0
+    assert sustained.verdicts() == {"on": "MISSED", "off": "met"}  # 1.2 and 1.5 against 1.3
+    assert any("upper bound" in note for note in sustained.notes)
+
+
+def test_cpu_counts_roles_and_servers_not_the_producer_nor_the_sink() -> None:
+    rows = _finished(_measured())
+    cpu = rows[ratios.CPU_KEY]
+    # 1,000 µs counted per message at 600 msg/s; the producer's and sink's 7,000 left out.
+    assert cpu.values["on"] == pytest.approx(2.0)
+    assert cpu.values["off"] == pytest.approx(1.25)
+    assert cpu.shown["on"] == "2.00 = 1,000 ÷ 500 µs"
+    assert cpu.verdicts() == {"on": "MISSED", "off": "met"}
+    assert any("not counted: the producer" in note for note in cpu.notes)
+
+
+def test_mediation_lanes_are_judged_against_the_seeds_500_ms() -> None:
+    rows = _finished(_measured())
+    assert rows["ferry.mediation_e_to_f"].verdicts() == {"on": "MISSED", "off": "met"}
+    assert rows["ferry.mediation_f_to_g"].verdicts() == {"on": "MISSED", "off": "met"}
+
+
+def test_publisher_rows_keep_their_targets() -> None:
+    rows = _finished(_measured())
+    assert rows["ferry.publisher_drain"].verdicts() == {"on": "met", "off": "MISSED"}  # 0.8/0.7
+    assert rows["ferry.vs_peer"].values == {"on": 1.6, "off": 1.4}
+    assert rows["ferry.vs_peer"].verdict() == "on met, off MISSED"
+
+
+def test_tracing_cost_shows_both_drains() -> None:
+    rows = _finished(_measured())
+    assert rows["ferry.tracing_cost"].shown["on"] == "0.83 = 2,000 ÷ 2,400 msg/s"
+    assert rows["ferry.tracing_cost"].verdict() == "MISSED"
+
+
+def test_a_skipped_baseline_section_is_said_not_silent() -> None:
+    results = _measured()
+    results.rows = [r for r in results.rows if not r.key.startswith(("raw.", "peer."))]
+    rows = _finished(results, sections="publisher,drain,latency,sustained,mediation")
+    for key, section in (("ferry.latency_600", "prototype"), ("ferry.sustained", "prototype"),
+                         ("ferry.e2e_drain_1", "baselines"), ("ferry.publisher_drain",
+                                                              "baselines")):  # fmt: skip
+        row = rows[key]
+        assert row.verdict() == "n/m", key
+        assert f"baseline not measured: section {section} skipped" in row.notes, key
+    assert "not measured: section peer skipped" in rows["ferry.vs_peer"].notes
+
+
+def test_a_skipped_measured_section_still_has_its_row() -> None:
+    results = _measured(("off",))
+    keep = ("raw.", "ferry.latency_", "ferry.sustained")
+    results.rows = [r for r in results.rows if r.key.startswith(keep)]
+    results.cpu = [e for e in results.cpu if e["label"] != DRAIN_LABEL]
+    rows = _finished(results, sections="baselines,prototype,latency,sustained", tracing="off")
+    for figure in ratios.FIGURES:
+        row = rows[figure.key]
+        assert row.verdict() in ("n/m", "met", "MISSED"), figure.key
+    for key, section in (("ferry.e2e_drain_1", "drain"), ("ferry.e2e_drain_batch", "drain"),
+                         (ratios.CPU_KEY, "drain"), ("ferry.mediation_e_to_f", "mediation"),
+                         ("ferry.tracing_cost", "drain"),
+                         ("ferry.publisher_drain", "publisher")):  # fmt: skip
+        assert rows[key].values == {"off": None}, key
+        assert rows[key].verdict() == "n/m", key
+        assert f"not measured: section {section} skipped" in rows[key].notes, key
+    text = table(results)
+    assert "not measured: section drain skipped" in text
+
+
+def test_one_tracing_mode_says_the_tracing_ratio_needs_both() -> None:
+    rows = _finished(_measured(("off",)), tracing="off")
+    row = rows["ferry.tracing_cost"]
+    assert row.values == {"off": None}
+    assert "needs --tracing both" in row.notes[0]
+    assert rows[ratios.CPU_KEY].verdict() == "met"
+
+
+def test_the_json_carries_the_rows_and_their_verdicts() -> None:
+    results = _measured()
+    _finished(results)
+    doc = {row["key"]: row for row in results.to_json()["table"]}
+    drain = doc["ferry.e2e_drain_1"]
+    assert drain["verdicts"] == {"on": "MISSED", "off": "met"}
+    assert drain["ratio"] == {"on": 0.69, "off": 0.83}
+    assert drain["target"]["limit"] == 0.8
+    assert doc[ratios.CPU_KEY]["values"]["on"] == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    ("value", "verdict"), [(499.9, "met"), (500.0, "MISSED"), (float("nan"), "n/m")]
+)
+def test_strictly_below_is_strict(value: float, verdict: str) -> None:
+    row = Row("k", "k", "ms", target=Target("<", 500.0, "p99 < 500 ms"))
+    row.set("off", value)
+    assert row.verdict() == verdict
