@@ -89,8 +89,7 @@ FIGURES = (
 
 
 def cpu_label(rate: int = LATENCY_RATE) -> str:
-    return (f"CPU µs/msg at {rate:,} msg/s ÷ 1-consumer drain (per-message calls); roles, "
-            "nats-server, PostgreSQL")  # fmt: skip
+    return f"CPU µs per message at {rate:,} msg/s ÷ 1-consumer drain (roles, NATS, PG)"
 
 
 def finish(results: Results, sections: Iterable[str], modes: list[str]) -> None:

@@ -55,14 +55,6 @@ class Row:
         if reason not in self.notes:
             self.notes.append(reason)
 
-    def headline(self) -> tuple[str, float] | None:
-        """The value the target is judged on: tracing on (production), else off."""
-        for mode in MODES:
-            value = self.values.get(mode)
-            if value is not None and not math.isnan(value):
-                return mode, value
-        return None
-
     def ratio(self, mode: str) -> float | None:
         value = self.values.get(mode)
         if value is None or not self.baseline:
