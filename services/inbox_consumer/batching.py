@@ -15,8 +15,13 @@ per event, unchanged.
   id the call did not carry is ignored. Each is logged and counted
   (``ferry_handler_batch_problems_total``).
 
-Ordered durables (``ordering: key``) never batch: the lint refuses it, and their events
-go through the sequencer one at a time anyway.
+Ordered durables (``ordering: key``) batch differently (:class:`BatchGatherer`): a key's
+events still reach the handler one at a time, each in its key's turn (the sequencer awaits
+an event's decision before it moves to the key's next one); only the calls of events of
+*different* keys that ask for a decision at about the same time travel together. Each
+waiting event gets its own decision back, so a key parks or goes on exactly as with
+per-message calls; and since a key has at most one event in flight, the events of one
+call are all of distinct keys — the handler's batch transaction cannot reorder a key.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -64,37 +70,50 @@ class BatchCaller:
                 calling.append(index)
         groups = [calling[at : at + self.size] for at in range(0, len(calling), self.size)]
         answers = await asyncio.gather(
-            *(self._call([deliveries[i] for i in group]) for group in groups)
+            *(self.call([deliveries[i] for i in group]) for group in groups)
         )
         for group, answer in zip(groups, answers, strict=True):
             decided.update(zip(group, answer, strict=True))
         return [decided[index] for index in range(len(deliveries))]
 
-    async def _call(self, group: list[Delivery]) -> list[Decided]:
-        """One batch call for ``group``; whatever it raises dead-letters the group as
-        CONSUMER_ERROR (replayable once fixed), as one message's decision would."""
+    async def call(self, group: list[Delivery], *, in_slot: bool = False) -> list[Decided]:
+        """One batch call for ``group``, within a concurrency slot (``in_slot``: the caller
+        holds one already); whatever it raises dead-letters the group as CONSUMER_ERROR
+        (replayable once fixed), as one message's decision would."""
         try:
-            return await self._call_group(group)
+            if in_slot:
+                outcome, seconds = await self._exchange(group)
+            else:
+                async with self.decider.slots:
+                    outcome, seconds = await self._exchange(group)
+            return self._decisions(group, outcome, seconds)
         except Exception as exc:
             self.unexpected("decide", exc, group[0])
             detail = f"{type(exc).__name__}: {exc}"[:500]
             return [(DeadLetter(CONSUMER_ERROR, detail), None) for _ in group]
 
-    async def _call_group(self, group: list[Delivery]) -> list[Decided]:
+    async def _exchange(self, group: list[Delivery]) -> tuple[BatchOutcome, float]:
+        """POST the call (again and again while our credentials are refused); the outcome
+        and the seconds its last POST took."""
         decider = self.decider
         clock = asyncio.get_running_loop()
-        async with decider.slots:
+        started = clock.time()
+        outcome = await self._post(group)
+        pause, longest = decider.auth_retry
+        while refused(outcome) and not decider.stop.is_set():
+            self._refused(group, outcome)
+            with contextlib.suppress(TimeoutError):  # the keeper heart-beats meanwhile
+                await asyncio.wait_for(decider.stop.wait(), timeout=pause)
+            pause = min(pause * 2, longest)
             started = clock.time()
             outcome = await self._post(group)
-            pause, longest = decider.auth_retry
-            while refused(outcome) and not decider.stop.is_set():
-                self._refused(group, outcome)
-                with contextlib.suppress(TimeoutError):  # the keeper heart-beats meanwhile
-                    await asyncio.wait_for(decider.stop.wait(), timeout=pause)
-                pause = min(pause * 2, longest)
-                started = clock.time()
-                outcome = await self._post(group)
-            seconds = clock.time() - started
+        return outcome, clock.time() - started
+
+    def _decisions(
+        self, group: list[Delivery], outcome: BatchOutcome, seconds: float
+    ) -> list[Decided]:
+        """Each event's decision from the call's outcome, by the ACK table."""
+        decider = self.decider
         self._report(group, outcome)
         decided: list[Decided] = []
         for delivery in group:
@@ -177,3 +196,100 @@ def outcome_of(outcome: BatchOutcome, delivery: Delivery) -> HandlerResponse | H
     if isinstance(outcome, MalformedAnswer):
         return HandlerFailure(MALFORMED_KIND, outcome.detail)
     return outcome
+
+
+#: One event waiting for its decision in a :class:`BatchGatherer`.
+Waiting = tuple[Delivery, "asyncio.Future[Decided]"]
+
+
+class BatchGatherer:
+    """Per-event decisions sent N to a call, for a sequencer (``ordering: key``).
+
+    :meth:`decide` is awaited by one key's task for one event, like
+    :meth:`.deciding.Decider.decide`; the event waits beside those of other keys that
+    asked meanwhile. A *sender* task is started as soon as ``size`` events wait that no
+    sender will take, and otherwise at the next turn of the event loop after the first
+    request (so every key that became ready in one turn — a fetched batch's keys, the keys
+    of one call's answers — shares a call). A sender takes its events only once it holds a
+    concurrency slot: while every slot is busy, waiting events gather into fuller calls.
+    Each call is :meth:`BatchCaller.call` (wire format 1, the per-event ACK table).
+
+    A waiter cancelled before its call leaves it; one cancelled during its call leaves
+    the call to the others (its answer is dropped, as a cancelled per-message call's is).
+    """
+
+    def __init__(self, caller: BatchCaller) -> None:
+        self.caller, self.size = caller, caller.size
+        self._waiting: deque[Waiting] = deque()
+        #: Senders started that do not hold a slot yet (each will take up to ``size``).
+        self._senders = 0
+        self._flush_due = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Events sent and calls made (for tests and the curious).
+        self.sent = 0
+        self.calls = 0
+
+    async def decide(self, delivery: Delivery) -> Decided:
+        """``delivery``'s decision (and handler status), through a shared batch call."""
+        try:
+            early = self.caller.decider.without_call(delivery)
+        except Exception as exc:
+            self.caller.unexpected("decide", exc, delivery)
+            return DeadLetter(CONSUMER_ERROR, f"{type(exc).__name__}: {exc}"[:500]), None
+        if early is not None:
+            return early, None
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Decided] = loop.create_future()
+        entry = (delivery, waiter)
+        self._waiting.append(entry)
+        if len(self._waiting) - self._senders * self.size >= self.size:
+            self._start_sender()  # a full call's worth that no sender will take
+        elif not self._flush_due:
+            self._flush_due = True
+            loop.call_soon(self._flush)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            for index, queued in enumerate(self._waiting):  # not sent yet: leave the queue
+                if queued is entry:
+                    del self._waiting[index]
+                    break
+            raise
+
+    def _flush(self) -> None:
+        """Enough senders for every waiting event (the loop turn after a request)."""
+        self._flush_due = False
+        while len(self._waiting) > self._senders * self.size:
+            self._start_sender()
+
+    def _start_sender(self) -> None:
+        self._senders += 1
+        task = asyncio.create_task(self._send())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self) -> None:
+        slotted = False
+        group: list[Waiting] = []
+        try:
+            async with self.caller.decider.slots:
+                slotted = True
+                self._senders -= 1
+                while self._waiting and len(group) < self.size:
+                    entry = self._waiting.popleft()
+                    if not entry[1].done():  # cancelled meanwhile
+                        group.append(entry)
+                if not group:
+                    return  # another sender took them
+                self.calls += 1
+                self.sent += len(group)
+                decided = await self.caller.call([d for d, _ in group], in_slot=True)
+            for (_, waiter), one in zip(group, decided, strict=True):
+                if not waiter.done():
+                    waiter.set_result(one)
+        finally:
+            if not slotted:
+                self._senders -= 1
+            for _, waiter in group:  # the sender itself was cancelled: so are its waiters
+                if not waiter.done():
+                    waiter.cancel()

@@ -142,7 +142,8 @@ class InboxConsumer:
             stats=self.stats,
             metrics=self.metrics,
         )
-        #: Batch handler calls (``handler.batch`` >= 2, never with ordering: key).
+        #: Batch handler calls (``handler.batch`` >= 2, unordered; an ordered durable
+        #: batches through its sequencer, :class:`.batching.BatchGatherer`).
         self.batcher: BatchCaller | None = None
         if spec.handler.batch > 1 and spec.ordering != "key":
             self.batcher = BatchCaller(

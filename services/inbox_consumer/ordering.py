@@ -18,6 +18,12 @@ run in parallel up to the durable's concurrency.
   discard``. Under ``on_dead_letter: skip`` the dead letter records that order was broken
   after it and the key goes on.
 
+* **Batch calls** (``handler.batch`` >= 2): an event still waits for its own decision in
+  its key's turn; the decisions that keys (on the JetStream path and in the drainer) ask
+  for at about the same time travel in one batch call (:class:`.batching.BatchGatherer`),
+  so a call holds at most one event per key and each key parks or goes on by its own
+  event's result.
+
 Parked state lives in the inbox database, so it survives restarts and kills; a consumer
 that starts on a partition reloads its blocked keys before it fetches anything.
 """
@@ -33,6 +39,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from services.inbox_consumer.batching import BatchCaller, BatchGatherer
 from services.inbox_consumer.delivery import Delivery, parse_delivery
 from services.inbox_consumer.settlement import Decided
 from shared.adapters import parking
@@ -184,6 +191,15 @@ class Sequencer:
         self.blocked: set[str] = set()
         self.wake = asyncio.Event()
         self.hold = consumer.spec.on_dead_letter == "hold"
+        #: ``handler.batch`` >= 2: the events of different keys that ask for a decision
+        #: together share a batch call (:class:`.batching.BatchGatherer`); None: one call
+        #: per event.
+        self.gatherer: BatchGatherer | None = None
+        if consumer.spec.handler.batch > 1:
+            caller = BatchCaller(
+                consumer.decider, size=consumer.spec.handler.batch, unexpected=consumer.unexpected
+            )
+            self.gatherer = BatchGatherer(caller)
 
     # -- keys -------------------------------------------------------------------------
 
@@ -272,7 +288,7 @@ class Sequencer:
                     wait = claim.leased[mid] + 1.0
                     await self._park(key, group[index:], claimed=claimed, delay=wait)
                     return
-                decision, status = await self.consumer.traced_decide(delivery)
+                decision, status = await self._decide(delivery)
                 if isinstance(decision, Ack):
                     acks.append((delivery, (decision, status)))
                     continue
@@ -290,6 +306,13 @@ class Sequencer:
                     attempts=delivery.attempt,
                 )
                 return
+
+    async def _decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
+        """One event's decision, awaited in its key's turn: a call of its own, or a place
+        in a batch call beside other keys' events (``handler.batch`` >= 2)."""
+        if self.gatherer is None:
+            return await self.consumer.traced_decide(delivery)
+        return await self.gatherer.decide(delivery)
 
     async def _failed(
         self, key: str, delivery: Delivery, decision: Decision, status: int | None
@@ -498,7 +521,7 @@ class Sequencer:
                 wait = claim.leased[mid] + 1.0
                 await self._retry_row(row, row.state, row.attempts, wait, "leased elsewhere")
                 return index
-            decision, status = await consumer.traced_decide(delivery)
+            decision, status = await self._decide(delivery)
             if isinstance(decision, Ack):
                 acks.append((delivery, (decision, status)))
                 done.append(mid)

@@ -59,11 +59,6 @@ Rules (what each protects against):
     ``on_dead_letter`` on a durable with ``ordering: none`` has no effect: nothing is held
     or skipped after a dead letter of an unordered durable. Declare ``ordering: key`` or
     drop the field.
-``ordering-batch``
-    ``handler.batch`` above 1 on an ``ordering: key`` durable is refused: a key's events
-    go to the handler one at a time, each in its key's turn, and a failed one parks the
-    key's later events; one call carrying several keys' events would tie their turns and
-    their parking together. Ordered durables keep the per-message contract.
 ``criticality-throttle``
     A ``criticality: high`` durable may not declare a ``throttle``: a rate limit on a
     critical lane (INFRA-005 §7: "H publish: low frequency but high criticality") holds its
@@ -485,16 +480,6 @@ def _ordering(topology: Topology, source: str) -> Iterator[Problem]:
                     "key or drop on_dead_letter",
                 )
             continue
-        if durable.handler.batch > 1:
-            yield Problem(
-                source,
-                f"{prefix}.handler.batch",
-                "ordering-batch",
-                f"batch: {durable.handler.batch} cannot be used with ordering: key: a key's "
-                "events reach the handler one at a time, in their key's turn, and a failed "
-                "one parks the events behind it; keep batch: 1 (per-message calls) on an "
-                "ordered durable",
-            )
         if durable.on_dead_letter == "skip" and durable.replay == "automatic":
             yield Problem(
                 source,

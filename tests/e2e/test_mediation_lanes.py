@@ -54,6 +54,9 @@ async def mediation(
         durable.update(ack_wait="5s", backoff=["300ms", "300ms", "300ms", "300ms", "300ms"])
         # An ordered durable's handler timeout stays below ack_wait (lint: ordering-timeout).
         durable["handler"]["timeout"] = "4s"
+    # G's handler here is the per-message ScriptedHandler (it keeps each request body);
+    # F's is the real module_f service, which answers the shipped batch calls.
+    doc["durables"]["cg_g_archive"]["handler"]["batch"] = 1
     env = Env(tmp_path, pg_server, nats_server.url, doc)
     for database in env.topology.databases():
         await asyncio.wait_for(migrate_database(pg_server.dsn(database)), timeout=60)
