@@ -42,6 +42,7 @@ from bench.common import AGGREGATES, emit, summarize
 from services.inbox_consumer.dispatch import HttpHandler
 from shared.domain.ack import HandlerResponse
 from shared.domain.envelope import Envelope, payload_digest
+from shared.runtime import loop as event_loop
 
 #: PubAcks in flight for the raw publish.
 WINDOW = 1000
@@ -247,18 +248,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     args = parser.parse_args(argv)
     if args.kind == "js-publish":
-        result = asyncio.run(js_publish(args.nats_url, args.rows))
+        result = event_loop.run(js_publish(args.nats_url, args.rows))
     elif args.kind == "js-consume":
-        result = asyncio.run(js_consume(args.nats_url, args.rows))
+        result = event_loop.run(js_consume(args.nats_url, args.rows))
     elif args.kind == "pg-txn":
-        result = asyncio.run(pg_txn(args.dsn, args.seconds, args.connections))
+        result = event_loop.run(pg_txn(args.dsn, args.seconds, args.connections))
     elif args.kind == "echo-server":
         echo_server(args.port)
         return 0
     elif args.kind == "http-echo":
-        result = asyncio.run(http_echo(args.seconds, args.concurrency))
+        result = event_loop.run(http_echo(args.seconds, args.concurrency))
     else:
-        result = asyncio.run(http_handler(args.url, args.seconds, args.concurrency))
+        result = event_loop.run(http_handler(args.url, args.seconds, args.concurrency))
     emit(result)
     return 0
 

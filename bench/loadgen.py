@@ -38,6 +38,7 @@ import asyncpg
 from bench.common import AGGREGATES, emit, progress, summarize
 from shared.adapters.postgres import Statement, create_pool
 from shared.adapters.producer import record_event, record_event_with
+from shared.runtime import loop as event_loop
 from shared.runtime.settings import CommonSettings
 from shared.telemetry import setup_tracing
 
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.loadgen")
     parser.add_argument("--spec", required=True, help="JSON: seconds, connections, lanes")
     args = parser.parse_args(argv)
-    emit(asyncio.run(run(json.loads(args.spec))))
+    emit(event_loop.run(run(json.loads(args.spec))))
     return 0
 
 

@@ -48,6 +48,8 @@ from aiohttp import web
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from shared.runtime import loop as event_loop
+
 STREAM, DURABLE, NAMESPACE = "SEA_EVENTS", "vibespro__from_sea", "sea.event"
 #: Rows one publisher turn claims; messages one consumer batch takes; batches at once.
 CLAIM, BATCH, PIPELINE = 500, 50, 4
@@ -241,7 +243,9 @@ def handler(dsn: str, port: int, ready: str) -> None:
     app = web.Application()
     app.router.add_post("/handle", handle)
     app.on_startup.append(start)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    factory = event_loop.loop_factory()  # the roles' loop (FERRY_EVENT_LOOP)
+    loop = factory() if factory is not None else None
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=loop)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,9 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready", required=True, help="file written once the role is ready")
     args = parser.parse_args(argv)
     if args.role == "publisher":
-        asyncio.run(publisher(args.dsn, args.nats_url, args.ready))
+        event_loop.run(publisher(args.dsn, args.nats_url, args.ready))
     elif args.role == "consumer":
-        asyncio.run(consumer(args.dsn, args.nats_url, args.url, args.ready))
+        event_loop.run(consumer(args.dsn, args.nats_url, args.url, args.ready))
     else:
         handler(args.dsn, args.port, args.ready)
     return 0

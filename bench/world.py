@@ -43,6 +43,7 @@ from shared.access.streams import Caps, provision
 from shared.adapters.postgres import migrate_database
 from shared.contracts.loading import load_topology
 from shared.contracts.topology import Topology
+from shared.runtime.loop import LOOP_VARIABLE
 
 PYTHON = sys.executable
 #: Every stream's max_bytes (JetStream reserves it on disk); 100,000 events need ~60 MB.
@@ -383,10 +384,16 @@ def batch_delta(
 
 
 def clean_environ() -> dict[str, str]:
-    """This environment without FERRY_* and OTEL_* (the bench sets those), repo on the path."""
+    """This environment without FERRY_* and OTEL_* (the bench sets those), repo on the path.
+
+    FERRY_EVENT_LOOP stays: set for the bench, it is the loop of every process it starts
+    (roles, baselines, bare-bones pipeline), so each ratio compares like with like.
+    """
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("FERRY_", "OTEL_", "PYTHONPATH"))
     }
+    if LOOP_VARIABLE in os.environ:
+        env[LOOP_VARIABLE] = os.environ[LOOP_VARIABLE]
     env["PYTHONPATH"] = str(ROOT)
     return env
 

@@ -26,6 +26,7 @@ from shared.contracts.lint import require_clean_topology
 from shared.contracts.replay_jobs import replay_workers
 from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError, TransientError
+from shared.runtime import loop
 from shared.runtime.lifecycle import EXIT_CONFIG, EXIT_CONNECT, EXIT_OK, stop_on_signals
 from shared.runtime.logs import configure_logging
 from shared.telemetry import setup_tracing
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     configure_logging(f"{ROLE_PREFIX}{settings.service or 'unknown'}", settings.log_level)
     try:
-        return asyncio.run(_main(settings))
+        return loop.run(_main(settings), choice=settings.event_loop)
     except ConfigurationError as exc:
         log.error("configuration error: %s", exc)
         return EXIT_CONFIG

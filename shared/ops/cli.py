@@ -25,7 +25,6 @@ Exit codes: 0 ok, 1 drift or refusal found, 2 configuration error, 3 cannot conn
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections.abc import Callable, Coroutine
@@ -47,6 +46,7 @@ from shared.ops import throttle as throttle_cli
 from shared.ops.dlq import add_dlq_commands, check_key
 from shared.ops.purge import add_purge_command
 from shared.ops.where import add_where_command
+from shared.runtime import loop
 from shared.runtime.lifecycle import exit_code_of
 from shared.runtime.settings import CommonSettings
 
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = CommonSettings()
     func: Command = args.func
     try:
-        return asyncio.run(func(settings, args))
+        return loop.run(func(settings, args), choice=settings.event_loop)
     except AccessDenied as exc:
         print(f"ferry: {exc}", file=sys.stderr)
         return exit_code_of(exc)

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
+from shared.runtime import loop
 from shared.runtime.health import HealthServer
 from shared.runtime.logs import configure_logging
 from shared.runtime.metrics import RoleMetrics
@@ -123,7 +124,7 @@ def run_role(
             tracing.shutdown()
 
     try:
-        return asyncio.run(main())
+        return loop.run(main(), choice=settings.event_loop)
     except AccessDenied as exc:
         log.error("%s", exc)
         return exit_code_of(exc)

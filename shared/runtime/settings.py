@@ -10,6 +10,7 @@ documented in docs/reference/settings.md, generated from the ``#:`` comments her
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -160,6 +161,9 @@ class CommonSettings(BaseSettings):
     metrics_refresh_interval: float = Field(
         default=5.0, ge=0.0, validation_alias=AliasChoices("FERRY_METRICS_REFRESH_INTERVAL")
     )
+    #: The event loop: ``auto`` (uvloop where it is installed, else asyncio's), ``uvloop``
+    #: or ``asyncio`` (:mod:`shared.runtime.loop`; uvloop costs each role less CPU).
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     #: Link to a trace in ``ferry where``, e.g. ``http://localhost:16686/trace/{trace_id}``.
     trace_url_template: str | None = Field(
         default=None, validation_alias=AliasChoices("FERRY_TRACE_URL_TEMPLATE")
