@@ -205,3 +205,47 @@ async def test_batches_updating_the_same_rows_in_opposite_orders_both_commit(
     async with served.pool.acquire() as conn:
         counts = dict(await conn.fetch("SELECT k, n FROM tallies"))
     assert counts == {"a": 2, "b": 2}
+
+
+async def test_one_statement_routes_of_a_batch_travel_as_one_pipelined_execution(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With batch_transaction, N events of one one-statement route are one executemany:
+    every effect commits, in the batch's order, and each event gets its 200."""
+    runs: list[int] = []
+    original = asyncpg.connection.Connection.executemany
+
+    async def counted(self: Any, sql: str, args: Any, **kw: Any) -> Any:
+        runs.append(len(args))
+        return await original(self, sql, args, **kw)
+
+    monkeypatch.setattr(asyncpg.connection.Connection, "executemany", counted)
+    async with _client(served) as ferry:
+        calls = [ferry.call("order_noted", 1, {}, context="shop") for _ in range(20)]
+        reply = await ferry.send_batch(calls)
+    assert reply.status == 200, reply.text
+    results = batch_results(reply)
+    assert all(results[c.message_id]["status"] == 200 for c in calls)
+    assert await served.count("SELECT count(*) FROM invoices") == 20
+    assert await served.count("SELECT count(*) FROM handler_applied") == 20
+    # One pipelined execution in the one-transaction mode; none event by event.
+    assert runs == ([20] if served.handler.batch_transaction else [])
+
+
+async def test_a_statement_failing_inside_a_pipelined_run_fails_alone(served: Served) -> None:
+    """One event's statement fails in the middle of a pipelined run: nothing of the run
+    stays; the batch goes again event by event, that event answers 500, the others 200."""
+    async with _client(served) as ferry:
+        calls = [ferry.call("order_noted", 1, {}, context="shop") for _ in range(10)]
+        taken = calls[4].message_id
+        async with served.pool.acquire() as conn:  # its invoice exists: its INSERT fails
+            await conn.execute("INSERT INTO invoices VALUES ($1, 99)", taken)
+        reply = await ferry.send_batch(calls)
+    assert reply.status == 200, reply.text
+    results = batch_results(reply)
+    status = {c.message_id: results[c.message_id]["status"] for c in calls}
+    assert status.pop(taken) == 500
+    assert set(status.values()) == {200}
+    assert await served.count("SELECT count(*) FROM invoices") == 10
+    assert await served.count("SELECT amount FROM invoices WHERE order_id = $1", taken) == 99
+    assert await served.count("SELECT count(*) FROM handler_applied") == 9
