@@ -288,8 +288,11 @@ class BatchGatherer:
                 if not waiter.done():
                     waiter.set_result(one)
         finally:
-            if not slotted:
+            if not slotted:  # cancelled before its slot: another sender takes its events
                 self._senders -= 1
+                if self._waiting and not self._flush_due:
+                    self._flush_due = True
+                    asyncio.get_running_loop().call_soon(self._flush)
             for _, waiter in group:  # the sender itself was cancelled: so are its waiters
                 if not waiter.done():
                     waiter.cancel()

@@ -141,6 +141,22 @@ async def test_a_waiter_cancelled_during_its_call_leaves_the_call_to_the_others(
     assert cancelled.cancelled()
 
 
+async def test_a_sender_cancelled_before_its_slot_leaves_its_events_to_another() -> None:
+    gatherer, caller = _gatherer(size=10, slots=1)
+    busy = _decide(gatherer, "busy")
+    await _turns()
+    calling = set(gatherer._tasks)
+    late = _decide(gatherer, "late")
+    await _turns()  # its sender waits for the slot "busy" holds
+    [waiting_sender] = gatherer._tasks - calling
+    waiting_sender.cancel()
+    await _turns()
+    caller.gate.set()
+    assert await late == (Ack("ok"), 200)
+    await busy
+    assert caller.calls == [["busy"], ["late"]]
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     size=st.integers(min_value=1, max_value=6),
