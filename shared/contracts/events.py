@@ -30,6 +30,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
+from shared.contracts.fastcheck import Check, compile_check
 from shared.contracts.layout import SHIPPED_REGISTRY
 from shared.contracts.manifests import DeclaredEvent, event_specs, missing_contexts
 from shared.contracts.registry_file import Registry, read_registry
@@ -131,6 +132,18 @@ def _validator(schema: Mapping[str, Any]) -> Draft202012Validator:
     return Draft202012Validator(schema)
 
 
+def _fits(fast: Check | None, validator: Draft202012Validator, payload: object) -> bool:
+    """Whether ``payload`` is valid: the compiled predicate's yes (:mod:`fastcheck`), else
+    jsonschema's verdict (the predicate may only be unsure, never wrong)."""
+    if fast is not None:
+        try:
+            if fast(payload):
+                return True
+        except Exception:
+            pass  # unsure: jsonschema decides
+    return bool(validator.is_valid(payload))
+
+
 def payload_problems(validator: Draft202012Validator, payload: object) -> list[str]:
     """Every violation of ``payload``, each naming its path (``payload.owner_id: ...``)."""
     errors = sorted(
@@ -165,18 +178,23 @@ class AcceptedEvents(frozenset[EventKey]):
     """The (type, version) pairs a durable handles, each with its payload validator."""
 
     validators: dict[EventKey, Draft202012Validator]
+    #: Each schema's fast predicate (:func:`compile_check`; None: jsonschema alone).
+    fast_checks: dict[EventKey, Check | None]
 
     def __new__(cls, schemas: Mapping[EventKey, Mapping[str, Any] | None]) -> AcceptedEvents:
         accepted = super().__new__(cls, schemas)
         accepted.validators = {
             key: _validator(schema) for key, schema in schemas.items() if schema is not None
         }
+        accepted.fast_checks = {
+            key: compile_check(schema) for key, schema in schemas.items() if schema is not None
+        }
         return accepted
 
     def payload_error(self, key: EventKey, payload: object) -> str | None:
         """None if ``payload`` fits the schema of ``key``, else what is wrong and where."""
         validator = self.validators.get(key)
-        if validator is None or validator.is_valid(payload):
+        if validator is None or _fits(self.fast_checks.get(key), validator, payload):
             return None
         event_type, version = key
         problems = payload_problems(validator, payload)
@@ -194,15 +212,19 @@ def accepted_events(topology: Topology, durable: str) -> AcceptedEvents | None:
 # --- the producer side --------------------------------------------------------------------
 
 
-#: Validators of outgoing payloads, by schema fingerprint (built on first use).
-_OUTGOING: dict[str, Draft202012Validator] = {}
+#: Validators of outgoing payloads and their fast predicates, by schema fingerprint (built
+#: on first use).
+_OUTGOING: dict[str, tuple[Draft202012Validator, Check | None]] = {}
 
 
-def _outgoing_validator(event: DeclaredEvent) -> Draft202012Validator:
-    validator = _OUTGOING.get(event.fingerprint)
-    if validator is None:
-        validator = _OUTGOING[event.fingerprint] = _validator(event.schema)
-    return validator
+def _outgoing_validator(event: DeclaredEvent) -> tuple[Draft202012Validator, Check | None]:
+    found = _OUTGOING.get(event.fingerprint)
+    if found is None:
+        found = _OUTGOING[event.fingerprint] = (
+            _validator(event.schema),
+            compile_check(event.schema),
+        )
+    return found
 
 
 def _declarations(event_type: str, version: int) -> list[tuple[str, DeclaredEvent]]:
@@ -236,8 +258,8 @@ def check_outgoing(
             "pass context= to say which one this is",
         )
     event = found[0][1]
-    validator = _outgoing_validator(event)
-    if validator.is_valid(payload):
+    validator, fast = _outgoing_validator(event)
+    if _fits(fast, validator, payload):
         return
     problems = payload_problems(validator, payload)
     raise OutboxValidationError(
