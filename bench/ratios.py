@@ -89,7 +89,7 @@ FIGURES = (
 
 
 def cpu_label(rate: int = LATENCY_RATE) -> str:
-    return f"CPU µs per message at {rate:,} msg/s ÷ 1-consumer drain (roles, NATS, PG)"
+    return f"CPU µs per message at {rate:,} msg/s ÷ 1-consumer drain, same calls (roles, NATS, PG)"
 
 
 def finish(results: Results, sections: Iterable[str], modes: list[str]) -> None:
@@ -154,13 +154,18 @@ def finish_cpu_ratio(
     ``skipped``: the reason to give a mode with a side missing (a skipped section).
     """
     row = results.row(CPU_KEY, cpu_label(rate), "x", target=CPU_TARGET)
-    drain = next((r for r in results.rows if r.key == "ferry.e2e_drain_1"), None)
+    # Like with like: the latency lane's handler calls as the topology ships them (batch
+    # calls of N, or one per event), over the 1-consumer drain making the same calls.
+    batched = int(results.meta.get("latency_handler_batch", 1)) > 1
+    drain_key = "ferry.e2e_drain_batch" if batched else "ferry.e2e_drain_1"
+    drain = next((r for r in results.rows if r.key == drain_key), None)
     books = {(e["label"], e["mode"]): e for e in results.cpu}
     for mode in modes:
         step = books.get((latency_book(rate), mode))
         base = books.get((drain.label, mode)) if drain is not None else None
         if step is None or base is None:
-            sides = {f"{rate:,} msg/s latency step": step, "1-consumer drain": base}
+            drained_by = "1-consumer batch-call drain" if batched else "1-consumer drain"
+            sides = {f"{rate:,} msg/s latency step": step, drained_by: base}
             missing = " and no ".join(what for what, entry in sides.items() if entry is None)
             row.not_measured(mode, skipped or f"not measured: this run has no {missing}")
             continue
@@ -174,6 +179,14 @@ def finish_cpu_ratio(
             "rate": rate, "us_per_msg_at_rate": round(moderate, 1),
             "us_per_msg_drain": round(drained, 1), "counted": list(CPU_COUNTED),
         }  # fmt: skip
+    calls = (
+        "batch calls (the latency lane ships handler.batch > 1), so the drain is the "
+        "batch-call drain"
+        if batched
+        else "one call per event on both sides"
+    )
+    if f"handler calls: {calls}" not in row.notes:
+        row.notes.append(f"handler calls: {calls}")
     note = ("counted on both sides: Ferry's roles (publisher, consumer, example handler), "
             "nats-server and PostgreSQL (all backends; at the fixed load that includes the "
             "producer's transactions); not counted: the producer (the application) and the "

@@ -881,6 +881,7 @@ async def _latency_step(bench: Bench, dep: Deployment, mode: str, rate: int,
 def _note_handler_calls(bench: Bench, key: str, dep: Deployment) -> None:
     """Say how the measured lane calls its handler (as the shipped topology declares)."""
     batch = dep.topology.durables[SEA_DURABLE].handler.batch
+    bench.results.meta["latency_handler_batch"] = batch  # the CPU ratio's like-with-like
     calls = f"batch calls of up to {batch}" if batch > 1 else "per-message calls"
     note = f"{SEA_DURABLE} as topologies/sea-vibespro.yaml ships it: {calls}"
     row = bench.results.row(key, "", "")

@@ -147,6 +147,19 @@ def test_cpu_counts_roles_and_servers_not_the_producer_nor_the_sink() -> None:
     assert any("not counted: the producer" in note for note in cpu.notes)
 
 
+def test_cpu_of_a_batch_calling_latency_lane_is_compared_with_the_batch_call_drain() -> None:
+    results = _measured()
+    results.meta["latency_handler_batch"] = 50  # the shipped topology batches its calls
+    batch_label = results.row("ferry.e2e_drain_batch", "", "").label
+    for mode in ("on", "off"):
+        _cpu(results, batch_label, mode, 1000, 0.25)  # 250 µs counted per message
+    cpu = _finished(results)[ratios.CPU_KEY]
+    # 1,000 ÷ 250, not ÷ the per-message drain's 500 / 800: like with like.
+    assert cpu.values == {"on": pytest.approx(4.0), "off": pytest.approx(4.0)}
+    assert cpu.verdicts() == {"on": "MISSED", "off": "MISSED"}
+    assert any("batch-call drain" in note for note in cpu.notes)
+
+
 def test_mediation_lanes_are_judged_against_the_seeds_500_ms() -> None:
     rows = _finished(_measured())
     assert rows["ferry.mediation_e_to_f"].verdicts() == {"on": "MISSED", "off": "met"}
