@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.domain.errors import MalformedInput, OutboxValidationError, PoisonError
-from shared.domain.subjects import parse_subject
+from shared.domain.subjects import EventSubject, parse_subject
 
 #: Fields a well-formed envelope must carry; the rest are optional.
 REQUIRED_FIELDS = (
@@ -40,15 +40,24 @@ MAX_PAYLOAD_DEPTH = 64
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+#: ``json.dumps(doc, ensure_ascii=False, separators=(",", ":"), default=str)``, built once.
+_WIRE_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
+
+
 def wire_json(doc: Any) -> bytes:
     """``doc`` as compact UTF-8 JSON, the form every body Ferry sends takes (sizes are wire
     sizes: a Cyrillic letter is 2 bytes, not a 6-byte ``\\u`` escape). ASCII escapes only
     when the text holds what UTF-8 cannot carry (a lone surrogate), so nothing is refused.
     Values JSON has no form for are written as their ``str``."""
     try:
-        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+        return _WIRE_ENCODER.encode(doc).encode()
     except UnicodeEncodeError:
         return json.dumps(doc, separators=(",", ":"), default=str).encode()
+
+
+#: ``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``, built
+#: once (``json.dumps`` builds an encoder per call when given options).
+_CANONICAL_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def canonical_json(value: Any) -> str:
@@ -57,7 +66,7 @@ def canonical_json(value: Any) -> str:
     UTF-8 text, not ASCII escapes: the payload digest has always been taken over these
     characters encoded as UTF-8 (so digests of stored rows and records stay as they are).
     """
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL_ENCODER.encode(value)
 
 
 def payload_digest(payload: Any) -> str:
@@ -145,12 +154,23 @@ _RFC3339 = re.compile(
 )
 
 
+#: What :func:`format_timestamp` writes (most timestamps read are in this form).
+_CANONICAL_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z", re.ASCII)
+
+
 def parse_timestamp(text: str) -> datetime:
     """Parse an RFC 3339 timestamp into an aware datetime in UTC.
 
     Naive ones are refused because they are ambiguous; fractions beyond microseconds are
     cut. Raises :class:`MalformedInput` (a ``ValueError``) naming the text, nothing else.
     """
+    if isinstance(text, str) and _CANONICAL_TIME.fullmatch(text):
+        # Ferry's own form: read directly (an impossible date goes the long way round,
+        # which words the error).
+        try:
+            return datetime.fromisoformat(text[:-1] + "+00:00")
+        except ValueError:
+            pass
     match = _RFC3339.fullmatch(text) if isinstance(text, str) else None
     if match is None:
         raise MalformedInput(f"{_shown(text)} is not an RFC 3339 time with a zone")
@@ -222,6 +242,12 @@ class Envelope:
         return cls._from_sound_doc(doc, nats_subject=nats_subject)
 
     @classmethod
+    def from_json_body(cls, doc: dict[str, Any], *, nats_subject: str | None = None) -> Envelope:
+        """:meth:`from_dict` of a document :func:`parse_json_body` returned, which already
+        holds it to the same depth and text rules (so it is not walked a second time)."""
+        return cls._from_sound_doc(doc, nats_subject=nats_subject)
+
+    @classmethod
     def _from_sound_doc(cls, doc: dict[str, Any], *, nats_subject: str | None) -> Envelope:
         missing = [name for name in REQUIRED_FIELDS if doc.get(name) in (None, "")]
         if missing:
@@ -245,10 +271,15 @@ class Envelope:
 
     def check(self, *, nats_subject: str | None = None) -> None:
         """Cross-field checks: subject rule, subject agreement, payload digest."""
-        try:
-            parsed = parse_subject(self.subject)
-        except OutboxValidationError as exc:
-            raise PoisonError("INVALID_SUBJECT", exc.reason) from exc
+        parsed = _PARSED_SUBJECTS.get(self.subject)
+        if parsed is None:
+            try:
+                parsed = parse_subject(self.subject)
+            except OutboxValidationError as exc:
+                raise PoisonError("INVALID_SUBJECT", exc.reason) from exc
+            if len(_PARSED_SUBJECTS) >= _MAX_PARSED_SUBJECTS:
+                _PARSED_SUBJECTS.clear()
+            _PARSED_SUBJECTS[self.subject] = parsed
         if (parsed.event_type, parsed.version) != (self.event_type, self.event_version):
             raise PoisonError(
                 "SUBJECT_MISMATCH",
@@ -264,6 +295,11 @@ class Envelope:
             raise PoisonError("DIGEST_MISMATCH", "payload_digest does not match the payload")
 
 
+#: Subjects parsed so far (a process sees a handful of event types): parse_subject is pure.
+_PARSED_SUBJECTS: dict[str, EventSubject] = {}
+_MAX_PARSED_SUBJECTS = 1024
+
+
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
 
@@ -277,6 +313,10 @@ def _finite_float(text: str) -> float:
     return value
 
 
+#: ``json.loads``'s decoder with the strict number rules, built once.
+_STRICT_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
 def parse_json_body(data: bytes) -> Any:
     """``data`` as strict JSON: UTF-8, RFC 8259, nested at most one level deeper than a
     payload may be, text that is valid Unicode; else :class:`PoisonError`
@@ -285,7 +325,9 @@ def parse_json_body(data: bytes) -> Any:
         data = bytes(data)
         text = data.decode("utf-8")
         # ValueError also covers integers over Python's 4,300-digit limit.
-        doc = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        if text.startswith("\ufeff"):  # as json.loads refuses it
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        doc = _STRICT_DECODER.decode(text)
     except (ValueError, TypeError) as exc:
         raise PoisonError("MALFORMED_JSON", f"body is not JSON: {_short(str(exc), 200)}") from None
     except RecursionError:
@@ -296,9 +338,7 @@ def parse_json_body(data: bytes) -> Any:
     # fewer brackets than levels cannot nest too deep. Most bodies need no walk at all.
     escaped = b"\\ud" in data or b"\\uD" in data
     if escaped or data.count(b"[") + data.count(b"{") > MAX_PAYLOAD_DEPTH + 1:
-        defect = json_defect(
-            doc, where="body", max_depth=MAX_PAYLOAD_DEPTH + 1, check_text=escaped
-        )
+        defect = json_defect(doc, where="body", max_depth=MAX_PAYLOAD_DEPTH + 1, check_text=escaped)
         if defect is not None:
             raise PoisonError("MALFORMED_JSON", defect)
     return doc
@@ -315,8 +355,14 @@ def _optional_str(doc: dict[str, Any], name: str) -> str:
     return "" if doc.get(name) in (None, "") else _str_field(doc, name)
 
 
+#: A UUID as ``str(uuid.UUID(...))`` writes it: such a text is already its own canonical form.
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def _uuid_field(doc: dict[str, Any], name: str) -> str:
     value = _str_field(doc, name)
+    if _CANONICAL_UUID.fullmatch(value):
+        return value
     try:
         return str(uuid.UUID(value))
     except ValueError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.domain.envelope import Envelope, format_timestamp
+from shared.domain.envelope import Envelope
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 TRACEPARENT_HEADER = "traceparent"
@@ -38,7 +38,7 @@ def request_body(
         module=envelope.context,
         eventType=envelope.event_type,
         payloadDigest=body["payload_digest"],
-        createdAt=format_timestamp(envelope.occurred_at),
+        createdAt=body["occurred_at"],
         retryCount=attempt - 1,
         maxRetries=max_attempts - 1,
     )

@@ -88,7 +88,13 @@ def decode_body(body: bytes) -> dict[str, Any]:
 
 def parse_call(body: bytes, headers: Mapping[str, str]) -> Call[dict[str, Any]]:
     """Decode and check a call; raise :class:`MalformedRequest` naming the first defect."""
-    return parse_call_document(decode_body(body), headers)
+    doc = decode_body(body)
+    try:
+        # decode_body held the body to the envelope's depth and text rules already.
+        envelope = Envelope.from_json_body(doc)
+    except PoisonError as exc:
+        raise MalformedRequest(exc.reason_code, exc.detail) from None
+    return _call(doc, envelope, headers)
 
 
 def parse_call_document(doc: dict[str, Any], headers: Mapping[str, str]) -> Call[dict[str, Any]]:
@@ -97,6 +103,10 @@ def parse_call_document(doc: dict[str, Any], headers: Mapping[str, str]) -> Call
         envelope = Envelope.from_dict(doc)
     except PoisonError as exc:
         raise MalformedRequest(exc.reason_code, exc.detail) from None
+    return _call(doc, envelope, headers)
+
+
+def _call(doc: dict[str, Any], envelope: Envelope, headers: Mapping[str, str]) -> Call[Any]:
     _check_idempotency_key(headers.get(IDEMPOTENCY_HEADER), envelope.message_id)
     _check_infra005_id(doc, envelope.message_id)
     return Call(
@@ -141,7 +151,7 @@ def _loose_uuid(value: object) -> uuid.UUID | None:
 def _check_idempotency_key(key: str | None, message_id: str) -> None:
     if key is None:
         raise MalformedRequest("MISSING_FIELD", f"the {IDEMPOTENCY_HEADER} header is missing")
-    if _loose_uuid(key) != uuid.UUID(message_id):
+    if key != message_id and _loose_uuid(key) != uuid.UUID(message_id):
         raise MalformedRequest(
             "IDEMPOTENCY_KEY_MISMATCH",
             f"{IDEMPOTENCY_HEADER} {key[:60]!r} differs from message_id {message_id!r}",
@@ -152,7 +162,7 @@ def _check_infra005_id(doc: Mapping[str, Any], message_id: str) -> None:
     # INFRA-005's messageId must name the same event: a disagreement means the envelope
     # was built wrongly, and idempotency would be keyed on the wrong id.
     alias = doc.get("messageId")
-    if alias is not None and _loose_uuid(alias) != uuid.UUID(message_id):
+    if alias is not None and alias != message_id and _loose_uuid(alias) != uuid.UUID(message_id):
         raise MalformedRequest(
             "INVALID_FIELD", f"messageId {str(alias)[:60]!r} differs from message_id {message_id!r}"
         )

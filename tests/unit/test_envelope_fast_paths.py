@@ -1,0 +1,150 @@
+"""The envelope's fast paths answer exactly what the long way round answers.
+
+Parsing takes shortcuts for what Ferry itself writes: a canonical UUID is kept as it is,
+a ``format_timestamp`` text is read directly, a subject already seen is not parsed again,
+a ``POST /handle`` body is not walked a second time, an idempotency key spelled like the
+message id is not turned into UUIDs. Each shortcut must give the very answer (value or
+poison) the general path gives for every other spelling.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.domain.envelope import (
+    Envelope,
+    format_timestamp,
+    parse_json_body,
+    parse_timestamp,
+    payload_digest,
+)
+from shared.domain.errors import MalformedInput, PoisonError
+from shared.domain.handler_call import request_body
+from shared.sdk.request import MalformedRequest, parse_call
+
+PROPERTY = settings(max_examples=200, deadline=None)
+MOMENTS = st.datetimes(
+    min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC)
+)
+
+
+def _doc(**changes: Any) -> dict[str, Any]:
+    payload = {"vibe_id": "v1", "title": "t"}
+    doc: dict[str, Any] = {
+        "message_id": str(uuid.uuid4()),
+        "subject": "sea.vibespro.vibe_created.v1",
+        "event_type": "vibe_created",
+        "event_version": 1,
+        "occurred_at": "2026-11-26T10:00:00.000000Z",
+        "aggregate_type": "vibe",
+        "aggregate_id": "a1",
+        "payload": payload,
+        "payload_digest": payload_digest(payload),
+    }
+    doc.update(changes)
+    return doc
+
+
+@PROPERTY
+@given(moment=MOMENTS)
+def test_a_canonical_time_reads_as_its_other_spellings(moment: datetime) -> None:
+    text = format_timestamp(moment)
+    parsed = parse_timestamp(text)
+    assert parsed == moment
+    assert parsed.tzinfo == UTC
+    assert parse_timestamp(text[:-1] + "+00:00") == parsed
+    assert parse_timestamp(text.replace("T", " ")) == parsed
+    shifted = moment.astimezone(timezone(timedelta(hours=2))).isoformat()
+    assert parse_timestamp(shifted) == parsed
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["2026-02-30T00:00:00.000000Z", "2026-01-01T24:00:00.000000Z", "0000-01-01T00:00:00.000000Z"],
+)
+def test_an_impossible_canonical_time_is_refused_in_words(text: str) -> None:
+    with pytest.raises(MalformedInput, match=repr(text)):
+        parse_timestamp(text)
+
+
+@PROPERTY
+@given(value=st.uuids(), spelling=st.sampled_from(["lower", "upper", "braces", "urn", "hex"]))
+def test_message_ids_come_out_canonical(value: uuid.UUID, spelling: str) -> None:
+    text = {
+        "lower": str(value),
+        "upper": str(value).upper(),
+        "braces": "{" + str(value) + "}",
+        "urn": value.urn,
+        "hex": value.hex,
+    }[spelling]
+    envelope = Envelope.from_dict(_doc(message_id=text, correlation_id=text))
+    assert envelope.message_id == str(value)
+    assert envelope.correlation_id == str(value)
+
+
+@pytest.mark.parametrize("text", ["not-a-uuid", "0" * 36, "g" * 8 + "-0000-0000-0000-" + "0" * 12])
+def test_a_non_uuid_is_still_poison(text: str) -> None:
+    with pytest.raises(PoisonError) as caught:
+        Envelope.from_dict(_doc(message_id=text))
+    assert caught.value.reason_code == "INVALID_FIELD"
+
+
+def test_a_subject_seen_before_is_checked_again() -> None:
+    """The parsed-subject memo never lets a disagreeing envelope through."""
+    Envelope.from_dict(_doc())
+    with pytest.raises(PoisonError) as caught:
+        Envelope.from_dict(_doc(event_type="vibe_deleted"))
+    assert caught.value.reason_code == "SUBJECT_MISMATCH"
+    for _ in range(2):
+        with pytest.raises(PoisonError) as caught:
+            Envelope.from_dict(_doc(subject="sea..vibe_created.v1"))
+        assert caught.value.reason_code == "INVALID_SUBJECT"
+
+
+def test_a_byte_order_mark_is_refused_as_before() -> None:
+    with pytest.raises(PoisonError) as caught:
+        parse_json_body("\ufeff{}".encode())
+    assert caught.value.detail == (
+        "body is not JSON: Unexpected UTF-8 BOM (decode using utf-8-sig): line 1 column 1 (char 0)"
+    )
+
+
+def _body(doc: dict[str, Any]) -> bytes:
+    envelope = Envelope.from_dict(doc)
+    body = request_body(envelope, attempt=1, max_attempts=3, stream_sequence=7, durable="d")
+    return json.dumps(body).encode()
+
+
+def test_a_call_keyed_in_another_spelling_is_the_same_call() -> None:
+    doc = _doc()
+    body = _body(doc)
+    upper = doc["message_id"].upper()
+    assert parse_call(body, {"Idempotency-Key": upper}).message_id == doc["message_id"]
+    with pytest.raises(MalformedRequest) as caught:
+        parse_call(body, {"Idempotency-Key": str(uuid.uuid4())})
+    assert caught.value.reason_code == "IDEMPOTENCY_KEY_MISMATCH"
+
+
+def test_a_call_body_with_a_lone_surrogate_is_refused() -> None:
+    """The body is walked once (by the decoder), not twice, and still refused."""
+    doc = json.loads(_body(_doc()))
+    doc["payload"]["title"] = "\ud800"
+    body = json.dumps(doc).encode()  # ASCII escapes: the surrogate travels as \\ud800
+    assert b"\\ud800" in body
+    with pytest.raises(MalformedRequest) as caught:
+        parse_call(body, {"Idempotency-Key": doc["message_id"]})
+    assert caught.value.reason_code == "MALFORMED_JSON"
+    assert "lone surrogate" in caught.value.detail
+
+
+def test_created_at_is_the_occurred_at_text() -> None:
+    envelope = Envelope.from_dict(_doc())
+    body = request_body(envelope, attempt=2, max_attempts=3, stream_sequence=7, durable="d")
+    assert body["createdAt"] == body["occurred_at"] == "2026-11-26T10:00:00.000000Z"
