@@ -69,7 +69,20 @@ class HttpServerMetrics:
             buckets=OPERATION_BUCKETS,
             registry=role.registry,
         )
+        # The labelled children by (method, route, status): ``labels()`` per request costs
+        # more than the observation. Bounded, as a path no route matches is its own label.
+        self._children: dict[tuple[str, str, int], Any] = {}
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         """One request served."""
-        self._duration.labels(method, route, str(status)).observe(seconds)
+        key = (method, route, status)
+        child = self._children.get(key)
+        if child is None:
+            child = self._duration.labels(method, route, str(status))
+            if len(self._children) < _MAX_CHILDREN:
+                self._children[key] = child
+        child.observe(seconds)
+
+
+#: Label combinations whose child :class:`HttpServerMetrics` keeps at hand.
+_MAX_CHILDREN = 256

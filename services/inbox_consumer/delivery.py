@@ -11,6 +11,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 
 from nats.aio.msg import Msg
 
@@ -57,10 +58,11 @@ class Delivery:
             return None
         return (self.msg.headers or {}).get(REWIND_HEADER) or None
 
-    @property
+    @cached_property
     def traceparent(self) -> str | None:
         """The W3C traceparent header, when well-formed: anything else (a NUL, 10 kB) is
-        dropped here, before the inbox, the handler call or a dead letter refuses it."""
+        dropped here, before the inbox, the handler call or a dead letter refuses it.
+        Read once (the inbox row, the call's headers and the log fields all ask)."""
         value = (self.msg.headers or {}).get("traceparent")
         return value.strip() if value and telemetry.parse_traceparent(value) else None
 

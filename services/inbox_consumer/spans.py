@@ -54,7 +54,7 @@ def log_fields(delivery: Delivery) -> contextlib.AbstractContextManager[None]:
 @contextlib.contextmanager
 def settling(delivery: Delivery, decision: Decision, *, durable: str) -> Iterator[None]:
     """The ``settle`` span of one delivery; ends its ``process`` span afterwards."""
-    with telemetry.current(delivery.span), log_fields(delivery):
+    with _current(delivery.span), log_fields(delivery):
         if isinstance(decision, Ack):
             operation = "ack"
         elif isinstance(decision, Nak) or decision.reason_code == EXHAUSTED:
@@ -75,13 +75,21 @@ def settling(delivery: Delivery, decision: Decision, *, durable: str) -> Iterato
                 ),
             )
         try:
-            with telemetry.current(span):
+            with _current(span):
                 yield
         finally:
             telemetry.end_span(span)
             error = None if isinstance(decision, Ack) else decision_error(decision)
             telemetry.end_span(delivery.span, error)
             delivery.span = None
+
+
+def _current(span: telemetry.Span | None) -> contextlib.AbstractContextManager[None]:
+    """:func:`telemetry.current`, without its generator when there is no span (tracing off)."""
+    return _NO_SPAN if span is None else telemetry.current(span)
+
+
+_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
 def decision_error(decision: Decision) -> str:
