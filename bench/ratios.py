@@ -175,6 +175,13 @@ def finish_cpu_ratio(
             continue
         ratio = moderate / drained
         row.set(mode, ratio, f"{ratio:.2f} = {moderate:,.0f} ÷ {drained:,.0f} µs")
+        per_message = next((r for r in results.rows if r.key == "ferry.e2e_drain_1"), None)
+        other = books.get((per_message.label, mode)) if batched and per_message else None
+        if other is not None and cpu_per_message(other):
+            also = moderate / cpu_per_message(other)
+            row.notes.append(f"tracing {mode}: {also:.2f} x the per-message drain's "
+                             f"{cpu_per_message(other):,.0f} µs (the measure issue 29 "
+                             "started from)")  # fmt: skip
         results.sections.setdefault("cpu_ratio", {})[mode] = {
             "rate": rate, "us_per_msg_at_rate": round(moderate, 1),
             "us_per_msg_drain": round(drained, 1), "counted": list(CPU_COUNTED),

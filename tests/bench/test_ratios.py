@@ -158,6 +158,8 @@ def test_cpu_of_a_batch_calling_latency_lane_is_compared_with_the_batch_call_dra
     assert cpu.values == {"on": pytest.approx(4.0), "off": pytest.approx(4.0)}
     assert cpu.verdicts() == {"on": "MISSED", "off": "MISSED"}
     assert any("batch-call drain" in note for note in cpu.notes)
+    # The measure the issue started from is kept beside it: ÷ the per-message drain.
+    assert any(n.startswith("tracing off: 1.25 x the per-message drain") for n in cpu.notes)
 
 
 def test_mediation_lanes_are_judged_against_the_seeds_500_ms() -> None:
