@@ -90,6 +90,8 @@ def json_defect(
     (``check_text=False`` checks the nesting only). Walked without recursion, so any
     depth is measured safely; the answer names the first offending path.
     """
+    if isinstance(value, dict | list) and _surely_sound(value, max_depth, forbid_nul, check_text):
+        return None
     # Paths are kept as (parent, step) links and spelled out only for the answer.
     stack: list[tuple[Any, Any, int]] = [(value, None, 1)]
     while stack:
@@ -111,6 +113,29 @@ def json_defect(
             if isinstance(item, dict | list) or (check_text and isinstance(item, str)):
                 stack.append((item, (path, step), depth + 1))
     return None
+
+
+#: Strict JSON text of a document: no ``default`` (anything JSON has no form for raises).
+_PLAIN_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def _surely_sound(value: Any, max_depth: int, forbid_nul: bool, check_text: bool) -> bool:
+    """True only if :func:`json_defect` of the object or array ``value`` is None, judged on
+    its JSON text (C speed) instead of a walk: every container opens one bracket, so no
+    more brackets than levels cannot nest too deep; the text keeps every string, key or
+    value, as it is (a lone surrogate too) except control characters, which it escapes
+    (NUL as ``\\u0000``). False means "walk it" (also for anything the encoder refuses)."""
+    try:
+        text = _PLAIN_ENCODER.encode(value)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    if text.count("[") + text.count("{") > max_depth:
+        return False
+    if not check_text:
+        return True
+    if forbid_nul and "\\u0000" in text:
+        return False
+    return text.isascii() or _LONE_SURROGATE.search(text) is None
 
 
 def _spell(where: str, path: Any) -> str:

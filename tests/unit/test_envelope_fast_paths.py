@@ -18,9 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared.domain import envelope as envelope_module
 from shared.domain.envelope import (
     Envelope,
     format_timestamp,
+    json_defect,
     parse_json_body,
     parse_timestamp,
     payload_digest,
@@ -28,6 +30,7 @@ from shared.domain.envelope import (
 from shared.domain.errors import MalformedInput, PoisonError
 from shared.domain.handler_call import request_body
 from shared.sdk.request import MalformedRequest, parse_call
+from tests.unit.hostile_values import clean_json, hostile_json, nested
 
 PROPERTY = settings(max_examples=200, deadline=None)
 MOMENTS = st.datetimes(
@@ -148,3 +151,48 @@ def test_created_at_is_the_occurred_at_text() -> None:
     envelope = Envelope.from_dict(_doc())
     body = request_body(envelope, attempt=2, max_attempts=3, stream_sequence=7, durable="d")
     assert body["createdAt"] == body["occurred_at"] == "2026-11-26T10:00:00.000000Z"
+
+
+def _walked(value: Any, **options: Any) -> str | None:
+    """json_defect the long way round: the walk alone, no look at the JSON text first."""
+    original = envelope_module._surely_sound
+    envelope_module._surely_sound = lambda *args: False
+    try:
+        return json_defect(value, **options)
+    finally:
+        envelope_module._surely_sound = original
+
+
+@PROPERTY
+@given(
+    value=st.one_of(hostile_json, clean_json, st.integers(1, 8).map(nested)),
+    max_depth=st.integers(1, 6),
+    forbid_nul=st.booleans(),
+    check_text=st.booleans(),
+)
+def test_json_defect_answers_as_the_walk(
+    value: Any, max_depth: int, forbid_nul: bool, check_text: bool
+) -> None:
+    options = {"max_depth": max_depth, "forbid_nul": forbid_nul, "check_text": check_text}
+    assert json_defect(value, **options) == _walked(value, **options)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"a": "x\x00"},
+        {"x\x00": 1},
+        {"a": ["\ud800"]},
+        {"\udfff": 1},
+        {"a": "\\u0000 is text, not NUL"},
+        {"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["},
+        nested(66),
+        {"big": 10**5000},
+        {"nan": float("nan")},
+        {"set": {1, 2}},
+    ],
+)
+def test_json_defect_answers_as_the_walk_for_hostile_documents(value: Any) -> None:
+    for forbid_nul in (False, True):
+        options = {"max_depth": 65, "forbid_nul": forbid_nul, "check_text": True}
+        assert json_defect(value, **options) == _walked(value, **options)
