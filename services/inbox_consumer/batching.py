@@ -15,6 +15,13 @@ per event, unchanged.
   id the call did not carry is ignored. Each is logged and counted
   (``ferry_handler_batch_problems_total``).
 
+A call carries at most N events and at most :data:`BATCH_BODY_BYTES` of them (each
+counted as its message's bytes plus :data:`EVENT_OVERHEAD`): a handler that accepts every
+per-message call (whose body is one message, up to ``FERRY_MAX_MESSAGE_BYTES``, 1 MiB by
+default, as is a handler's usual body limit) is never sent a batch body it refuses whole
+with a 413 — which would dead-letter every event of the call ``HANDLER_BAD_REQUEST``. An
+event that alone exceeds the budget goes in a call of its own.
+
 Ordered durables (``ordering: key``) batch differently (:class:`BatchGatherer`): a key's
 events still reach the handler one at a time, each in its key's turn (the sequencer awaits
 an event's decision before it moves to the key's next one); only the calls of events of
@@ -30,7 +37,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from services.inbox_consumer.deciding import Decider, refused
@@ -48,6 +55,36 @@ from shared.domain.batch_call import (
 log = logging.getLogger("ferry.inbox_consumer")
 
 Decided = tuple[Decision, int | None]
+#: Most bytes of events in one batch call (see the module doc).
+BATCH_BODY_BYTES = 1024 * 1024
+#: Bytes an event is counted beyond its message's: the call's fields (attempt, durable,
+#: stream sequence...), its traceparent, the document's own bytes.
+EVENT_OVERHEAD = 512
+
+
+def split_calls(sizes: Sequence[int], count: int, budget: int) -> list[list[int]]:
+    """The positions of ``sizes`` (events' bytes) cut into calls, in order: at most
+    ``count`` events and at most ``budget`` bytes a call (an event over ``budget`` on its
+    own)."""
+    calls: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for position, size in enumerate(sizes):
+        if current and (len(current) >= count or used + size > budget):
+            calls.append(current)
+            current, used = [], 0
+        current.append(position)
+        used += size
+    if current:
+        calls.append(current)
+    return calls
+
+
+def event_bytes(delivery: Delivery) -> int:
+    """What ``delivery`` is counted in a call's budget."""
+    return len(delivery.msg.data) + EVENT_OVERHEAD
+
+
 #: Reports an unexpected exception for a delivery (the consumer logs and counts it).
 Unexpected = Callable[[str, BaseException, Delivery | None], None]
 
@@ -55,8 +92,16 @@ Unexpected = Callable[[str, BaseException, Delivery | None], None]
 class BatchCaller:
     """Decides claimed deliveries N to a handler call (see the module doc)."""
 
-    def __init__(self, decider: Decider, *, size: int, unexpected: Unexpected) -> None:
+    def __init__(
+        self,
+        decider: Decider,
+        *,
+        size: int,
+        unexpected: Unexpected,
+        body_bytes: int = BATCH_BODY_BYTES,
+    ) -> None:
         self.decider, self.size, self.unexpected = decider, size, unexpected
+        self.body_bytes = body_bytes
 
     async def decide_all(self, deliveries: list[Delivery]) -> list[Decided]:
         """Each delivery's decision (and handler status), in order."""
@@ -68,7 +113,10 @@ class BatchCaller:
                 decided[index] = (early, None)
             else:
                 calling.append(index)
-        groups = [calling[at : at + self.size] for at in range(0, len(calling), self.size)]
+        sizes = [event_bytes(deliveries[i]) for i in calling]
+        groups = [
+            [calling[at] for at in call] for call in split_calls(sizes, self.size, self.body_bytes)
+        ]
         answers = await asyncio.gather(
             *(self.call([deliveries[i] for i in group]) for group in groups)
         )
@@ -77,20 +125,28 @@ class BatchCaller:
         return [decided[index] for index in range(len(deliveries))]
 
     async def call(self, group: list[Delivery], *, in_slot: bool = False) -> list[Decided]:
-        """One batch call for ``group``, within a concurrency slot (``in_slot``: the caller
-        holds one already); whatever it raises dead-letters the group as CONSUMER_ERROR
+        """Batch calls for ``group`` (one, unless its events exceed the byte budget: then
+        one after another), within a concurrency slot (``in_slot``: the caller holds one
+        already); whatever a call raises dead-letters its events as CONSUMER_ERROR
         (replayable once fixed), as one message's decision would."""
-        try:
-            if in_slot:
-                outcome, seconds = await self._exchange(group)
-            else:
-                async with self.decider.slots:
-                    outcome, seconds = await self._exchange(group)
-            return self._decisions(group, outcome, seconds)
-        except Exception as exc:
-            self.unexpected("decide", exc, group[0])
-            detail = f"{type(exc).__name__}: {exc}"[:500]
-            return [(DeadLetter(CONSUMER_ERROR, detail), None) for _ in group]
+        if in_slot:
+            return await self._calls(group)
+        async with self.decider.slots:
+            return await self._calls(group)
+
+    async def _calls(self, group: list[Delivery]) -> list[Decided]:
+        decided: list[Decided] = []
+        sizes = [event_bytes(delivery) for delivery in group]
+        for positions in split_calls(sizes, self.size, self.body_bytes):
+            part = [group[at] for at in positions]
+            try:
+                outcome, seconds = await self._exchange(part)
+                decided += self._decisions(part, outcome, seconds)
+            except Exception as exc:
+                self.unexpected("decide", exc, part[0])
+                detail = f"{type(exc).__name__}: {exc}"[:500]
+                decided += [(DeadLetter(CONSUMER_ERROR, detail), None) for _ in part]
+        return decided
 
     async def _exchange(self, group: list[Delivery]) -> tuple[BatchOutcome, float]:
         """POST the call (again and again while our credentials are refused); the outcome

@@ -250,3 +250,25 @@ async def test_an_always_malformed_answer_ends_in_dead_letters_not_acks(
         assert record["attempts"] == 4
         assert all(h["reason"] == "handler_bad_batch_answer" for h in record["retryHistory"])
     assert consumer.stats.exhausted == 3
+
+
+async def test_large_events_are_split_so_no_call_exceeds_the_handlers_body_limit(
+    env: Env, nc: NATS, batch_handler: BatchHandler
+) -> None:
+    # Each event is within every per-message limit, a call of all would not be: it would
+    # be answered 413 (aiohttp's 1 MiB body limit) and every event of it dead-lettered
+    # HANDLER_BAD_REQUEST.
+    await _world(env, nc, batch_handler.url, batch=10)
+    events = [envelope(vibe_id=f"big{i}", title="Ж" * 490_000) for i in range(2)]
+    events += [envelope(vibe_id=f"mid{i}", title="x" * 20_000) for i in range(6)]
+    for event in events:
+        await publish(nc, event)
+    async with RunningConsumer(env, nc, batch_handler.url):
+        await until_all(env, [e.message_id for e in events])
+    assert all(batch_handler.applied[e.message_id] == 1 for e in events)
+    big = {e.message_id for e in events[:2]}
+    for post in batch_handler.posts:
+        wire = json.dumps(post["doc"], ensure_ascii=False, separators=(",", ":"))
+        assert len(wire.encode()) <= 1024 * 1024
+        assert len(big & {ev["message_id"] for ev in post["doc"]["events"]}) <= 1
+    assert max(len(post["doc"]["events"]) for post in batch_handler.posts) > 1
