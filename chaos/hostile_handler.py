@@ -1,8 +1,10 @@
 """A hostile handler: ``python -m chaos.hostile_handler --port P --upstream URL --seed S``.
 
 It stands between one durable's inbox-consumer and the real handler service and answers
-every ``POST /handle`` in one of these ways, drawn from the seed, the message id and the
-number of calls seen for that id (so a run's answers do not depend on arrival order):
+every ``POST /handle`` in one of these ways, drawn from the seed, the message ids the call
+carries and the number of calls seen for each (a per-message call carries one id, so its
+answers do not depend on arrival order; a batch call, header ``Ferry-Batch``, carries the
+ids of its events):
 
 ``pass``        forward to the real handler and relay its answer faithfully;
 ``status``      answer 401, 403, 408, 413, 429 or 500-504 itself (the real handler is
@@ -14,10 +16,17 @@ number of calls seen for that id (so a run's answers do not depend on arrival or
 ``reset``       forward, then send the real answer's headers and half its body and reset
                 the connection (TCP RST).
 
-Every answer is appended to ``--log`` as one JSON line (``at``, ``message_id``, ``call``,
-``action``, ``status`` sent, ``upstream`` status, ``retry_after``, ``body``): the chaos
-scenario counts the faults from it, and a forwarded call whose answer was spoiled
-explains the redelivery (answered 409 by the real handler) that follows.
+Every call is forwarded as the consumer sent it (body bytes and every header but the
+hop-by-hop ones: the signature, ``Ferry-Batch``, ``Idempotency-Key``, ``traceparent``).
+
+Every answer is appended to ``--log`` as one JSON line per event of the call (``at``,
+``message_id``, ``call`` number of that id, ``action``, ``status``, ``upstream`` status,
+``retry_after``, ``body``, ``batch``: the call's size, ``index``: the event's place in
+it). ``status`` is what that event got: for ``pass`` of a batch call its own result in
+the upstream's answer (``"missing"`` when the answer has no usable result for it), else
+the status sent for the whole call. The chaos scenario counts the faults from it, and a
+forwarded call whose answer was spoiled explains the redelivery (answered 409 by the
+real handler) that follows.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from shared.domain.batch_call import BATCH_HEADER
 
 #: (action, weight) of each call; ``pass`` keeps the workload progressing.
 ACTIONS: tuple[tuple[str, int], ...] = (
@@ -118,7 +129,8 @@ def body_of(kind: str, status: int, rng: random.Random) -> tuple[bytes, str]:
 
 
 class Decider:
-    """Draws each call's answer from the seed, the message id and its call number."""
+    """Draws each call's answer from the seed, the call's message ids and their call
+    numbers."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
@@ -126,10 +138,19 @@ class Decider:
 
     def rng_for(self, message_id: str) -> tuple[random.Random, int]:
         """A generator for this call of ``message_id``, and the call number (1-based)."""
-        self.calls[message_id] += 1
-        call = self.calls[message_id]
-        key = hashlib.sha256(f"{self.seed}/{message_id}/{call}".encode()).digest()
-        return random.Random(int.from_bytes(key[:8], "big")), call
+        rng, calls = self.rng_for_call([message_id])
+        return rng, calls[0]
+
+    def rng_for_call(self, message_ids: list[str]) -> tuple[random.Random, list[int]]:
+        """A generator for a call carrying ``message_ids`` (a batch call's events), and
+        the call number of each id (1-based); the same ids in another order draw the same."""
+        numbers = []
+        for message_id in message_ids:
+            self.calls[message_id] += 1
+            numbers.append(self.calls[message_id])
+        parts = sorted(f"{mid}/{call}" for mid, call in zip(message_ids, numbers, strict=True))
+        key = hashlib.sha256(f"{self.seed}/{'|'.join(parts)}".encode()).digest()
+        return random.Random(int.from_bytes(key[:8], "big")), numbers
 
     @staticmethod
     def action(rng: random.Random) -> str:
@@ -145,6 +166,42 @@ def message_id_of(body: bytes) -> str:
     except ValueError:
         return "?"
     return str(doc.get("message_id", "?")) if isinstance(doc, dict) else "?"
+
+
+def batch_ids_of(body: bytes) -> list[str]:
+    """The ``message_id`` of each event of a batch call (``?`` for an unreadable event;
+    one ``?`` when the body is not a batch document)."""
+    try:
+        doc: Any = json.loads(body)
+    except ValueError:
+        return ["?"]
+    events = doc.get("events") if isinstance(doc, dict) else None
+    if not isinstance(events, list) or not events:
+        return ["?"]
+    return [str(e.get("message_id", "?")) if isinstance(e, dict) else "?" for e in events]
+
+
+def batch_statuses(status: int, answer: bytes, ids: list[str]) -> list[int | str]:
+    """What each event of a forwarded batch call got from the upstream's answer: its own
+    result's status when the answer is a 200 with exactly one result for it, the call's
+    status when the answer is not a 200, else ``"missing"`` (the consumer retries it)."""
+    if status != 200:
+        return [status] * len(ids)
+    try:
+        doc: Any = json.loads(answer)
+    except ValueError:
+        return ["missing"] * len(ids)
+    results = doc.get("results") if isinstance(doc, dict) else None
+    found: dict[str, list[Any]] = {}
+    for entry in results if isinstance(results, list) else []:
+        if isinstance(entry, dict):
+            found.setdefault(str(entry.get("id")), []).append(entry.get("status"))
+    out: list[int | str] = []
+    for message_id in ids:
+        got = found.get(message_id, [])
+        ok = len(got) == 1 and isinstance(got[0], int) and not isinstance(got[0], bool)
+        out.append(got[0] if ok else "missing")
+    return out
 
 
 class Hostile:
@@ -163,10 +220,30 @@ class Hostile:
         if self.session is not None:
             await self.session.close()
 
-    def record(self, **fields: Any) -> None:
-        """Append one answer to the log."""
+    def record(
+        self, ids: list[str], calls: list[int], statuses: list[int | str], **fields: Any
+    ) -> None:
+        """Append one answer to the log: one line per event of the call."""
+        at, size = round(time.time(), 3), len(ids)
+        lines = [
+            json.dumps(
+                {
+                    "at": at,
+                    "message_id": message_id,
+                    "call": call,
+                    **fields,
+                    "status": status,
+                    "batch": size,
+                    "index": index,
+                }
+            )
+            + "\n"
+            for index, (message_id, call, status) in enumerate(
+                zip(ids, calls, statuses, strict=True)
+            )
+        ]
         with self.log_path.open("a") as out:
-            out.write(json.dumps({"at": round(time.time(), 3), **fields}) + "\n")
+            out.write("".join(lines))
 
     async def forward(self, request: web.Request, body: bytes) -> tuple[int, bytes, str]:
         """(status, body, content type) of the real handler's answer to the same request."""
@@ -178,32 +255,39 @@ class Hostile:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """One call (see the module docstring)."""
         body = await request.read()
-        message_id = message_id_of(body)
-        rng, call = self.decider.rng_for(message_id)
+        batch = request.headers.get(BATCH_HEADER) is not None
+        ids = batch_ids_of(body) if batch else [message_id_of(body)]
+        rng, calls = self.decider.rng_for_call(ids)
         action = self.decider.action(rng)
-        note: dict[str, Any] = {"message_id": message_id, "call": call, "action": action}
+
+        def record(status: int | list[int | str], **fields: Any) -> None:
+            statuses: list[int | str] = status if isinstance(status, list) else [status] * len(ids)
+            self.record(ids, calls, statuses, action=action, **fields)
+
         if action == "status":
-            return self._self_made(rng, note)
+            return self._self_made(rng, record)
         try:
             status, answer, content_type = await self.forward(request, body)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            self.record(**note, status=502, upstream=None, error=type(exc).__name__)
+            record(502, upstream=None, error=type(exc).__name__)
             return web.Response(status=502, text=f"upstream: {type(exc).__name__}")
-        note["upstream"] = status
         if action == "pass":
-            self.record(**note, status=status)
+            record(batch_statuses(status, answer, ids) if batch else status, upstream=status)
             return web.Response(status=status, body=answer, content_type=_mime(content_type))
         if action == "replaced":
             replaced = rng.choice((500, 502, 503, 504))
-            self.record(**note, status=replaced)
+            record(replaced, upstream=status)
             return web.Response(status=replaced, text="replaced by the hostile handler")
         if action == "trickle":
-            self.record(**note, status=status)
-            return await _trickle(request, status, answer, content_type)
-        self.record(**note, status=status, reset=True)
+            record(status, upstream=status)
+            # A few bytes per event each pause: a batch answer trickles as slowly per
+            # event as a per-message one (not 50 times slower).
+            piece = TRICKLE_PIECE * len(ids)
+            return await _trickle(request, status, answer, content_type, piece)
+        record(status, upstream=status, reset=True)
         return await _reset_mid_body(request, status, answer, content_type)
 
-    def _self_made(self, rng: random.Random, note: dict[str, Any]) -> web.Response:
+    def _self_made(self, rng: random.Random, record: Any) -> web.Response:
         status = rng.choices([s for s, _ in STATUSES], [w for _, w in STATUSES])[0]
         ra_kind, body_kind = rng.choice(RETRY_AFTER_KINDS), rng.choice(BODY_KINDS)
         retry_after = retry_after_value(ra_kind, rng)
@@ -211,7 +295,7 @@ class Hostile:
         headers = {} if retry_after is None else {"Retry-After": retry_after}
         if status == 401:
             headers["WWW-Authenticate"] = 'Ferry-HMAC realm="handle"'
-        self.record(**note, status=status, retry_after=ra_kind, body=body_kind)
+        record(status, retry_after=ra_kind, body=body_kind)
         response = web.Response(status=status, body=body, headers=headers)
         response.content_type = content_type.split(";")[0]
         if "charset" in content_type:
@@ -224,14 +308,14 @@ def _mime(content_type: str) -> str:
 
 
 async def _trickle(
-    request: web.Request, status: int, body: bytes, content_type: str
+    request: web.Request, status: int, body: bytes, content_type: str, piece: int = TRICKLE_PIECE
 ) -> web.StreamResponse:
     response = web.StreamResponse(status=status)
     response.content_type = _mime(content_type)
     response.content_length = len(body)
     await response.prepare(request)
-    for start in range(0, len(body), TRICKLE_PIECE):
-        await response.write(body[start : start + TRICKLE_PIECE])
+    for start in range(0, len(body), piece):
+        await response.write(body[start : start + piece])
         await asyncio.sleep(TRICKLE_PAUSE)
     await response.write_eof()
     return response
@@ -283,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="the real handler's /handle URL")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--log", type=Path, required=True, help="JSON lines, one per answer")
+    parser.add_argument("--log", type=Path, required=True, help="JSON lines, one per event")
     args = parser.parse_args(argv)
     args.log.parent.mkdir(parents=True, exist_ok=True)
     app = make_app(args.upstream, args.seed, args.log)

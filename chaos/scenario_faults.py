@@ -183,9 +183,16 @@ async def operator_republish(world: World, timeline: Timeline, faults: Counter[s
 
 
 def count_hostile_answers(logs: list[Path], faults: Counter[str]) -> None:
-    """Count the hostile fronts' answers by status, Retry-After kind, body kind, action."""
+    """Count the hostile fronts' answers (calls, not events: a batch call's events share
+    one answer) by status, Retry-After kind, body kind, action; and the batch calls."""
     for path in logs:
         for answer in read_log(path):
+            if answer.get("index", 0) != 0:
+                continue  # a later event of a batch call: its answer is counted once
+            size = int(answer.get("batch", 1))
+            if size > 1:
+                faults["batch calls"] += 1
+                faults["events in batch calls"] += size
             action = answer.get("action", "?")
             if action == "status":
                 faults[f"answered {answer.get('status')}"] += 1
@@ -198,7 +205,10 @@ def count_hostile_answers(logs: list[Path], faults: Counter[str]) -> None:
 
 
 def _tallies(path: Path) -> dict[str, Counter[str]]:
-    """message id -> answers by status, and ``failed`` (answers that spend a delivery)."""
+    """message id -> answers by status, and ``failed`` (answers that spend a delivery).
+
+    The log has one line per event, a batch call's too, with the status that event got
+    (its own result when the call passed, ``missing`` when the answer had none for it)."""
     answers: dict[str, Counter[str]] = {}
     for answer in read_log(path):
         tally = answers.setdefault(str(answer.get("message_id")), Counter())

@@ -11,6 +11,7 @@ import json
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -21,6 +22,14 @@ from chaos.hostile_handler import Decider, make_app, read_log
 from chaos.hostile_payloads import LIMITS, WIDE_CHARS, catalogue, size_cases, train
 from chaos.roles import Exit, Role
 from chaos.scenario_faults import exit_causes
+from shared.domain.batch_call import (
+    BATCH_HEADER,
+    batch_answer_document,
+    batch_document,
+    batch_headers,
+    result_entry,
+)
+from shared.domain.signing import sign
 
 UPSTREAM_BODY = {"status": "processed", "detail": "Ж applied"}
 
@@ -30,9 +39,19 @@ class Upstream:
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
+        self.batch_headers: list[dict[str, str]] = []
 
     async def handle(self, request: web.Request) -> web.Response:
         doc = json.loads(await request.read())
+        if BATCH_HEADER in request.headers:
+            # A batch call: one result per event, 422 for an event marked ``reject``.
+            self.batch_headers.append(dict(request.headers))
+            results = []
+            for event in doc["events"]:
+                self.calls[event["message_id"]] += 1
+                status = 422 if event["payload"].get("reject") else 200
+                results.append(result_entry(event["message_id"], status))
+            return web.json_response(batch_answer_document(results))
         self.calls[doc["message_id"]] += 1
         return web.json_response(UPSTREAM_BODY)
 
@@ -81,6 +100,66 @@ async def test_every_answer_is_logged_and_only_forwarded_calls_reach_the_handler
             assert not outcome[0].isdigit(), answer  # the client saw the connection die
         else:
             assert outcome.startswith(str(answer["status"])), (answer, outcome)
+
+
+async def test_a_batch_call_is_forwarded_whole_and_logged_once_per_event(
+    hostile: tuple[str, Upstream, Path],
+) -> None:
+    url, upstream, log = hostile
+    secret, sent, seen = b"s3cret", [], list[Any]()
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for n in range(40):
+            events = [
+                {"message_id": f"b-{n}-{i}", "payload": {"reject": i == 1}, "traceparent": "t"}
+                for i in range(3)
+            ]
+            data = json.dumps(batch_document(events)).encode()
+            headers = {**batch_headers(3), "Content-Type": "application/json"}
+            headers |= {"traceparent": f"00-{n:032x}-{n + 1:016x}-01"}
+            headers |= sign(secret, "vibespro__from_sea", data, 1.0)
+            sent.append(headers)
+            try:
+                async with session.post(url, data=data, headers=headers) as resp:
+                    raw = await resp.read()
+                    seen.append(resp.status if resp.status != 200 else json.loads(raw))
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                seen.append(type(exc).__name__)
+    answers = read_log(log)
+    assert len(answers) == 3 * 40  # one line per event
+    assert {a["batch"] for a in answers} == {3}
+    calls = [answers[k : k + 3] for k in range(0, len(answers), 3)]
+    for lines, outcome in zip(calls, seen, strict=True):
+        assert [a["index"] for a in lines] == [0, 1, 2]
+        assert len({a["action"] for a in lines}) == 1  # one action for the whole call
+        assert all(a["call"] == 1 for a in lines)
+        if lines[0]["action"] == "pass":
+            # Each event's own result: the upstream rejected the second one.
+            assert [a["status"] for a in lines] == [200, 422, 200]
+            assert [r["status"] for r in outcome["results"]] == [200, 422, 200]
+        elif lines[0]["action"] != "reset":
+            # One status sent for the whole call is every event's outcome.
+            assert len({a["status"] for a in lines}) == 1
+    actions = Counter(c[0]["action"] for c in calls)
+    assert actions["pass"] > 0 and actions["status"] > 0
+    # Every forwarded call reached the real handler with the consumer's headers.
+    assert len(upstream.batch_headers) == 40 - actions["status"]
+    for got in upstream.batch_headers:
+        match = [h for h in sent if h["traceparent"] == got["traceparent"]]
+        assert len(match) == 1
+        for name in (BATCH_HEADER, "Ferry-Signature", "Ferry-Timestamp", "Ferry-Durable"):
+            assert got[name] == match[0][name]
+
+
+def test_a_batch_call_draws_from_its_ids_and_their_call_numbers() -> None:
+    first, second = Decider(9), Decider(9)
+    rng_a, calls_a = first.rng_for_call(["x", "y", "z"])
+    rng_b, calls_b = second.rng_for_call(["z", "x", "y"])  # another order: the same draw
+    assert calls_a == calls_b == [1, 1, 1]
+    assert rng_a.random() == rng_b.random()
+    _, calls_c = first.rng_for_call(["x", "w"])  # x's second call
+    assert calls_c == [2, 1]
+    assert first.rng_for("y")[1] == 2
 
 
 def test_the_same_seed_decides_the_same_answers() -> None:
