@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import socket
+import threading
+from collections import deque
 from contextlib import ExitStack
+
+#: Ports this process handed out lately: the OS may give a port back as soon as our probe
+#: socket closes, so two servers started one after the other (a nats-server's client and
+#: monitor ports, say) could otherwise be told the same port, and one fails to bind.
+RECENT_LIMIT = 1024
+_recent: deque[int] = deque(maxlen=RECENT_LIMIT)
+_lock = threading.Lock()
 
 
 def _bind_ephemeral(host: str) -> socket.socket:
@@ -27,10 +36,18 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """Return ``n`` distinct TCP ports on ``host`` that were free at the time of the call.
 
     All sockets are held open until every port is chosen, so the OS cannot hand out
-    the same port twice within one call.
+    the same port twice within one call. Nor is a port handed out again while it is among
+    the last :data:`RECENT_LIMIT` this process returned (its server may not have bound it
+    yet).
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    with ExitStack() as stack:
-        sockets = [stack.enter_context(_bind_ephemeral(host)) for _ in range(n)]
-        return [int(sock.getsockname()[1]) for sock in sockets]
+    with _lock, ExitStack() as stack:
+        chosen: list[int] = []
+        while len(chosen) < n:
+            sock = stack.enter_context(_bind_ephemeral(host))  # held: never offered twice
+            port = int(sock.getsockname()[1])
+            if port not in _recent:
+                chosen.append(port)
+        _recent.extend(chosen)
+        return chosen

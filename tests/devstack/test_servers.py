@@ -112,6 +112,13 @@ async def _create_notes(dsn: str, *bodies: str) -> None:
         await conn.close()
 
 
+def test_a_port_handed_out_is_not_handed_out_again_soon() -> None:
+    # One call after another, each probe socket closed in between: the OS would happily
+    # offer a port again (it did: a nats-server's client and monitor ports collided).
+    ports = [free_port() for _ in range(300)] + free_ports(50)
+    assert len(set(ports)) == len(ports)
+
+
 def test_free_ports_are_distinct_and_bindable() -> None:
     ports = free_ports(5)
     assert len(set(ports)) == 5
