@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 import nats
 
-from bench import ratios
+from bench import ratios, search
 from bench.common import AGGREGATES, say, stream_span, summarize
 from bench.ratios import BATCH_TARGET
 from bench.report import Results, Row, Target
@@ -935,26 +935,25 @@ async def sustained(
 ) -> None:
     """Raise the offered load step by step; the highest step that holds is the figure.
 
-    Upwards from ``--sustain-start`` by ``--sustain-step`` until a step fails; if the
-    very first fails, downwards by halves (to 100 msg/s) until one holds; then one
-    bisection between the highest step that held and the lowest that failed.
+    The search is :func:`bench.search.search_sustained`: upwards from ``--sustain-start``
+    by ``--sustain-step`` until a step fails; if the very first fails, downwards by halves
+    (to 100 msg/s) until one holds; then bisection until the rates that held and failed are
+    an eighth apart. A step failed on latency alone is run once more before it counts.
 
     ``bare_bones``: the same search and criterion on the bare-bones pipeline
     (:func:`prototype`, mode ``raw``), the baseline of Ferry's figure.
     """
     what = "bare-bones sustained" if bare_bones else "sustained"
     tried: list[dict[str, Any]] = []
-    passed, failed = await _search_up(bench, dep, mode, measure, tried, what)
-    if passed is None and failed is not None:
-        passed, failed = await _search_down(bench, dep, mode, measure, tried, failed, what)
-    if failed is not None and passed is not None and failed[0] - passed > max(passed // 8, 50):
-        middle = (passed + failed[0]) // 2 // 50 * 50
-        if middle > passed:
-            verdict = await _sustain_step(bench, dep, mode, middle, measure, tried, what)
-            if verdict:
-                failed = (middle, verdict)
-            else:
-                passed = middle
+    opts = bench.options
+
+    async def step(rate: int) -> str:
+        return await _sustain_step(bench, dep, mode, rate, measure, tried, what)
+
+    found = await search.search_sustained(
+        step, start=opts.sustain_start, increment=opts.sustain_step, ceiling=opts.sustain_max
+    )
+    passed, failed = found.passed, found.failed
     if bare_bones:
         row = bench.results.row(ratios.PROTO_SUSTAINED_KEY, "bare-bones pipeline, highest "
                                 "sustained rate, producer on the box", "msg/s")  # fmt: skip
@@ -975,36 +974,6 @@ async def sustained(
         "criteria": {"achieved_fraction": SUSTAIN_ACHIEVED, "p99_ms": SUSTAIN_P99_MS,
                      "grace_s": 10},
     }  # fmt: skip
-
-
-async def _search_up(
-    bench: Bench, dep: Deployment, mode: str, measure: Any, tried: list[dict[str, Any]],
-    what: str,
-) -> tuple[int | None, tuple[int, str] | None]:  # fmt: skip
-    opts = bench.options
-    passed: int | None = None
-    rate = opts.sustain_start
-    while rate <= opts.sustain_max:
-        verdict = await _sustain_step(bench, dep, mode, rate, measure, tried, what)
-        if verdict:
-            return passed, (rate, verdict)
-        passed = rate
-        rate += opts.sustain_step
-    return passed, None
-
-
-async def _search_down(
-    bench: Bench, dep: Deployment, mode: str, measure: Any, tried: list[dict[str, Any]],
-    failed: tuple[int, str], what: str,
-) -> tuple[int | None, tuple[int, str]]:  # fmt: skip
-    rate = failed[0] // 2 // 50 * 50
-    while rate >= 100:
-        verdict = await _sustain_step(bench, dep, mode, rate, measure, tried, what)
-        if not verdict:
-            return rate, failed
-        failed = (rate, verdict)
-        rate = rate // 2 // 50 * 50
-    return None, failed
 
 
 async def _sustain_step(bench: Bench, dep: Deployment, mode: str, rate: int, measure: Any,
