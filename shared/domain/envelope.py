@@ -8,6 +8,7 @@ in transit from one that is merely unexpected. Parsing never raises anything but
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -192,10 +193,8 @@ def parse_timestamp(text: str) -> datetime:
     if isinstance(text, str) and _CANONICAL_TIME.fullmatch(text):
         # Ferry's own form: read directly (an impossible date goes the long way round,
         # which words the error).
-        try:
+        with contextlib.suppress(ValueError):
             return datetime.fromisoformat(text[:-1] + "+00:00")
-        except ValueError:
-            pass
     match = _RFC3339.fullmatch(text) if isinstance(text, str) else None
     if match is None:
         raise MalformedInput(f"{_shown(text)} is not an RFC 3339 time with a zone")

@@ -8,10 +8,11 @@ tests count handler calls and applications against what was published.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -94,18 +95,27 @@ class ScriptedHandler:
         return web.Response(status=status, headers=headers, text=f"scripted {status}")
 
 
+@contextlib.asynccontextmanager
+async def serving(
+    handle: Callable[[web.Request], Awaitable[web.StreamResponse]], port: int
+) -> AsyncIterator[None]:
+    """``POST /handle`` answered by ``handle`` on 127.0.0.1:``port`` while inside."""
+    app = web.Application()
+    app.router.add_post("/handle", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield
+    finally:
+        await runner.cleanup()
+
+
 @pytest.fixture
 async def handler() -> AsyncIterator[ScriptedHandler]:
     scripted = ScriptedHandler()
-    app = web.Application()
-    app.router.add_post("/handle", scripted.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", scripted.port).start()
-    try:
+    async with serving(scripted.handle, scripted.port):
         yield scripted
-    finally:
-        await runner.cleanup()
 
 
 def fast_durable(env: Env, url: str, **overrides: Any) -> None:

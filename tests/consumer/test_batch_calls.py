@@ -30,6 +30,7 @@ from tests.consumer.conftest import (
     fast_durable,
     inbox_row,
     publish,
+    serving,
 )
 from tests.consumer.hostile import until_all
 from tests.helpers import RunningRouter
@@ -93,15 +94,8 @@ class BatchHandler:
 @pytest.fixture
 async def batch_handler() -> AsyncIterator[BatchHandler]:
     scripted = BatchHandler()
-    app = web.Application()
-    app.router.add_post("/handle", scripted.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", scripted.port).start()
-    try:
+    async with serving(scripted.handle, scripted.port):
         yield scripted
-    finally:
-        await runner.cleanup()
 
 
 async def _world(env: Env, nc: NATS, url: str, batch: int = 10, **overrides: Any) -> None:

@@ -32,6 +32,7 @@ from tests.consumer.conftest import (
     envelope,
     fast_durable,
     publish,
+    serving,
 )
 from tests.consumer.hostile import until_all
 from tests.consumer.test_batch_calls import BatchHandler
@@ -98,15 +99,8 @@ class _Replayed:
 @pytest.fixture
 async def ordered_handler() -> AsyncIterator[OrderedBatchHandler]:
     scripted = OrderedBatchHandler()
-    app = web.Application()
-    app.router.add_post("/handle", scripted.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", scripted.port).start()
-    try:
+    async with serving(scripted.handle, scripted.port):
         yield scripted
-    finally:
-        await runner.cleanup()
 
 
 async def _world(env: Env, nc: NATS, url: str, batch: int, **overrides: Any) -> None:
