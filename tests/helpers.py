@@ -108,8 +108,10 @@ class RunningPublisher:
         batch_size: int = 100,
         concurrency: int = 2,
         poll_interval: float = 0.5,
+        atomic_batches: bool = True,
     ) -> None:
         self.topology, self.context, self.dsn, self.js = topology, context, dsn, js
+        self.atomic_batches = atomic_batches
         self.batch_size, self.concurrency = batch_size, concurrency
         self.poll_interval = poll_interval
         self.stop = asyncio.Event()
@@ -131,6 +133,7 @@ class RunningPublisher:
             retry_max=0.5,
             partitions=ctx.stream.partitions,
             ordering_fields=ordering_fields_of(self.topology, self.context),
+            atomic_batches=self.atomic_batches,
         )
         self.tasks.append(
             asyncio.create_task(listen(self.dsn, "ferry_outbox", publisher.notify, self.stop))

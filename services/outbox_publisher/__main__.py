@@ -67,6 +67,8 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
         max_message_bytes=context.stream.max_msg_size,
         partitions=context.stream.partitions,
         ordering_fields=ordering_fields_of(topology, settings.context),
+        atomic_batches=settings.atomic_batches,
+        nc=nc,
     )
     publisher.linger = settings.linger
     publisher.fill_linger = settings.publisher_linger

@@ -88,6 +88,19 @@ class PublisherMetrics:
             outcome: linger.labels(context, outcome)
             for outcome in ("full", "timeout", "busy", "none")
         }
+        atomic_batches = Counter(
+            "ferry_outbox_atomic_batches",
+            "Atomic batches sent, by outcome: stored (whole), refused (by the server, e.g. "
+            "an event id already in the duplicate window after a crash: its rows then went "
+            "one by one), unsupported (the stream lacks allow_atomic or the server is older "
+            "than 2.12), outage (no answer: its rows are retried), error.",
+            ["context", "outcome"],
+            registry=reg,
+        )
+        self._atomic = {
+            outcome: atomic_batches.labels(context, outcome)
+            for outcome in ("stored", "refused", "unsupported", "outage", "error")
+        }
         self._failing = Gauge(
             "ferry_outbox_failing",
             "Unpublished rows whose last publish attempt failed.",
@@ -122,6 +135,15 @@ class PublisherMetrics:
             self._observe_send(time.perf_counter() - started, error)
 
         future.add_done_callback(done)
+
+    def batch_sent(self, count: int, seconds: float | None, error: str) -> None:
+        """``count`` messages sent in one atomic batch, stored (or not) after ``seconds``."""
+        for _ in range(count):
+            self._observe_send(seconds, error)
+
+    def atomic_batch(self, outcome: str) -> None:
+        """One atomic batch: stored, refused, unsupported, outage or error."""
+        self._atomic[outcome].inc()
 
     def send_failed(self, error_type: str) -> None:
         """A publish that failed before it was sent."""

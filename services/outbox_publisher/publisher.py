@@ -2,10 +2,12 @@
 
 Each of ``concurrency`` workers loops: open a transaction, claim a batch (see
 :mod:`shared.adapters.outbox`), publish it with many PubAcks in flight, mark the
-acknowledged rows published and the failed ones failed, commit. Rows of one aggregate
-are published in waves, so a failed publish never lets a later event of the same
-aggregate overtake it. A crash anywhere before the commit leaves the rows unpublished;
-they are published again with the same ``Nats-Msg-Id`` and JetStream drops the copy.
+acknowledged rows published and the failed ones failed, commit. A batch goes out as
+JetStream atomic batches where the stream allows them (see :mod:`.atomic`); otherwise,
+and whenever the server refuses one, rows are published one by one in per-aggregate
+waves, so a failed publish never lets a later event of the same aggregate overtake it.
+A crash anywhere before the commit leaves the rows unpublished; they are published again
+with the same ``Nats-Msg-Id`` and JetStream drops the copy.
 
 No row stops the publisher: whatever one row's build or publish raises is recorded on
 that row (see :mod:`.failures` for when it is set aside), and whatever a batch raises is
@@ -19,6 +21,7 @@ import contextlib
 import json
 import logging
 import time
+import typing
 from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +51,7 @@ from shared.domain.ports import OutboxRecord, OutboxStore
 from shared.domain.subjects import event_subject
 from shared.runtime.metrics import RoleMetrics
 
+from . import atomic
 from . import failures as fail
 
 log = logging.getLogger("ferry.outbox_publisher")
@@ -58,6 +62,9 @@ log = logging.getLogger("ferry.outbox_publisher")
 #: NOTIFY, so such claims take at most about a tenth of a database core per worker.
 SLOW_EMPTY_CLAIM = 0.1
 SLOW_EMPTY_REST_MAX = 10.0
+#: Seconds the publisher goes one by one after the stream answered that it takes no
+#: atomic batches (no ``allow_atomic``, or a server before 2.12), before it tries again.
+ATOMIC_RETRY_AFTER = 60.0
 
 
 @dataclass
@@ -75,6 +82,9 @@ class PublisherStats:
     #: rows that another worker's commit ended (rather than the poll).
     held_back: int = 0
     released: int = 0
+    #: Atomic batches stored whole, and refused (their rows then went one by one).
+    atomic_batches: int = 0
+    atomic_refused: int = 0
     last_db_ok: bool = False
     errors_by_kind: dict[str, int] = field(default_factory=dict)
 
@@ -178,8 +188,18 @@ class OutboxPublisher:
         store: OutboxStore[Conn] | None = None,
         partitions: int = 1,
         ordering_fields: OrderingFields | None = None,
+        atomic_batches: bool = True,
+        nc: atomic.Client | None = None,
     ) -> None:
         self.pool, self.js = pool, js
+        #: Publish claimed batches as atomic batches (see :mod:`.atomic`) through ``nc``
+        #: (default: the client ``js`` publishes through), until the stream says it
+        #: takes none; then one by one for ATOMIC_RETRY_AFTER seconds.
+        self.atomic_batches = atomic_batches
+        self.nc: atomic.Client | None = nc or typing.cast(
+            "atomic.Client | None", getattr(js, "_nc", None)
+        )
+        self._atomic_off_until = 0.0
         #: The outbox (the port; PostgreSQL's unless a test passes another). The commit
         #: goes with the published mark in one round trip, which the adapter alone offers
         #: (:func:`outbox.mark_published_and_commit`).
@@ -424,12 +444,19 @@ class OutboxPublisher:
         """Publish ``rows`` in per-aggregate waves; return (published seqs, failed seq → why).
 
         A row whose predecessor in its aggregate failed is not attempted at all: it stays
-        pending, unmarked, behind the failed one.
+        pending, unmarked, behind the failed one. Atomic batches go first when on: rows
+        they stored are published; the rest go in waves.
         """
+        stored: list[int] = []
+        if self._atomic_on():
+            stored, failed = await self._publish_atomic(rows)
+            if failed is not None or len(stored) == len(rows):
+                return stored, failed or {}
+            rows = rows[len(stored) :]
         queues: OrderedDict[tuple[str, str], deque[OutboxRecord]] = OrderedDict()
         for row in rows:
             queues.setdefault(row.aggregate, deque()).append(row)
-        published: list[int] = []
+        published: list[int] = stored
         failures: dict[int, Failure] = {}
         while queues:
             wave = [queue[0] for queue in queues.values()]
@@ -445,6 +472,92 @@ class OutboxPublisher:
                     failures[row.seq] = error
                     del queues[row.aggregate]
         return published, failures
+
+    async def _publish_atomic(
+        self, rows: Sequence[OutboxRecord]
+    ) -> tuple[list[int], dict[int, Failure] | None]:
+        """Publish ``rows`` as consecutive atomic batches; return the seqs stored and, when
+        JetStream did not answer, the failure of every other row (None: they go in waves).
+
+        A row that cannot be built or is too large sends the whole claim to the waves,
+        which record what is wrong with it and hold back only its aggregate.
+        """
+        messages: list[atomic.Message] = []
+        for row in rows:
+            try:
+                message = build_message(
+                    row,
+                    namespace=self.namespace,
+                    context=self.context,
+                    partitions=self.partitions,
+                    ordering_fields=self.ordering_fields,
+                )
+            except Exception:  # the waves build it again and record why it fails
+                return [], None
+            if self.max_message_bytes is not None:
+                wire = {**message[2], "Nats-Expected-Stream": self.stream}
+                size = fail.wire_size(message[1], wire)
+                if size > self.max_message_bytes:
+                    return [], None
+            messages.append(message)
+        spans = [
+            self._send_span(row, subject, headers)
+            for row, (subject, _, headers) in zip(rows, messages, strict=True)
+        ]
+        assert self.nc is not None
+        stored, why, outage = 0, None, None
+        for part in atomic.chunks(messages):
+            started = time.perf_counter()
+            try:
+                refused = await atomic.publish(
+                    self.nc, messages[part.start : part.stop], stream=self.stream,
+                    timeout=self.publish_timeout,
+                )  # fmt: skip
+            except Exception as exc:  # recorded on the rows, never raised
+                failure = fail.of_publish(exc)
+                self._count_error(failure.kind)
+                self.metrics.batch_sent(len(part), None, failure.kind)
+                self.metrics.atomic_batch("outage" if failure.outage else "error")
+                why, outage = failure.error, failure if failure.outage else None
+                break
+            if refused is not None:
+                self._atomic_refused(refused, len(part))
+                why = f"atomic batch refused: {refused.reason}"
+                break
+            self.stats.atomic_batches += 1
+            self.metrics.atomic_batch("stored")
+            self.metrics.batch_sent(len(part), time.perf_counter() - started, "")
+            stored = part.stop
+        for index, span in enumerate(spans):
+            telemetry.end_span(span, why if index >= stored else None)
+        published = [row.seq for row in rows[:stored]]
+        if outage is None:
+            return published, None
+        return published, {row.seq: outage for row in rows[stored:]}
+
+    def _atomic_on(self) -> bool:
+        return (
+            self.atomic_batches
+            and self.nc is not None
+            and time.monotonic() >= self._atomic_off_until
+        )
+
+    def _atomic_refused(self, refused: atomic.Refused, count: int) -> None:
+        """Count a refused atomic batch; a stream that takes none is left alone for a while."""
+        self.stats.atomic_refused += 1
+        self.metrics.atomic_batch("unsupported" if refused.unsupported else "refused")
+        if refused.unsupported:
+            self._atomic_off_until = time.monotonic() + ATOMIC_RETRY_AFTER
+            log.warning(
+                "stream %s takes no atomic batches (%s): publishing one by one for %.0f s; "
+                "`ferry provision` sets allow_atomic on it (nats-server 2.12+)",
+                self.stream, refused.reason, ATOMIC_RETRY_AFTER,
+            )  # fmt: skip
+            return
+        log.info(
+            "atomic batch of %d rows refused (%s): publishing them one by one",
+            count, refused.reason,
+        )  # fmt: skip
 
     async def _publish_wave(self, wave: list[OutboxRecord]) -> list[Failure | None]:
         """Publish every row of ``wave`` pipelined; None for success, else why it failed."""

@@ -118,6 +118,9 @@ def stream_config(spec: StreamSpec | DeadLetterStreamSpec, caps: Caps) -> js_api
             num_replicas=replicas,
             duplicate_window=spec.duplicate_window,
             discard=js_api.DiscardPolicy(spec.discard),
+            # The outbox-publisher sends claimed batches as atomic batches (nats-server
+            # 2.12+): one stored write per batch, not one fsync per event.
+            allow_atomic=True,
         )
     return js_api.StreamConfig(
         name=spec.name,
@@ -238,6 +241,7 @@ _STREAM_FIELDS = (
     "num_replicas",
     "duplicate_window",
     "discard",
+    "allow_atomic",
 )
 _CONSUMER_FIELDS = (
     "deliver_policy",

@@ -238,6 +238,12 @@ class PublisherSettings(CommonSettings):
     #: an outage — no PubAck, no responders, no connection — never set a row aside; a
     #: payload that cannot be built or a message over the size limits is set aside at once).
     max_publish_attempts: int = Field(default=20, ge=1, le=1_000_000)
+    #: Publish each claimed batch as JetStream atomic batches (nats-server 2.12+, the
+    #: stream's ``allow_atomic``, which ``ferry provision`` sets): one stored write per
+    #: batch instead of one fsync per event. Any refusal (an event id already in the
+    #: duplicate window, a stream without ``allow_atomic``) falls back to publishing the
+    #: rows one by one; false: always one by one.
+    atomic_batches: bool = True
 
 
 class ConsumerSettings(CommonSettings):

@@ -164,22 +164,28 @@ async def test_a_worker_held_back_by_another_resumes_at_its_commit(
     await _assert_exactly_once_in_order(nc, sea_conn)
 
 
+@pytest.mark.parametrize("atomic_batches", [True, False], ids=["atomic", "one-by-one"])
 async def test_stream_refusal_is_recorded_and_retried(
-    env: Env, nc: NATS, sea_conn: asyncpg.Connection
+    env: Env, nc: NATS, sea_conn: asyncpg.Connection, atomic_batches: bool
 ) -> None:
-    """With no stream, publishes fail: the row keeps its error and is published once it exists."""
+    """With no stream, publishes fail: the rows keep their error and are published once it
+    exists. One by one, only the head of the aggregate was sent (the rest waited behind
+    it); an atomic batch sent all three, and each records the attempt. One worker: with two,
+    a claim racing another may lock only some of the rows (the other's are held back)."""
     await insert_events(sea_conn, 3, aggregates=1)
-    async with RunningPublisher(env.topology, "sea", env.dsn("sea"), nc.jetstream()):
+    async with RunningPublisher(
+        env.topology, "sea", env.dsn("sea"), nc.jetstream(), concurrency=1,
+        atomic_batches=atomic_batches,
+    ):  # fmt: skip
         await eventually(lambda: _has_error(sea_conn), timeout=10, what="publish_error recorded")
         row = await sea_conn.fetchrow(
             "SELECT publish_attempts, publish_error FROM outbox_events ORDER BY seq LIMIT 1"
         )
         assert row["publish_attempts"] >= 1 and row["publish_error"]
-        # Only the head of the aggregate was attempted; the rest waited behind it.
-        assert (
-            await sea_conn.fetchval("SELECT count(*) FROM outbox_events WHERE publish_attempts > 0")
-            == 1
+        attempted = await sea_conn.fetchval(
+            "SELECT count(*) FROM outbox_events WHERE publish_attempts > 0"
         )
+        assert attempted == (3 if atomic_batches else 1)
         await provision(nc.jetstream(), env.topology, caps=CAPS)
         await eventually(lambda: _is_zero(sea_conn), timeout=20, what="rows published after fix")
     await _assert_exactly_once_in_order(nc, sea_conn)
