@@ -311,11 +311,28 @@ async def publisher_drain(bench: Bench, mode: str) -> None:
         "seconds": last - first, "spans_exported": spans, "cpu_s": cpu, "batches": batches,
     }  # fmt: skip
     row.set(mode, rate)
+    form = _publish_form(bench)
+    if form not in row.notes:
+        row.notes.append(form)
     if count < rows:
         row.notes.append(f"tracing {mode}: partial, {count:,} of {rows:,} published when the "
                          f"--drain-budget ran out")  # fmt: skip
     _note_spans(bench, mode, spans)
     say(f"  publisher drain, tracing {mode}: {rate:,.0f} msg/s ({count:,} in stream)")
+
+
+def _publish_form(bench: Bench) -> str:
+    """How the publisher sends (the raw baseline stores one message per write)."""
+    setting = bench.options.role_settings.get("FERRY_ATOMIC_BATCHES", "true").strip().lower()
+    if setting in {"0", "false", "no", "off"}:
+        return (
+            "publisher sends one message per write, like the raw baseline "
+            "(FERRY_ATOMIC_BATCHES=false)"
+        )
+    return (
+        "publisher sends each claim as JetStream atomic batches (FERRY_ATOMIC_BATCHES, the "
+        "default: one stored write per batch); the raw baseline stores one message per write"
+    )
 
 
 async def _commit_backlog(
