@@ -388,7 +388,7 @@ class OutboxPublisher:
         rows failed. Anything raised before the commit rolls the claim back.
         """
         async with self.pool.acquire() as conn:
-            await conn.execute("BEGIN")
+            await conn.execute(outbox.CLAIM_TRANSACTION)
             committed = False
             try:
                 claimed = await self.store.claim(conn, self.batch_size)

@@ -98,6 +98,14 @@ FROM cand c
 ORDER BY c.seq
 """
 
+#: How a claim's transaction begins (one simple query, no extra round trip). The claim
+#: must walk idx_outbox_pending_seq in order and stop at its LIMIT; with statistics taken
+#: while the table was small (a backlog that built up since, as after an outage, before
+#: autovacuum's ANALYZE), the planner expects a handful of candidates and fetches every
+#: pending row with a bitmap or sequential scan to sort them: a cost per claim that grows
+#: with the backlog (a 20,000-row drain: 942 against 199 ms of claims).
+CLAIM_TRANSACTION = "BEGIN; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off"
+
 _MARK_PUBLISHED = f"""
 UPDATE outbox_events
 SET published_at = now(), publish_attempts = LEAST(publish_attempts, {_ATTEMPTS_CEILING}) + 1,

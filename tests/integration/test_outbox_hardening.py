@@ -20,6 +20,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from bench.sections import fill_outbox
 from services.outbox_publisher.metrics import PublisherMetrics
 from services.outbox_publisher.publisher import OutboxPublisher
 from shared.access.identities import Identity
@@ -211,6 +212,27 @@ async def test_the_claim_probes_the_failing_index_once_per_row_whatever_the_stat
     assert "Seq Scan" not in plan, plan
     async with sea_conn.transaction():
         assert await outbox.claim(sea_conn, 500) == outbox.Claim([], 0)
+
+
+async def test_a_backlog_grown_since_the_statistics_is_claimed_by_walking_the_index(
+    env: Env, sea_conn: asyncpg.Connection
+) -> None:
+    """Statistics taken on an empty outbox, then a backlog of 20,000 rows (an outage's,
+    before autovacuum analyzes): in the publisher's claim transaction the claim still
+    walks the pending rows in seq order and stops at its limit, instead of fetching and
+    sorting all of them at every claim."""
+    await sea_conn.execute("ANALYZE outbox_events")
+    await fill_outbox(sea_conn, 20_000, traced=False)
+    await sea_conn.execute(outbox.CLAIM_TRANSACTION)
+    try:
+        plan = "\n".join(r[0] for r in await sea_conn.fetch(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + outbox._CLAIM, 250))  # fmt: skip
+        assert "Index Scan using idx_outbox_pending_seq on outbox_events o" in plan, plan
+        assert "Bitmap" not in plan and "Seq Scan" not in plan, plan
+        assert "(actual rows=250.00 loops=1)" in plan.split("LockRows")[1].split("\n")[0], plan
+        assert len((await outbox.claim(sea_conn, 250)).rows) == 250
+    finally:
+        await sea_conn.execute("ROLLBACK")
 
 
 # ------------------------------------------------------------------ set-aside rows
