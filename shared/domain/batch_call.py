@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.domain.ack import HandlerFailure, HandlerResponse
-from shared.domain.envelope import parse_json_body, wire_json
+from shared.domain.envelope import MAX_PAYLOAD_DEPTH, parse_json_body, wire_json
 from shared.domain.errors import PoisonError
 
 #: The request header of a batch call; its value is the number of events.
@@ -66,11 +66,22 @@ class MalformedBatch(PoisonError):
     """A batch request that is not wire format 1 (the SDK answers it 400)."""
 
 
+#: A batch body nests two levels above its events (the document, its ``events`` list),
+#: and an event may nest as deep as a per-message body: held to this depth and to the
+#: text rules as a whole, every event is held to its own (see :func:`parse_batch_request`).
+BATCH_DEPTH = MAX_PAYLOAD_DEPTH + 3
+
+
 def parse_batch_request(body: bytes, *, limit: int = 1000) -> list[Any]:
     """The ``events`` of a batch request body (each still to be parsed as a call);
-    :class:`MalformedBatch` when the body is not a batch of 1 to ``limit`` events."""
+    :class:`MalformedBatch` when the body is not a batch of 1 to ``limit`` events.
+
+    The body is held to :data:`BATCH_DEPTH` and to the text rules of any body, so each
+    event in it already meets what a per-message body must (an event at the deepest a
+    payload may nest is not refused for travelling in a batch), and need not be walked
+    again: :meth:`Envelope.from_json_body` takes it as it is."""
     try:
-        doc = parse_json_body(body)
+        doc = parse_json_body(body, max_depth=BATCH_DEPTH)
     except PoisonError as exc:
         raise MalformedBatch(exc.reason_code, exc.detail) from None
     if not isinstance(doc, dict):

@@ -341,10 +341,10 @@ def _finite_float(text: str) -> float:
 _STRICT_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
-def parse_json_body(data: bytes) -> Any:
-    """``data`` as strict JSON: UTF-8, RFC 8259, nested at most one level deeper than a
-    payload may be, text that is valid Unicode; else :class:`PoisonError`
-    (``MALFORMED_JSON``) naming the defect."""
+def parse_json_body(data: bytes, *, max_depth: int = MAX_PAYLOAD_DEPTH + 1) -> Any:
+    """``data`` as strict JSON: UTF-8, RFC 8259, nested at most ``max_depth`` levels (by
+    default one deeper than a payload may be: an envelope's), text that is valid Unicode;
+    else :class:`PoisonError` (``MALFORMED_JSON``) naming the defect."""
     try:
         data = bytes(data)
         text = data.decode("utf-8")
@@ -356,13 +356,13 @@ def parse_json_body(data: bytes) -> Any:
         raise PoisonError("MALFORMED_JSON", f"body is not JSON: {_short(str(exc), 200)}") from None
     except RecursionError:
         raise PoisonError(
-            "MALFORMED_JSON", f"body nests deeper than {MAX_PAYLOAD_DEPTH + 1} levels"
+            "MALFORMED_JSON", f"body nests deeper than {max_depth} levels"
         ) from None
     # Cheap tests first: UTF-8 cannot carry a surrogate, only a \\uD8xx escape can; and
     # fewer brackets than levels cannot nest too deep. Most bodies need no walk at all.
     escaped = b"\\ud" in data or b"\\uD" in data
-    if escaped or data.count(b"[") + data.count(b"{") > MAX_PAYLOAD_DEPTH + 1:
-        defect = json_defect(doc, where="body", max_depth=MAX_PAYLOAD_DEPTH + 1, check_text=escaped)
+    if escaped or data.count(b"[") + data.count(b"{") > max_depth:
+        defect = json_defect(doc, where="body", max_depth=max_depth, check_text=escaped)
         if defect is not None:
             raise PoisonError("MALFORMED_JSON", defect)
     return doc

@@ -329,7 +329,8 @@ class Handler:
         return Outcome(200, batch_answer_document(results))
 
     def _prepare_event(self, doc: Any) -> tuple[_Prepared | PoisonError, CallIds]:
-        """One event of a batch, checked as a call of its own would be."""
+        """One event of a batch (from :func:`parse_batch_request`), checked as a call of
+        its own would be."""
         headers: dict[str, str] = {}
         if isinstance(doc, dict):
             if isinstance(doc.get("message_id"), str):
@@ -340,7 +341,7 @@ class Handler:
         try:
             if not isinstance(doc, dict):
                 raise MalformedRequest("MALFORMED_ENVELOPE", "a batch event is a JSON object")
-            prepared = self._checked(parse_call_document(doc, headers))
+            prepared = self._checked(parse_call_document(doc, headers, sound=True))
         except PoisonError as exc:
             return exc, ids
         call = prepared.call

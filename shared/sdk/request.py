@@ -97,10 +97,15 @@ def parse_call(body: bytes, headers: Mapping[str, str]) -> Call[dict[str, Any]]:
     return _call(doc, envelope, headers)
 
 
-def parse_call_document(doc: dict[str, Any], headers: Mapping[str, str]) -> Call[dict[str, Any]]:
-    """:func:`parse_call` of a body already decoded (one event of a batch call)."""
+def parse_call_document(
+    doc: dict[str, Any], headers: Mapping[str, str], *, sound: bool = False
+) -> Call[dict[str, Any]]:
+    """:func:`parse_call` of a body already decoded (one event of a batch call).
+
+    ``sound``: ``doc`` came out of :func:`parse_batch_request`, which held it to the depth
+    and text rules already, so it is not walked again."""
     try:
-        envelope = Envelope.from_dict(doc)
+        envelope = Envelope.from_json_body(doc) if sound else Envelope.from_dict(doc)
     except PoisonError as exc:
         raise MalformedRequest(exc.reason_code, exc.detail) from None
     return _call(doc, envelope, headers)

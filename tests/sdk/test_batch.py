@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 
 from devstack.ports import free_port
+from shared.domain.envelope import MAX_PAYLOAD_DEPTH, json_defect
 from shared.sdk import Handler
 from shared.sdk.aiohttp_app import aiohttp_app
 from shared.sdk.testing import SigningClient, batch_results
@@ -249,3 +250,27 @@ async def test_a_statement_failing_inside_a_pipelined_run_fails_alone(served: Se
     assert await served.count("SELECT count(*) FROM invoices") == 10
     assert await served.count("SELECT amount FROM invoices WHERE order_id = $1", taken) == 99
     assert await served.count("SELECT count(*) FROM handler_applied") == 9
+
+
+async def test_an_event_nested_as_deep_as_a_payload_may_be_is_applied_in_a_batch(
+    served: Served,
+) -> None:
+    """A batch nests its events two levels down: an event at the deepest a payload may
+    be is applied as it would be on its own, not refused with the whole batch."""
+    deep: dict[str, Any] = {}
+    inner = deep
+    for _ in range(MAX_PAYLOAD_DEPTH - 2):
+        inner["d"] = {}
+        inner = inner["d"]
+    payload = {"k": "deep", "deep": deep}
+    assert json_defect(payload) is None  # the deepest allowed …
+    assert json_defect({"k": "x", "deep": {"d": deep}}) is not None  # … one more is not
+    async with _client(served) as ferry:
+        calls = [
+            ferry.call("tally_noted", 1, payload, context="shop"),
+            ferry.call("tally_noted", 1, {"k": "flat"}, context="shop"),
+        ]
+        reply = await ferry.send_batch(calls)
+    assert reply.status == 200, reply.text
+    assert [r["status"] for r in reply.body["results"]] == [200, 200]
+    assert await served.count("SELECT count(*) FROM tallies") == 2

@@ -8,6 +8,7 @@ import json
 import uuid
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,8 @@ from shared.domain.batch_call import (
     read_batch_answer,
     result_entry,
 )
+from shared.domain.envelope import MAX_PAYLOAD_DEPTH, parse_json_body
+from shared.domain.errors import PoisonError
 
 POLICY = RetryPolicy((0.2, 1.0), 5)
 IDS = [uuid.UUID(int=i + 1) for i in range(4)]
@@ -157,3 +160,32 @@ def test_the_request_parser_takes_version_1() -> None:
             assert exc.reason_code == "UNSUPPORTED_BATCH_VERSION"
         else:
             raise AssertionError(body)
+
+
+@pytest.mark.parametrize(
+    "levels", [1, MAX_PAYLOAD_DEPTH - 1, MAX_PAYLOAD_DEPTH, MAX_PAYLOAD_DEPTH + 1]
+)
+def test_a_batch_takes_exactly_the_events_a_body_of_their_own_would_by_depth(levels: int) -> None:
+    """An event in a batch is two levels further down than in a body of its own: the
+    batch is held to the same limit for each event, no tighter (a payload at the deepest
+    allowed once made the whole batch MALFORMED_JSON) and no looser."""
+    payload: dict[str, Any] = {}
+    inner = payload
+    for _ in range(levels - 1):
+        inner["a"] = {}
+        inner = inner["a"]
+    event = {"message_id": str(uuid.uuid4()), "payload": payload}
+    alone = _accepted(lambda: parse_json_body(json.dumps(event).encode()))
+    in_batch = _accepted(
+        lambda: parse_batch_request(json.dumps({"ferry_batch": 1, "events": [event]}).encode())
+    )
+    assert alone is (levels <= MAX_PAYLOAD_DEPTH)
+    assert in_batch is alone
+
+
+def _accepted(parse: Any) -> bool:
+    try:
+        parse()
+    except PoisonError:
+        return False
+    return True
