@@ -109,9 +109,10 @@ class RunningPublisher:
         concurrency: int = 2,
         poll_interval: float = 0.5,
         atomic_batches: bool = True,
+        atomic_min_rows: int | None = None,
     ) -> None:
         self.topology, self.context, self.dsn, self.js = topology, context, dsn, js
-        self.atomic_batches = atomic_batches
+        self.atomic_batches, self.atomic_min_rows = atomic_batches, atomic_min_rows
         self.batch_size, self.concurrency = batch_size, concurrency
         self.poll_interval = poll_interval
         self.stop = asyncio.Event()
@@ -135,6 +136,8 @@ class RunningPublisher:
             ordering_fields=ordering_fields_of(self.topology, self.context),
             atomic_batches=self.atomic_batches,
         )
+        if self.atomic_min_rows is not None:
+            publisher.atomic_min_rows = self.atomic_min_rows
         self.tasks.append(
             asyncio.create_task(listen(self.dsn, "ferry_outbox", publisher.notify, self.stop))
         )

@@ -68,6 +68,7 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
         partitions=context.stream.partitions,
         ordering_fields=ordering_fields_of(topology, settings.context),
         atomic_batches=settings.atomic_batches,
+        atomic_min_rows=settings.atomic_min_rows,
         nc=nc,
     )
     publisher.linger = settings.linger

@@ -189,6 +189,7 @@ class OutboxPublisher:
         partitions: int = 1,
         ordering_fields: OrderingFields | None = None,
         atomic_batches: bool = True,
+        atomic_min_rows: int = atomic.MIN_ROWS,
         nc: atomic.Client | None = None,
     ) -> None:
         self.pool, self.js = pool, js
@@ -196,6 +197,8 @@ class OutboxPublisher:
         #: (default: the client ``js`` publishes through), until the stream says it
         #: takes none; then one by one for ATOMIC_RETRY_AFTER seconds.
         self.atomic_batches = atomic_batches
+        #: Smaller claims go one by one (an atomic batch has a cost of its own).
+        self.atomic_min_rows = atomic_min_rows
         self.nc: atomic.Client | None = nc or typing.cast(
             "atomic.Client | None", getattr(js, "_nc", None)
         )
@@ -444,11 +447,12 @@ class OutboxPublisher:
         """Publish ``rows`` in per-aggregate waves; return (published seqs, failed seq → why).
 
         A row whose predecessor in its aggregate failed is not attempted at all: it stays
-        pending, unmarked, behind the failed one. Atomic batches go first when on: rows
-        they stored are published; the rest go in waves.
+        pending, unmarked, behind the failed one. Atomic batches go first when on and
+        the claim holds at least ``atomic_min_rows``: rows they stored are published; the
+        rest go in waves.
         """
         stored: list[int] = []
-        if self._atomic_on():
+        if self._atomic_on() and len(rows) >= self.atomic_min_rows:
             stored, failed = await self._publish_atomic(rows)
             if failed is not None or len(stored) == len(rows):
                 return stored, failed or {}

@@ -47,7 +47,9 @@ async def test_batches_are_stored_whole_once_and_in_order(
     await provision(js, env.topology, caps=CAPS)
     assert (await js.stream_info(STREAM)).config.allow_atomic is True
     await insert_events(sea_conn, 600, aggregates=7)
-    async with RunningPublisher(env.topology, "sea", env.dsn("sea"), js) as publisher:
+    async with RunningPublisher(
+        env.topology, "sea", env.dsn("sea"), js, concurrency=1
+    ) as publisher:
         await eventually(lambda: _is_zero(sea_conn), timeout=30, what="600 rows published")
     assert publisher.stats.atomic_batches >= 1
     assert publisher.stats.atomic_refused == 0
@@ -92,7 +94,7 @@ async def test_a_stream_without_allow_atomic_is_published_one_by_one(
     await js.add_stream(stream_config(spec, CAPS).evolve(allow_atomic=None))
     caplog.set_level(logging.WARNING, logger="ferry.outbox_publisher")
     async with RunningPublisher(
-        env.topology, "sea", env.dsn("sea"), js, batch_size=20, concurrency=1
+        env.topology, "sea", env.dsn("sea"), js, batch_size=20, concurrency=1, atomic_min_rows=1
     ) as publisher:
         for _ in range(3):
             await insert_events(sea_conn, 40, aggregates=4)
@@ -107,6 +109,25 @@ async def test_a_stream_without_allow_atomic_is_published_one_by_one(
         c.name == STREAM and c.action == "updated" and "allow_atomic" in c.diffs for c in changes
     ), [c.describe() for c in changes]
     assert (await js.stream_info(STREAM)).config.allow_atomic is True
+
+
+async def test_a_claim_under_the_minimum_goes_one_by_one(
+    env: Env, nc: NATS, sea_conn: asyncpg.Connection
+) -> None:
+    """At a moderate rate claims are small, and an atomic batch costs more than it saves
+    below atomic.MIN_ROWS messages: such claims are published one by one."""
+    js = nc.jetstream()
+    await provision(js, env.topology, caps=CAPS)
+    async with RunningPublisher(env.topology, "sea", env.dsn("sea"), js) as publisher:
+        assert publisher.atomic_min_rows == atomic.MIN_ROWS
+        for _ in range(3):
+            await insert_events(sea_conn, atomic.MIN_ROWS - 1, aggregates=5)
+            await eventually(lambda: _is_zero(sea_conn), timeout=30, what="rows published")
+    assert publisher.stats.atomic_batches == 0 and publisher.stats.atomic_refused == 0
+    msgs = await stream_messages(js, STREAM)
+    assert len(msgs) == 3 * (atomic.MIN_ROWS - 1)
+    assert not any(m.headers.get(atomic.BATCH_ID) for m in msgs)
+    await _assert_exactly_once_in_order(nc, sea_conn)
 
 
 async def test_a_claim_over_the_server_limit_goes_in_consecutive_batches(

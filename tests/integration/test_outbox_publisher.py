@@ -175,7 +175,7 @@ async def test_stream_refusal_is_recorded_and_retried(
     await insert_events(sea_conn, 3, aggregates=1)
     async with RunningPublisher(
         env.topology, "sea", env.dsn("sea"), nc.jetstream(), concurrency=1,
-        atomic_batches=atomic_batches,
+        atomic_batches=atomic_batches, atomic_min_rows=1,
     ):  # fmt: skip
         await eventually(lambda: _has_error(sea_conn), timeout=10, what="publish_error recorded")
         row = await sea_conn.fetchrow(
