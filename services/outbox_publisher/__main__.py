@@ -12,6 +12,7 @@ from shared.adapters.nats import connect_nats
 from shared.adapters.notify import listen
 from shared.adapters.postgres import create_pool_when_up
 from shared.contracts.lint import PublisherTiming, require_clean_topology
+from shared.contracts.topology import ContextSpec
 from shared.domain.errors import ConfigurationError
 from shared.runtime.lifecycle import run_role, serve
 from shared.runtime.logs import configure_logging
@@ -72,7 +73,7 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
         nc=nc,
     )
     publisher.linger = settings.linger
-    publisher.fill_linger = settings.publisher_linger
+    publisher.fill_linger = fill_linger(settings, context)
     listener_stop = asyncio.Event()
     listener = asyncio.create_task(listen(dsn, "ferry_outbox", publisher.notify, listener_stop))
     log.info("publishing context %s into %s", settings.context, context.stream.name)
@@ -95,6 +96,14 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
         await nc.close()
         await pool.close()
         log.info("stopped", extra={"published": publisher.stats.published})
+
+
+def fill_linger(settings: PublisherSettings, context: ContextSpec) -> float:
+    """FERRY_PUBLISHER_LINGER when set, else the context's ``publisher_linger`` from the
+    topology, else the setting's default."""
+    if "publisher_linger" in settings.model_fields_set or context.publisher_linger is None:
+        return settings.publisher_linger
+    return context.publisher_linger
 
 
 async def _workers(
