@@ -20,7 +20,8 @@ from shared.runtime.metrics import RoleMetrics
 from shared.runtime.settings import PublisherSettings
 from shared.telemetry import set_log_fields
 
-from .publisher import OutboxPublisher, ordering_fields_of
+from .messages import ordering_fields_of
+from .publisher import OutboxPublisher
 
 ROLE = "outbox-publisher"
 log = logging.getLogger("ferry.outbox_publisher")
