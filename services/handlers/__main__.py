@@ -178,6 +178,7 @@ async def _main(settings: HandlerSettings) -> int:
     stop = asyncio.Event()
     stop_on_signals(stop)
     tracing = setup_tracing(f"{ROLE_PREFIX}{settings.service or 'unknown'}", settings)
+    loop.freeze()  # what tracing imported lives as long as the process too
     try:
         return await run(settings, stop)
     finally:
@@ -204,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     configure_logging(f"{ROLE_PREFIX}{settings.service or 'unknown'}", settings.log_level)
     try:
-        return loop.run(_main(settings), choice=settings.event_loop)
+        return loop.run(
+            _main(settings), choice=settings.event_loop, gc_policy=settings.gc_threshold
+        )
     except ConfigurationError as exc:
         log.error("configuration error: %s", exc)
         return EXIT_CONFIG

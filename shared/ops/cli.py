@@ -192,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = CommonSettings()
     func: Command = args.func
     try:
-        return loop.run(func(settings, args), choice=settings.event_loop)
+        return loop.run(
+            func(settings, args), choice=settings.event_loop, gc_policy=settings.gc_threshold
+        )
     except AccessDenied as exc:
         print(f"ferry: {exc}", file=sys.stderr)
         return exit_code_of(exc)

@@ -118,13 +118,14 @@ def run_role(
         stop = asyncio.Event()
         stop_on_signals(stop)
         tracing = setup_tracing(role, settings)
+        loop.freeze()  # what tracing imported lives as long as the process too
         try:
             return await run(settings, stop)
         finally:
             tracing.shutdown()
 
     try:
-        return loop.run(main(), choice=settings.event_loop)
+        return loop.run(main(), choice=settings.event_loop, gc_policy=settings.gc_threshold)
     except AccessDenied as exc:
         log.error("%s", exc)
         return exit_code_of(exc)

@@ -164,6 +164,12 @@ class CommonSettings(BaseSettings):
     #: The event loop: ``auto`` (uvloop where it is installed, else asyncio's), ``uvloop``
     #: or ``asyncio`` (:mod:`shared.runtime.loop`; uvloop costs each role less CPU).
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    #: Young-generation threshold of Python's garbage collector (net allocations of
+    #: container objects between passes) in every Ferry process; start-up objects are
+    #: frozen out of collection (:mod:`shared.runtime.loop`). Python's own is 700.
+    gc_threshold: int = Field(
+        default=10_000, ge=100, le=1_000_000, validation_alias=AliasChoices("FERRY_GC_THRESHOLD")
+    )
     #: Link to a trace in ``ferry where``, e.g. ``http://localhost:16686/trace/{trace_id}``.
     trace_url_template: str | None = Field(
         default=None, validation_alias=AliasChoices("FERRY_TRACE_URL_TEMPLATE")
