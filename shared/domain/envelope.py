@@ -9,9 +9,7 @@ in transit from one that is merely unexpected. Parsing never raises anything but
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import math
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -19,7 +17,32 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.domain.errors import MalformedInput, OutboxValidationError, PoisonError
+from shared.domain.json_text import (
+    MAX_PAYLOAD_DEPTH,
+    canonical_json,
+    json_defect,
+    parse_json_body,
+    payload_digest,
+    shown,
+    wire_json,
+)
 from shared.domain.subjects import EventSubject, parse_subject
+
+__all__ = [  # the JSON helpers live in shared.domain.json_text; importers found them here
+    "MAX_PAYLOAD_DEPTH",
+    "REQUIRED_FIELDS",
+    "SURROGATE_NAMESPACE",
+    "Envelope",
+    "Identified",
+    "canonical_json",
+    "format_timestamp",
+    "identify",
+    "json_defect",
+    "parse_json_body",
+    "parse_timestamp",
+    "payload_digest",
+    "wire_json",
+]
 
 #: Fields a well-formed envelope must carry; the rest are optional.
 REQUIRED_FIELDS = (
@@ -32,139 +55,6 @@ REQUIRED_FIELDS = (
     "aggregate_id",
     "payload",
 )
-
-
-#: Deepest payload accepted: objects and arrays nested at most this many levels. The
-#: producer refuses a deeper one; on the wire an envelope nesting deeper is poison
-#: (unbounded nesting ends in a ``RecursionError`` somewhere down the line).
-MAX_PAYLOAD_DEPTH = 64
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-#: ``json.dumps(doc, ensure_ascii=False, separators=(",", ":"), default=str)``, built once.
-_WIRE_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
-
-
-def wire_json(doc: Any) -> bytes:
-    """``doc`` as compact UTF-8 JSON, the form every body Ferry sends takes (sizes are wire
-    sizes: a Cyrillic letter is 2 bytes, not a 6-byte ``\\u`` escape). ASCII escapes only
-    when the text holds what UTF-8 cannot carry (a lone surrogate), so nothing is refused.
-    Values JSON has no form for are written as their ``str``."""
-    try:
-        return _WIRE_ENCODER.encode(doc).encode()
-    except UnicodeEncodeError:
-        return json.dumps(doc, separators=(",", ":"), default=str).encode()
-
-
-#: ``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``, built
-#: once (``json.dumps`` builds an encoder per call when given options).
-_CANONICAL_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def canonical_json(value: Any) -> str:
-    """Serialise ``value`` so equal documents give equal strings (sorted keys, no spaces).
-
-    UTF-8 text, not ASCII escapes: the payload digest has always been taken over these
-    characters encoded as UTF-8 (so digests of stored rows and records stay as they are).
-    """
-    return _CANONICAL_ENCODER.encode(value)
-
-
-def payload_digest(payload: Any) -> str:
-    """``sha256:<hex>`` of the canonical JSON of ``payload`` (INFRA-005 payloadDigest)."""
-    return "sha256:" + hashlib.sha256(canonical_json(payload).encode()).hexdigest()
-
-
-def json_defect(
-    value: Any,
-    *,
-    where: str = "payload",
-    max_depth: int = MAX_PAYLOAD_DEPTH,
-    forbid_nul: bool = False,
-    check_text: bool = True,
-) -> str | None:
-    """What makes decoded JSON ``value`` unfit to travel as UTF-8 JSON, or ``None``.
-
-    Nesting deeper than ``max_depth`` (``value`` itself is level 1), a string (key or
-    value) with a lone surrogate, which no UTF-8 encoder can write, and with
-    ``forbid_nul`` a NUL character, which PostgreSQL (``jsonb``, ``text``) cannot store
-    (``check_text=False`` checks the nesting only). Walked without recursion, so any
-    depth is measured safely; the answer names the first offending path.
-    """
-    if isinstance(value, dict | list) and _surely_sound(value, max_depth, forbid_nul, check_text):
-        return None
-    # Paths are kept as (parent, step) links and spelled out only for the answer.
-    stack: list[tuple[Any, Any, int]] = [(value, None, 1)]
-    while stack:
-        node, path, depth = stack.pop()
-        if isinstance(node, str):
-            problem = _text_defect(node, forbid_nul)
-            if problem:
-                return f"{_spell(where, path)}: {problem}"
-            continue
-        if not isinstance(node, dict | list):
-            continue
-        if depth > max_depth:
-            return f"{_spell(where, path)}: nested deeper than {max_depth} levels"
-        items = enumerate(node) if isinstance(node, list) else node.items()
-        for step, item in items:
-            problem = _text_defect(step, forbid_nul) if check_text else ""
-            if problem:
-                return f"{_spell(where, path)}: key {_shown(step)}: {problem}"
-            if isinstance(item, dict | list) or (check_text and isinstance(item, str)):
-                stack.append((item, (path, step), depth + 1))
-    return None
-
-
-#: Strict JSON text of a document: no ``default`` (anything JSON has no form for raises).
-_PLAIN_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
-
-
-def _surely_sound(value: Any, max_depth: int, forbid_nul: bool, check_text: bool) -> bool:
-    """True only if :func:`json_defect` of the object or array ``value`` is None, judged on
-    its JSON text (C speed) instead of a walk: every container opens one bracket, so no
-    more brackets than levels cannot nest too deep; the text keeps every string, key or
-    value, as it is (a lone surrogate too) except control characters, which it escapes
-    (NUL as ``\\u0000``). False means "walk it" (also for anything the encoder refuses)."""
-    try:
-        text = _PLAIN_ENCODER.encode(value)
-    except (TypeError, ValueError, RecursionError):
-        return False
-    if text.count("[") + text.count("{") > max_depth:
-        return False
-    if not check_text:
-        return True
-    if forbid_nul and "\\u0000" in text:
-        return False
-    return text.isascii() or _LONE_SURROGATE.search(text) is None
-
-
-def _spell(where: str, path: Any) -> str:
-    steps: list[str] = []
-    while path is not None:
-        path, step = path
-        steps.append(f"[{step}]" if isinstance(step, int) else f".{_short(step)}")
-    return where + "".join(reversed(steps))
-
-
-def _text_defect(text: object, forbid_nul: bool) -> str:
-    if not isinstance(text, str):
-        return ""  # a list index
-    if forbid_nul and "\x00" in text:
-        return "text contains NUL (U+0000), which PostgreSQL cannot store"
-    if not text.isascii() and _LONE_SURROGATE.search(text):
-        return "text is not valid Unicode (a lone surrogate)"
-    return ""
-
-
-def _short(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _shown(value: object) -> str:
-    """A peer's value for an error message: repr (escapes NULs and surrogates), truncated."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def format_timestamp(moment: datetime) -> str:
@@ -197,7 +87,7 @@ def parse_timestamp(text: str) -> datetime:
             return datetime.fromisoformat(text[:-1] + "+00:00")
     match = _RFC3339.fullmatch(text) if isinstance(text, str) else None
     if match is None:
-        raise MalformedInput(f"{_shown(text)} is not an RFC 3339 time with a zone")
+        raise MalformedInput(f"{shown(text)} is not an RFC 3339 time with a zone")
     day, clock, fraction, zone = match.groups()
     micros = (fraction or "").ljust(6, "0")[:6]
     offset = "+00:00" if zone in ("Z", "z") else zone
@@ -205,7 +95,7 @@ def parse_timestamp(text: str) -> datetime:
         moment = datetime.fromisoformat(f"{day}T{clock}.{micros}{offset}")
         return moment.astimezone(UTC)
     except (ValueError, OverflowError) as exc:
-        raise MalformedInput(f"{_shown(text)}: {exc}") from None
+        raise MalformedInput(f"{shown(text)}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,13 +197,13 @@ class Envelope:
         if (parsed.event_type, parsed.version) != (self.event_type, self.event_version):
             raise PoisonError(
                 "SUBJECT_MISMATCH",
-                f"subject {_shown(self.subject)} disagrees with event_type/event_version "
-                f"{_shown(self.event_type)}/{_shown(self.event_version)}",
+                f"subject {shown(self.subject)} disagrees with event_type/event_version "
+                f"{shown(self.event_type)}/{shown(self.event_version)}",
             )
         if nats_subject is not None and nats_subject != self.subject:
             raise PoisonError(
                 "SUBJECT_MISMATCH",
-                f"delivered on {_shown(nats_subject)} but the envelope says {_shown(self.subject)}",
+                f"delivered on {shown(nats_subject)} but the envelope says {shown(self.subject)}",
             )
         if self.payload_digest and self.payload_digest != payload_digest(self.payload):
             raise PoisonError("DIGEST_MISMATCH", "payload_digest does not match the payload")
@@ -322,50 +212,6 @@ class Envelope:
 #: Subjects parsed so far (a process sees a handful of event types): parse_subject is pure.
 _PARSED_SUBJECTS: dict[str, EventSubject] = {}
 _MAX_PARSED_SUBJECTS = 1024
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON (RFC 8259 has no NaN or Infinity)")
-
-
-def _finite_float(text: str) -> float:
-    # 1e400 is valid JSON but no double: Python would read it as inf and write it on as
-    # "Infinity", which is not JSON at all.
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"number {_short(text)} is out of range for a double")
-    return value
-
-
-#: ``json.loads``'s decoder with the strict number rules, built once.
-_STRICT_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
-
-
-def parse_json_body(data: bytes, *, max_depth: int = MAX_PAYLOAD_DEPTH + 1) -> Any:
-    """``data`` as strict JSON: UTF-8, RFC 8259, nested at most ``max_depth`` levels (by
-    default one deeper than a payload may be: an envelope's), text that is valid Unicode;
-    else :class:`PoisonError` (``MALFORMED_JSON``) naming the defect."""
-    try:
-        data = bytes(data)
-        text = data.decode("utf-8")
-        # ValueError also covers integers over Python's 4,300-digit limit.
-        if text.startswith("\ufeff"):  # as json.loads refuses it
-            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-        doc = _STRICT_DECODER.decode(text)
-    except (ValueError, TypeError) as exc:
-        raise PoisonError("MALFORMED_JSON", f"body is not JSON: {_short(str(exc), 200)}") from None
-    except RecursionError:
-        raise PoisonError(
-            "MALFORMED_JSON", f"body nests deeper than {max_depth} levels"
-        ) from None
-    # Cheap tests first: UTF-8 cannot carry a surrogate, only a \\uD8xx escape can; and
-    # fewer brackets than levels cannot nest too deep. Most bodies need no walk at all.
-    escaped = b"\\ud" in data or b"\\uD" in data
-    if escaped or data.count(b"[") + data.count(b"{") > max_depth:
-        defect = json_defect(doc, where="body", max_depth=max_depth, check_text=escaped)
-        if defect is not None:
-            raise PoisonError("MALFORMED_JSON", defect)
-    return doc
 
 
 def _str_field(doc: dict[str, Any], name: str) -> str:
@@ -390,7 +236,7 @@ def _uuid_field(doc: dict[str, Any], name: str) -> str:
     try:
         return str(uuid.UUID(value))
     except ValueError as exc:
-        raise PoisonError("INVALID_FIELD", f"{name} {_shown(value)} is not a UUID") from exc
+        raise PoisonError("INVALID_FIELD", f"{name} {shown(value)} is not a UUID") from exc
 
 
 def _optional_uuid(doc: dict[str, Any], name: str) -> str | None:
@@ -401,7 +247,7 @@ def _version_field(doc: dict[str, Any]) -> int:
     value = doc["event_version"]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PoisonError(
-            "INVALID_FIELD", f"event_version must be a positive integer: {_shown(value)}"
+            "INVALID_FIELD", f"event_version must be a positive integer: {shown(value)}"
         )
     return value
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.domain import envelope as envelope_module
+from shared.domain import json_text as json_text_module
 from shared.domain.envelope import (
     Envelope,
     format_timestamp,
@@ -155,12 +155,12 @@ def test_created_at_is_the_occurred_at_text() -> None:
 
 def _walked(value: Any, **options: Any) -> str | None:
     """json_defect the long way round: the walk alone, no look at the JSON text first."""
-    original = envelope_module._surely_sound
-    envelope_module._surely_sound = lambda *args: False
+    original = json_text_module._surely_sound
+    json_text_module._surely_sound = lambda *args: False
     try:
         return json_defect(value, **options)
     finally:
-        envelope_module._surely_sound = original
+        json_text_module._surely_sound = original
 
 
 @PROPERTY
