@@ -56,8 +56,17 @@ from bench.ratios import TRACING_TARGET
 from bench.report import Results, cpu_text, statements_text, table, write_json
 from bench.world import Servers, kill_leftovers, set_traces_ratio, traces_ratio
 
-SECTIONS = ("baselines", "prototype", "peer", "publisher", "drain", "latency", "sustained",
-            "mediation", "soak")
+SECTIONS = (
+    "baselines",
+    "prototype",
+    "peer",
+    "publisher",
+    "drain",
+    "latency",
+    "sustained",
+    "mediation",
+    "soak",
+)
 RESULTS = ROOT / "bench" / "results"
 
 #: Sizes of a full run, and of ``--quick`` (a smoke run of a minute or two).
@@ -343,7 +352,11 @@ async def _sections(bench: s.Bench) -> None:
 
 
 def _plan(bench: s.Bench) -> Plan:
-    """The sections to run, in order: mode-independent first, then each tracing mode."""
+    """The sections to run, in order: mode-independent first, then each measurement in
+    both tracing modes back to back, the first mode alternating from one measurement to
+    the next (on, off; off, on; ...). The machine's speed drifts over a run (other tenants
+    of the VM): measured side by side, a ratio of the two modes compares like with like,
+    and a drift over the run weighs on both modes alike."""
     sections, modes = bench.options.sections, bench.options.modes
     plan: Plan = []
     if "baselines" in sections:
@@ -352,18 +365,21 @@ def _plan(bench: s.Bench) -> Plan:
         plan.append(("prototype", partial(s.prototype, bench)))
     if "peer" in sections:
         plan.append(("peer", partial(s.peer, bench)))
-    for mode in modes:
-        if "publisher" in sections:
-            plan.append((f"publisher [{mode}]", partial(s.publisher_drain, bench, mode)))
-        if "drain" in sections:
-            plan.append((f"drain x1 [{mode}]", partial(s.e2e_drain, bench, mode, 1)))
-            plan.append((f"drain batch x1 [{mode}]", partial(s.batch_drain, bench, mode)))
-            plan.append((f"drain x2 [{mode}]", partial(s.e2e_drain, bench, mode, 2)))
-            plan.append((f"drain ordered [{mode}]", partial(s.ordered_drain, bench, mode)))
-        if sections & {"latency", "sustained"}:
-            plan.append((f"latency [{mode}]", partial(s.latency, bench, mode)))
-        if "mediation" in sections:
-            plan.append((f"mediation [{mode}]", partial(s.mediation, bench, mode)))
+    steps: list[tuple[str, Callable[[str], Callable[[], Awaitable[None]]]]] = []
+    if "publisher" in sections:
+        steps.append(("publisher", lambda m: partial(s.publisher_drain, bench, m)))
+    if "drain" in sections:
+        steps.append(("drain x1", lambda m: partial(s.e2e_drain, bench, m, 1)))
+        steps.append(("drain batch x1", lambda m: partial(s.batch_drain, bench, m)))
+        steps.append(("drain x2", lambda m: partial(s.e2e_drain, bench, m, 2)))
+        steps.append(("drain ordered", lambda m: partial(s.ordered_drain, bench, m)))
+    if sections & {"latency", "sustained"}:
+        steps.append(("latency", lambda m: partial(s.latency, bench, m)))
+    if "mediation" in sections:
+        steps.append(("mediation", lambda m: partial(s.mediation, bench, m)))
+    for index, (name, make) in enumerate(steps):
+        order = list(modes) if index % 2 == 0 else list(reversed(modes))
+        plan.extend((f"{name} [{mode}]", make(mode)) for mode in order)
     if "soak" in sections:
         plan.append((f"soak [{modes[0]}]", partial(s.soak, bench, modes[0])))
     return plan

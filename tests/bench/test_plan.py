@@ -1,0 +1,40 @@
+"""The benchmark's plan: each measurement in both tracing modes back to back, the first
+mode alternating, so a machine that slows down during a run weighs on both alike."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from bench import run
+
+
+def _names(*argv: str) -> list[str]:
+    options = run.options_from(run.parse_args(list(argv)))
+    bench = SimpleNamespace(options=options)
+    return [name for name, _ in run._plan(bench)]  # type: ignore[arg-type]
+
+
+def test_both_modes_of_a_measurement_run_side_by_side_first_mode_alternating() -> None:
+    names = _names("--skip", "soak")
+    assert names[:3] == ["baselines", "prototype", "peer"]
+    steps = [
+        "publisher", "drain x1", "drain batch x1", "drain x2", "drain ordered", "latency",
+        "mediation",
+    ]  # fmt: skip
+    expected = []
+    for index, step in enumerate(steps):
+        modes = ["on", "off"] if index % 2 == 0 else ["off", "on"]
+        expected += [f"{step} [{mode}]" for mode in modes]
+    assert names[3:] == expected
+
+
+def test_one_mode_runs_each_measurement_once() -> None:
+    assert _names("--sections", "drain,mediation", "--tracing", "off") == [
+        "drain x1 [off]", "drain batch x1 [off]", "drain x2 [off]", "drain ordered [off]",
+        "mediation [off]",
+    ]  # fmt: skip
+
+
+def test_the_soak_comes_last_in_the_first_mode() -> None:
+    names = _names("--sections", "publisher,soak")
+    assert names == ["publisher [on]", "publisher [off]", "soak [on]"]
