@@ -30,6 +30,7 @@ from nats.aio.client import Client as NATS
 from prometheus_client import Counter, Histogram
 
 from shared.adapters import dead_letters as store
+from shared.adapters.postgres import DATABASE_ERRORS
 from shared.contracts.topology import Topology
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
 from shared.ops import dlq as dlq_ops
@@ -45,6 +46,9 @@ from .settings import ConsoleSettings
 from .svg import sparkline
 
 log = logging.getLogger("ferry.console")
+#: A server the console reads could not answer: a page in words (503), not a 500. asyncpg's
+#: InterfaceError (a connection dropped or its pool closing) is not a PostgresError.
+SERVER_ERRORS: tuple[type[BaseException], ...] = (TransientError, *DATABASE_ERRORS)
 HERE = Path(__file__).resolve().parent
 #: The sparklines' span (seconds).
 HOUR = 3600.0
@@ -211,7 +215,7 @@ class Console:
                 log.error("access refused: %s", exc)
                 return self._error_page(request, "the console's own login was refused", 503)
             return self._error_page(request, str(exc), 400)
-        except (TransientError, OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        except SERVER_ERRORS as exc:
             ref = secrets.token_hex(4)
             log.warning("request %s %s failed (ref %s): %s", request.method, request.path, ref,
                         exc)  # fmt: skip
@@ -330,7 +334,7 @@ class Console:
             try:
                 async with pool.acquire(timeout=2) as conn:
                     await conn.fetchval("SELECT 1")
-            except (OSError, asyncpg.PostgresError, TimeoutError):
+            except DATABASE_ERRORS:  # a dropped connection is an InterfaceError, not 500
                 failing.append(f"postgres:{name}")
         return web.json_response(
             {"ready": not failing, "failing": failing}, status=503 if failing else 200

@@ -4,11 +4,13 @@ redirect target, sparklines, the span timeline, the thresholds drawn (= the aler
 from __future__ import annotations
 
 import base64
+import json
 import re
 import time
 import uuid
 from pathlib import Path
 
+import asyncpg
 import pytest
 import yaml
 from hypothesis import given, settings
@@ -202,3 +204,34 @@ def test_timeline_nests_spans_under_their_parents() -> None:
     )
     assert [(r["name"], r["depth"]) for r in rows] == [("root", 0), ("child", 1)]
     assert rows[1]["offset"] == pytest.approx(25.0) and rows[1]["width"] == pytest.approx(25.0)
+
+
+class _DroppedPool:
+    """A pool that cannot give a connection for a reason asyncpg reports as InterfaceError
+    (not a PostgresError): a closing pool, a connection released under its user."""
+
+    def acquire(self, timeout: float | None = None) -> _DroppedPool:
+        return self
+
+    async def __aenter__(self) -> None:
+        raise asyncpg.exceptions.InterfaceError("cannot call Pool.acquire(): the pool is closing")
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+async def test_readiness_reports_a_dropped_database_connection_as_failing() -> None:
+    from services.console.app import Console
+    from services.console.settings import ConsoleSettings
+    from shared.contracts.loading import load_topology
+    from shared.runtime.metrics import RoleMetrics
+
+    topology = load_topology(ROOT / "topologies" / "sea-vibespro.yaml")
+    console = Console(
+        ConsoleSettings(), topology, {"sea": _DroppedPool()},  # type: ignore[dict-item]
+        lambda: None, _auth(), RoleMetrics("console"),
+    )  # fmt: skip
+    console.ready = True
+    response = await console.readyz(None)  # type: ignore[arg-type]
+    assert response.status == 503
+    assert json.loads(response.body)["failing"] == ["nats", "postgres:sea"]  # type: ignore[arg-type]
