@@ -16,7 +16,6 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.console.app import _safe_next, timeline
 from services.console.auth import (
     Account,
     Authenticator,
@@ -26,6 +25,7 @@ from services.console.auth import (
 )
 from services.console.data import THRESHOLDS, parse_search, predicted
 from services.console.svg import sparkline
+from services.console.views import safe_next, timeline
 from shared.domain.errors import ConfigurationError
 from tests.conftest import ROOT
 
@@ -144,7 +144,7 @@ def test_search_box_meets_any_text(text: str) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.none(), st.text(max_size=60)))
 def test_redirect_after_sign_in_stays_on_the_console(target: str | None) -> None:
-    found = _safe_next(target)
+    found = safe_next(target)
     assert found.startswith("/") and not found.startswith("//") and "\\" not in found
 
 
