@@ -5,7 +5,9 @@ Starts its own nats-server (file store, ``sync_interval: always``) and PostgreSQ
 processes and the load generator in a process of its own, and measures, by section:
 
 ``baselines``  raw JetStream publish and pull consume + ack, the PostgreSQL state+outbox
-               transaction over 8 connections, the HTTP round trip to the example handler
+               transaction over 8 connections, the HTTP round trip to the example handler;
+               after every other section, the transaction and POST /handle once more
+               (the machine's drift over the run, end ÷ start)
 ``prototype``  the bare-bones pipeline (:mod:`bench.prototype`) at each of ``--rates``,
                then (with ``sustained``) its highest sustained rate: the same-machine
                yardstick of the latency and sustained figures
@@ -365,6 +367,22 @@ def _plan(bench: s.Bench) -> Plan:
         plan.append(("prototype", partial(s.prototype, bench)))
     if "peer" in sections:
         plan.append(("peer", partial(s.peer, bench)))
+    for index, (name, make) in enumerate(_measurements(bench)):
+        order = list(modes) if index % 2 == 0 else list(reversed(modes))
+        plan.extend((f"{name} [{mode}]", make(mode)) for mode in order)
+    if "soak" in sections:
+        plan.append((f"soak [{modes[0]}]", partial(s.soak, bench, modes[0])))
+    if "baselines" in sections and len(plan) > 1:
+        # The machine's drift over the run: two baselines again, beside their first figures.
+        plan.append(("baselines again", partial(s.baselines_again, bench)))
+    return plan
+
+
+def _measurements(
+    bench: s.Bench,
+) -> list[tuple[str, Callable[[str], Callable[[], Awaitable[None]]]]]:
+    """The sections measured in each tracing mode, in order: (name, step of a mode)."""
+    sections = bench.options.sections
     steps: list[tuple[str, Callable[[str], Callable[[], Awaitable[None]]]]] = []
     if "publisher" in sections:
         steps.append(("publisher", lambda m: partial(s.publisher_drain, bench, m)))
@@ -377,12 +395,7 @@ def _plan(bench: s.Bench) -> Plan:
         steps.append(("latency", lambda m: partial(s.latency, bench, m)))
     if "mediation" in sections:
         steps.append(("mediation", lambda m: partial(s.mediation, bench, m)))
-    for index, (name, make) in enumerate(steps):
-        order = list(modes) if index % 2 == 0 else list(reversed(modes))
-        plan.extend((f"{name} [{mode}]", make(mode)) for mode in order)
-    if "soak" in sections:
-        plan.append((f"soak [{modes[0]}]", partial(s.soak, bench, modes[0])))
-    return plan
+    return steps
 
 
 def _finish(bench: s.Bench) -> None:

@@ -247,7 +247,56 @@ async def baselines(bench: Bench) -> None:
         res.row(key, label, unit).set("raw", value)
 
 
-async def _baseline(bench: Bench, kind: str, args: list[str]) -> dict[str, Any]:
+#: The baselines measured again at the run's end (``baselines again``): the raw POST
+#: /handle every drain ratio divides by, and the state+outbox transaction behind every
+#: producer. Key of the row at the end, key of the same measurement at the start.
+AGAIN = (("raw.pg_txn_end", "raw.pg_txn", "pg-txn", "txn_s"),
+         ("raw.http_end", "raw.http", "http-handler", "req_s"))  # fmt: skip
+
+
+async def baselines_again(bench: Bench) -> None:
+    """Two baselines measured again after every other section, beside their first figures.
+
+    The VM's speed drifts over a 30-minute run (other tenants): the same measurement at
+    both ends says how far a late section may be off from a baseline taken first, so a
+    reader knows how much of a ratio is the machine. Each row's ratio is end ÷ start.
+    """
+    opts, res = bench.options, bench.results
+    say(f"baselines again at the run's end: PostgreSQL and HTTP for "
+        f"{opts.baseline_seconds:.0f}s each")  # fmt: skip
+    details: dict[str, Any] = {}
+    async with bench.deployment("sea-vibespro", "off", "baseline-end") as dep:
+        seconds = ["--seconds", str(opts.baseline_seconds)]
+        details["pg-txn"] = await _baseline(
+            bench, "pg-txn", ["--dsn", dep.dsn("sea"), *seconds], label="raw pg-txn, end"
+        )
+        handler_url = await dep.start_handler("vibespro")
+        details["http-handler"] = await _baseline(
+            bench, "http-handler", ["--url", handler_url, *seconds], label="raw http-handler, end"
+        )
+    res.sections["baselines_end"] = details
+    drift: dict[str, float] = {}
+    for key, start_key, kind, field_name in AGAIN:
+        start = next((r for r in res.rows if r.key == start_key), None)
+        label = f"{start.label if start else kind}, measured again at the run's end"
+        row = res.row(key, label, start.unit if start else "/s")
+        row.set("raw", float(details[kind][field_name]))
+        first = start.values.get("raw") if start else None
+        if first:
+            row.baseline, row.baseline_label = first, "the same measurement at the run's start"
+            drift[start_key] = round(float(details[kind][field_name]) / first - 1, 3)
+            row.notes.append(f"end ÷ start {details[kind][field_name] / first:.2f}: the "
+                             f"machine's drift over the run")  # fmt: skip
+    res.meta["baseline_drift"] = drift
+    if drift:
+        say("  drift over the run: " + ", ".join(
+            f"{k} {100 * v:+.0f} %" for k, v in drift.items()))  # fmt: skip
+
+
+async def _baseline(
+    bench: Bench, kind: str, args: list[str], *, label: str | None = None
+) -> dict[str, Any]:
+    """Run one raw baseline worker; its CPU is booked as ``label`` (``raw <kind>``)."""
     book = bench.servers.book
     before = book.snapshot()
     started = time.monotonic()
@@ -257,7 +306,8 @@ async def _baseline(bench: Bench, kind: str, args: list[str]) -> dict[str, Any]:
     cpu = cpu_delta(before, book.snapshot())
     cpu["raw client"] = float(result.get("cpu_s", 0.0))
     count = int(result.get("count", 0))
-    bench.results.book_cpu(f"raw {kind}", "raw", count, min(elapsed, result["seconds"]), cpu)
+    bench.results.book_cpu(label or f"raw {kind}", "raw", count, min(elapsed, result["seconds"]),
+                           cpu)  # fmt: skip
     result["cpu_s_by_process"] = cpu
     rate = result.get("msg_s") or result.get("txn_s") or result.get("req_s")
     say(f"  {kind}: {rate:,.0f}/s")
@@ -726,8 +776,17 @@ async def run_step(
     batches = await batches_since(dep, batches0)
     rate = int(sum(lane["rate"] for lane in lanes))
     elapsed = time.monotonic() - started
-    return Step(rate, producer, latencies, max(want - done, 0), cpu, elapsed,
-                statements=statements, started_busy=busy, batches=batches)
+    return Step(
+        rate,
+        producer,
+        latencies,
+        max(want - done, 0),
+        cpu,
+        elapsed,
+        statements=statements,
+        started_busy=busy,
+        batches=batches,
+    )
 
 
 async def batches_since(

@@ -25,7 +25,15 @@ def test_both_modes_of_a_measurement_run_side_by_side_first_mode_alternating() -
     for index, step in enumerate(steps):
         modes = ["on", "off"] if index % 2 == 0 else ["off", "on"]
         expected += [f"{step} [{mode}]" for mode in modes]
-    assert names[3:] == expected
+    # Two baselines again at the very end: how far the machine drifted over the run.
+    assert names[3:] == [*expected, "baselines again"]
+
+
+def test_baselines_are_measured_again_only_after_other_sections() -> None:
+    assert _names("--sections", "baselines") == ["baselines"]
+    assert _names("--sections", "baselines,publisher", "--tracing", "off") == [
+        "baselines", "publisher [off]", "baselines again",
+    ]  # fmt: skip
 
 
 def test_one_mode_runs_each_measurement_once() -> None:
