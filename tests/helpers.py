@@ -16,6 +16,7 @@ from nats.js.errors import NotFoundError
 from services.dlq_replayer.replayer import DlqReplayer
 from services.dlq_router.router import DlqRouter
 from services.outbox_publisher.publisher import OutboxPublisher, ordering_fields_of
+from services.outbox_publisher.watch import OutboxWatch
 from shared.adapters.notify import listen
 from shared.adapters.producer import record_event
 from shared.contracts.topology import Topology
@@ -110,8 +111,11 @@ class RunningPublisher:
         poll_interval: float = 0.5,
         atomic_batches: bool = True,
         atomic_min_rows: int | None = None,
+        watch_period: float | None = None,
     ) -> None:
+        """``watch_period``: run the outbox watch with that period (None: no watch)."""
         self.topology, self.context, self.dsn, self.js = topology, context, dsn, js
+        self.watch_period = watch_period
         self.atomic_batches, self.atomic_min_rows = atomic_batches, atomic_min_rows
         self.batch_size, self.concurrency = batch_size, concurrency
         self.poll_interval = poll_interval
@@ -138,6 +142,11 @@ class RunningPublisher:
         )
         if self.atomic_min_rows is not None:
             publisher.atomic_min_rows = self.atomic_min_rows
+        if self.watch_period is not None:
+            publisher.watch = OutboxWatch(
+                self.pool, publisher, period=self.watch_period, poll_interval=self.poll_interval
+            )
+            self.tasks.append(asyncio.create_task(publisher.watch.run(self.stop)))
         self.tasks.append(
             asyncio.create_task(listen(self.dsn, "ferry_outbox", publisher.notify, self.stop))
         )

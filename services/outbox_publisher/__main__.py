@@ -22,6 +22,7 @@ from shared.telemetry import set_log_fields
 
 from .messages import ordering_fields_of
 from .publisher import OutboxPublisher
+from .watch import MIN_PERIOD, OutboxWatch
 
 ROLE = "outbox-publisher"
 log = logging.getLogger("ferry.outbox_publisher")
@@ -75,6 +76,11 @@ async def run(settings: PublisherSettings, stop: asyncio.Event | None = None) ->
     )
     publisher.linger = settings.linger
     publisher.fill_linger = fill_linger(settings, context)
+    if settings.publisher_watch:
+        publisher.watch = OutboxWatch(
+            pool, publisher, period=watch_period(publisher), poll_interval=settings.poll_interval,
+            metrics=publisher_metrics,
+        )  # fmt: skip
     listener_stop = asyncio.Event()
     listener = asyncio.create_task(listen(dsn, "ferry_outbox", publisher.notify, listener_stop))
     log.info("publishing context %s into %s", settings.context, context.stream.name)
@@ -107,14 +113,22 @@ def fill_linger(settings: PublisherSettings, context: ContextSpec) -> float:
     return context.publisher_linger
 
 
+def watch_period(publisher: OutboxPublisher) -> float:
+    """The watch's period: the linger a woken worker would wait (at least 5 ms)."""
+    return max(publisher.fill_linger, publisher.linger, MIN_PERIOD)
+
+
 async def _workers(
     publisher: OutboxPublisher, stop: asyncio.Event, settings: PublisherSettings
 ) -> None:
-    """``settings.concurrency`` workers until ``stop``, each finishing its batch in flight."""
+    """``settings.concurrency`` workers until ``stop``, each finishing its batch in flight,
+    and the outbox watch (which deletes its promise when stopped)."""
     workers = [
         publisher.run_worker(stop, poll_interval=settings.poll_interval)
         for _ in range(settings.concurrency)
     ]
+    if publisher.watch is not None:
+        workers.append(publisher.watch.run(stop))
     await asyncio.gather(*workers, return_exceptions=True)
 
 

@@ -122,6 +122,27 @@ class PublisherMetrics:
             registry=reg,
         )
 
+        self._watching = Gauge(
+            "ferry_outbox_watching",
+            "1 while the publisher claims on a timer and producers' commits skip their "
+            "NOTIFY (steady traffic; table outbox_watch), 0 while each commit notifies.",
+            ["context"],
+            registry=reg,
+        ).labels(context)
+        self._watches = Counter(
+            "ferry_outbox_watches",
+            "Times the publisher started watching the outbox (commits came quicker than "
+            "its linger apart).",
+            ["context"],
+            registry=reg,
+        ).labels(context)
+
+    def watching(self, on: bool) -> None:
+        """The outbox watch started (counted) or ended, its claims after it included."""
+        if on:
+            self._watches.inc()
+        self._watching.set(1 if on else 0)
+
     def time_send(self, future: asyncio.Future[Any]) -> None:
         """Count and time one pipelined publish when its PubAck (or failure) arrives."""
         started = time.perf_counter()

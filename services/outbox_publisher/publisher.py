@@ -41,6 +41,8 @@ from shared.runtime.metrics import RoleMetrics
 from . import atomic
 from .messages import OrderingFields, build_message, ordering_fields_of
 from .sending import Sender
+from .waits import sleep_unless, wait_any
+from .watch import OutboxWatch
 
 __all__ = [
     "Batch",
@@ -163,6 +165,11 @@ class OutboxPublisher:
         #: Batches committed with rows published, by any worker: a claim that found rows
         #: held back compares it with its value from before the claim (see run_worker).
         self._commits = 0
+        #: Rows claimed so far, by any worker (the watch ends when they stop coming).
+        self.claimed_rows = 0
+        #: Claims on a timer while commits come quickly, sparing their NOTIFYs
+        #: (:mod:`.watch`; set by the role, None: every commit notifies).
+        self.watch: OutboxWatch | None = None
 
     @property
     def atomic_min_rows(self) -> int:
@@ -183,6 +190,8 @@ class OutboxPublisher:
         """
         self.arrivals.arrived()
         self._notified += 1
+        if self.watch is not None:
+            self.watch.arrived()
         if self._filling:
             # A worker is gathering commits into its coming claim: this one joins it, no
             # other worker need claim. When its batch is full it claims at once; later
@@ -193,6 +202,12 @@ class OutboxPublisher:
             if not full.is_set():
                 full.set()
                 return
+        self.tick()
+
+    def tick(self) -> None:
+        """Wake one worker to claim: the longest-idle one, or else tell a busy one to claim
+        again when its batch ends. A NOTIFY does this, and so does the outbox watch
+        (:mod:`.watch`) on its timer while commits skip their NOTIFYs."""
         if self._idle:
             self._idle.pop(0).set()
         elif self._wakeups:
@@ -214,7 +229,7 @@ class OutboxPublisher:
                 continue
             count, failed, held_back = batch
             if failed:
-                await _sleep_unless(stop, delay)
+                await sleep_unless(stop, delay)
                 delay = min(delay * 2, self.retry_max)
             else:
                 delay = self.retry_initial
@@ -236,7 +251,7 @@ class OutboxPublisher:
                 continue
             slow = time.monotonic() - started
             if count == 0 and slow > SLOW_EMPTY_CLAIM:
-                await _sleep_unless(stop, min(slow * 10, SLOW_EMPTY_REST_MAX))
+                await sleep_unless(stop, min(slow * 10, SLOW_EMPTY_REST_MAX))
             elif count < self.batch_size and not failed:
                 await _wait_listed(wakeup, self._idle, stop, timeout=poll_interval)
                 if wakeup.is_set():
@@ -247,8 +262,11 @@ class OutboxPublisher:
         """After a NOTIFY woke this worker: wait for the commits right behind it, or not.
 
         Only while commits have lately come quicker than the linger — an isolated commit
-        is claimed at once (and whatever the pace, it waits at most the linger).
+        is claimed at once (and whatever the pace, it waits at most the linger). Never
+        while the outbox is watched: the watch's period is the linger then.
         """
+        if self.watch is not None and self.watch.watching:
+            return
         if self.fill_linger and self.arrivals.expects_within(self.fill_linger):
             await self._fill(stop)
         elif self.linger and self._publishing and self.arrivals.expects_within(self.linger):
@@ -271,7 +289,7 @@ class OutboxPublisher:
         entry = (self._notified + self.batch_size - 1, full)
         self._filling.append(entry)
         try:
-            await _wait_any(full, stop, timeout=self.fill_linger)
+            await wait_any(full, stop, timeout=self.fill_linger)
         finally:
             self._filling.remove(entry)
         self.metrics.lingered("full" if full.is_set() else "timeout")
@@ -289,7 +307,7 @@ class OutboxPublisher:
             self._count_error(type(exc).__name__)
             log.exception("outbox batch raised %s; retrying in %.1fs", type(exc).__name__,
                           delay)  # fmt: skip
-        await _sleep_unless(stop, delay)
+        await sleep_unless(stop, delay)
         return None
 
     async def _wait_held_back(
@@ -306,9 +324,11 @@ class OutboxPublisher:
     async def _publish_counted(self) -> Batch:
         self._publishing += 1
         try:
-            return await self.publish_batch()
+            batch = await self.publish_batch()
         finally:
             self._publishing -= 1
+        self.claimed_rows += batch.claimed
+        return batch
 
     async def publish_batch(self) -> Batch:
         """Claim, publish and mark one batch; return what it claimed, failed and held back.
@@ -378,13 +398,6 @@ class OutboxPublisher:
         self.sender.count_error(kind)
 
 
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        return
-
-
 async def _wait_listed(
     wakeup: asyncio.Event, waiters: list[asyncio.Event], stop: asyncio.Event, *, timeout: float
 ) -> bool:
@@ -392,18 +405,9 @@ async def _wait_listed(
     stopped or ``timeout``; True when another worker took it off the list to wake it."""
     waiters.append(wakeup)
     try:
-        await _wait_any(wakeup, stop, timeout=timeout)
+        await wait_any(wakeup, stop, timeout=timeout)
     finally:
         taken = wakeup not in waiters
         if not taken:
             waiters.remove(wakeup)
     return taken
-
-
-async def _wait_any(*events: asyncio.Event, timeout: float) -> None:
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()

@@ -5,7 +5,9 @@ One login per process role (:mod:`shared.access.identities`), derived from the t
 ==========================  ================================================================
 outbox-publisher-{ctx}      its context's database: read ``outbox_events`` and mark rows
                             (UPDATE of the publish and set-aside columns only; no INSERT,
-                            no DELETE), ``outbox_actions`` (insert: the rows it sets aside)
+                            no DELETE), ``outbox_actions`` (insert: the rows it sets aside),
+                            ``outbox_watch`` (its promise to claim on a timer; every login
+                            may read that table, the outbox trigger does as the producer)
 producer-{ctx}              INSERT of the SDS-047 columns of ``outbox_events`` (never
                             ``published_at``), nothing else
 inbox-consumer-{durable}    its target's database: its own rows of ``inbox_messages`` and
@@ -104,11 +106,15 @@ REWIND_TABLE = "durable_rewinds"
 REPLAY_JOBS_TABLE = "replay_jobs"
 #: Throttle overrides and their audit (migrations/0012_throttles.sql), one durable's rows each.
 THROTTLE_TABLES = ("throttle_overrides", "throttle_actions", "throttle_members")
+#: The publishers' promises to claim on a timer (migrations/0014_outbox_watch.sql);
+#: readable by PUBLIC (the outbox trigger runs as the producer), written by publishers.
+WATCH_TABLE = "outbox_watch"
 #: Every table of the migrations that a grant here may touch.
 FERRY_TABLES = (
     *THROTTLE_TABLES,
     "outbox_events",
     "outbox_actions",
+    WATCH_TABLE,
     *PER_DURABLE_TABLES,
     *ORDERING_TABLES,
     *KPI_TABLES,
@@ -185,7 +191,9 @@ def role_access(identity: Identity, topology: Topology) -> list[RoleAccess]:
             mark = ("SELECT", _columns("UPDATE", OUTBOX_MARK_COLUMNS))
             # outbox_actions: the audit of the rows it sets aside.
             audit = TableAccess("outbox_actions", ("INSERT",))
-            mine: tuple[TableAccess, ...] = (TableAccess("outbox_events", mark), audit)
+            # outbox_watch: its promise to claim on a timer (every role may read it).
+            watch = TableAccess(WATCH_TABLE, ("SELECT", "INSERT", "UPDATE", "DELETE"))
+            mine: tuple[TableAccess, ...] = (TableAccess("outbox_events", mark), audit, watch)
             return [RoleAccess(identity, database, mine)]
         if kind == "producer":
             return [RoleAccess(identity, database, (_outbox_insert(),))]

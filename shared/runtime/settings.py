@@ -233,6 +233,12 @@ class PublisherSettings(CommonSettings):
     #: commit is claimed at once, and none waits longer than this); it claims early once
     #: enough commits were notified to fill ``batch_size``. 0: only ``linger`` applies.
     publisher_linger: float = Field(default=0.01, ge=0, le=1.0)
+    #: While commits come quicker than ``publisher_linger`` (or ``linger``, at least 5 ms)
+    #: apart, claim on that period by itself and say so in table ``outbox_watch``, so that
+    #: producers' commits skip their NOTIFY (each one serialises the cluster's commits);
+    #: a quiet outbox is still woken by the NOTIFY of its first commit. false: every
+    #: commit notifies (the earlier behaviour).
+    publisher_watch: bool = True
     #: Seconds to wait for a PubAck before the row is retried.
     publish_timeout: float = Field(default=policy.PUBLISH_TIMEOUT, gt=0)
     #: Seconds SIGTERM allows for in-flight batches (< supervisord stopwaitsecs).
