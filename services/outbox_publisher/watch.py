@@ -147,8 +147,16 @@ class OutboxWatch:
                 self._start.clear()
                 if self.disabled:
                     continue
-                await self._watch(stop)
-                await self._after(stop)
+                try:
+                    await self._watch(stop)
+                    await self._after(stop)
+                except Exception:  # a bug or a surprise: the workers and the poll go on
+                    self.errors += 1
+                    log.exception(
+                        "outbox watch failed; commits notify again once its promise lapses, "
+                        "and the next quick NOTIFYs watch again"
+                    )
+                    await sleep_unless(stop, self.lease)
         finally:
             if self.watching or self.until > time.monotonic():
                 await self._end()

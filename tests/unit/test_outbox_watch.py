@@ -174,3 +174,33 @@ async def test_a_missing_table_or_grant_turns_the_watch_off_with_one_clear_error
     assert len(errors) == 1
     assert "ferry migrate" in errors[0].getMessage()
     assert type(error).__name__ in errors[0].getMessage()
+
+
+class FlakyPublisher(Publisher):
+    """Its first tick raises: a bug somewhere behind the watch."""
+
+    def tick(self) -> None:
+        if self.ticks == 0:
+            self.ticks += 1
+            raise RuntimeError("a surprise")
+        super().tick()
+
+
+async def test_a_surprise_inside_a_watch_is_logged_and_later_watches_still_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    publisher, pool = FlakyPublisher(), Pool()
+    watch = _watch(pool, publisher, lease=0.1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(watch.run(stop))
+    _quick_notifies(publisher, watch)
+    await asyncio.sleep(0.3)
+    assert watch.errors == 1 and watch.watches == 1
+    assert any("outbox watch failed" in r.getMessage() for r in caplog.records)
+    assert pool.statements[-1] == "DELETE"  # its promise was withdrawn on the way out
+    _quick_notifies(publisher, watch)
+    await asyncio.sleep(0.1)
+    assert watch.watches == 2 and watch.watching
+    stop.set()
+    await asyncio.wait_for(task, timeout=5)
+    assert task.exception() is None
