@@ -1,6 +1,6 @@
 """Issue 29's targets: each figure judged against a baseline measured in the same run.
 
-The sections make the measured rows and :func:`bench.run._finish` gives them their
+The sections make the measured rows and :func:`bench.finish.finish` gives them their
 baselines; :func:`finish` then adds what needs both sides of a run (the CPU per message
 of a moderate load over a drain's) and makes sure every figure of the issue's table is
 in the table, with its verdict per tracing mode: a figure whose section, or whose

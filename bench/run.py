@@ -50,11 +50,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench import ratios
 from bench import sections as s
 from bench.common import ROOT, machine_share, machine_times, say
+from bench.finish import finish
 from bench.plots import draw_all
-from bench.ratios import TRACING_TARGET
 from bench.report import Results, cpu_text, statements_text, table, write_json
 from bench.world import Servers, kill_leftovers, set_traces_ratio, traces_ratio
 
@@ -321,7 +320,7 @@ async def run(options: s.Options, out: Path, keep: bool) -> Results:
             say(f"kept {base}")
         else:
             shutil.rmtree(base, ignore_errors=True)
-    _finish(bench)
+    finish(bench)
     results.meta["load_average_at_end"] = os.getloadavg()
     return results
 
@@ -396,79 +395,6 @@ def _measurements(
     if "mediation" in sections:
         steps.append(("mediation", lambda m: partial(s.mediation, bench, m)))
     return steps
-
-
-def _finish(bench: s.Bench) -> None:
-    """Tracing availability, baselines and ratios, once everything is measured."""
-    results = bench.results
-    raw = {r.key: r.values.get("raw") for r in results.rows if r.key.startswith("raw.")}
-    labels = {r.key: r.label for r in results.rows}
-    # The raw stages each figure's events go through (a backlog drain has no producer).
-    drain_path = ("raw.js_publish", "raw.js_consume", "raw.http")
-    paths = {
-        "ferry.publisher_drain": ("raw.js_publish",),
-        # Issue 29 judges the per-message drain against the raw POST /handle, like the
-        # batch-call drain.
-        "ferry.e2e_drain_1": ("raw.http",),
-        "ferry.e2e_drain_2": drain_path,
-        "ferry.e2e_drain_ordered": drain_path,
-        # The batch-call drain is judged against the per-message HTTP round trip itself
-        # (issue 29: what batching gains over one POST per event).
-        "ferry.e2e_drain_batch": ("raw.http",),
-    }
-    for row in results.rows:
-        stages = {k: raw[k] for k in paths.get(row.key, ()) if raw.get(k)}
-        if not stages:
-            continue
-        slowest = min(stages, key=lambda k: stages[k] or 0.0)
-        row.baseline = stages[slowest]
-        row.baseline_label = (
-            labels[slowest]
-            if len(stages) == 1
-            else f"slowest raw stage on its path: {labels[slowest]}"
-        )
-    for row in results.rows:
-        if row.key.startswith("ferry.latency_"):
-            proto = raw.get("raw.proto_" + row.key.removeprefix("ferry.latency_"))
-            if proto:
-                row.baseline = proto
-                row.baseline_label = "p99 of the bare-bones pipeline at the same offered load"
-    s.finish_peer_ratio(results)
-    s.finish_ordered_ratio(results)
-    finish_tracing_ratio(results)
-    ratios.finish(results, bench.options.sections, bench.options.modes)
-    if "on" in bench.options.modes and not bench.tracing_available.get("on"):
-        reason = ("not measured: tracing not available (the roles exported no spans to the "
-                  "OTLP sink with FERRY_TRACES_EXPORTER=otlp)")  # fmt: skip
-        for row in results.rows:
-            if "on" in row.values:
-                row.not_measured("on", reason)
-
-
-def finish_tracing_ratio(results: Results) -> None:
-    """The one-consumer drain with tracing on over the same drain off, once both ran.
-
-    A run of one mode gets the row too, saying it needs ``--tracing both``; a run without
-    the drain is left to :func:`bench.ratios.finish`, which says which section was skipped.
-    """
-    drain = next((r for r in results.rows if r.key == "ferry.e2e_drain_1"), None)
-    if drain is None:
-        return
-    percent = f"{float(traces_ratio()) * 100:g}"
-    row = results.row(
-        "ferry.tracing_cost", f"drain with tracing on ({percent} %) ÷ off, 1 consumer", "x",
-        target=TRACING_TARGET,
-    )  # fmt: skip
-    if "on" not in drain.values or "off" not in drain.values:
-        for mode in drain.values:
-            row.not_measured(mode, f"not measured: needs --tracing both (this run measured "
-                                   f"tracing {mode} only)")  # fmt: skip
-        return
-    on, off = drain.values.get("on"), drain.values.get("off")
-    if on is None or not off:
-        row.not_measured("on", "not measured: a drain of one mode is missing or partial")
-        return
-    row.set("on", on / off, f"{on / off:.2f} = {on:,.0f} ÷ {off:,.0f} msg/s")
 
 
 def main(argv: list[str] | None = None) -> int:

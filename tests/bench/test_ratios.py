@@ -2,7 +2,7 @@
 its verdict per tracing mode, and a row that says why when a side was not measured.
 
 Pure: a :class:`Results` filled by hand, finished the way ``python -m bench`` finishes a
-run (:func:`bench.run._finish`); no servers.
+run (:func:`bench.finish.finish`); no servers.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from bench import ratios, run, world
+from bench import finish, ratios, run, world
 from bench import sections as s
 from bench.report import Results, Row, Target, table
 
@@ -85,7 +85,7 @@ def _finished(
     argv = ["--sections", sections, "--tracing", tracing, "--trace-ratio", str(ratio)]
     options = run.options_from(run.parse_args(argv))
     bench = s.Bench(cast(Any, None), options, results, None, tracing_available={"on": True})
-    run._finish(bench)
+    finish.finish(bench)
     return {row.key: row for row in results.rows}
 
 

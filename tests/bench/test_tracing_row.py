@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench import run, world
+from bench import finish, run, world
 from bench.report import Results, Row, table
 
 
@@ -45,7 +45,7 @@ def test_the_ratio_of_the_two_drains_is_judged_against_09(
 ) -> None:
     world.set_traces_ratio(0.1)
     results = _results(on, off, ("on", "off"))
-    run.finish_tracing_ratio(results)
+    finish.finish_tracing_ratio(results)
     row = _the_row(results)
     assert row.values["on"] == pytest.approx(on / off)
     assert row.verdict() == verdict
@@ -55,13 +55,13 @@ def test_the_ratio_of_the_two_drains_is_judged_against_09(
 def test_the_label_names_the_runs_ratio() -> None:
     world.set_traces_ratio(1.0)
     results = _results(500.0, 1000.0, ("on", "off"))
-    run.finish_tracing_ratio(results)
+    finish.finish_tracing_ratio(results)
     assert "(100 %)" in _the_row(results).label
 
 
 def test_one_mode_only_says_it_needs_both() -> None:
     results = _results(900.0, None, ("on",))
-    run.finish_tracing_ratio(results)
+    finish.finish_tracing_ratio(results)
     row = _the_row(results)
     assert row.verdict() == "n/m"
     assert "needs --tracing both" in row.notes[0]
@@ -70,13 +70,13 @@ def test_one_mode_only_says_it_needs_both() -> None:
 def test_no_drain_makes_no_row_here() -> None:
     # bench.ratios.finish makes it, naming the skipped section.
     results = Results({})
-    run.finish_tracing_ratio(results)
+    finish.finish_tracing_ratio(results)
     assert _row(results) is None
 
 
 def test_a_missing_drain_is_not_measured() -> None:
     results = _results(None, 1000.0, ("on", "off"))
-    run.finish_tracing_ratio(results)
+    finish.finish_tracing_ratio(results)
     assert _the_row(results).verdict() == "n/m"
 
 
