@@ -1,13 +1,17 @@
 """The publisher's linger (FERRY_PUBLISHER_LINGER) against real servers.
 
-A steady trickle of one-row commits, each with its NOTIFY: with the linger on, a woken
-worker gathers the commits behind it into one claim, up to a full batch; off, each wake-up
-claims what is there. Counted in batches, never timed: the linger here is the longest the
+One-row commits, each with its NOTIFY, in bursts or as a trickle: with the linger on, a
+woken worker gathers the commits behind it into one claim, up to a full batch; off, each
+wake-up claims what is there. A batch that fills early needs a batch of commits within
+the linger, so that test commits in bursts from many connections: a trickle from one
+connection fills none on a machine whose commits take over 50 ms (a CI run hit that). Counted in batches, never timed: the linger here is the longest the
 setting allows (1 s), so a batch ends by filling, not by the clock, and the rows' way out
 still never depends on the poll (a minute here).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import asyncpg
 import pytest
@@ -37,6 +41,19 @@ async def _trickle(conn: asyncpg.Connection, rows: int) -> None:
         await insert_events(conn, 1, aggregates=7)
 
 
+async def _bursts(dsn: str, rows: int) -> None:
+    """``rows`` commits of one row each, BATCH at a time from BATCH connections at once:
+    however slow the machine's commits, each burst's NOTIFYs land well within the linger
+    (a trickle of one connection's commits needs 20 commits a second to fill a batch)."""
+    conns = [await asyncpg.connect(dsn) for _ in range(BATCH)]
+    try:
+        for _ in range(rows // BATCH):
+            await asyncio.gather(*(insert_events(c, 1, aggregates=7) for c in conns))
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
 def _lingered(publisher: OutboxPublisher, outcome: str) -> float:
     value = publisher.metrics.role.registry.get_sample_value(
         "ferry_outbox_linger_total", {"context": "sea", "outcome": outcome}
@@ -53,7 +70,7 @@ async def _assert_once_in_order(nc: NATS, conn: asyncpg.Connection) -> None:
         assert [m.msg_id for m in msgs if m.body["aggregate_id"] == aggregate] == want
 
 
-async def test_lingering_fills_batches_from_a_trickle(
+async def test_lingering_fills_batches_from_bursts_of_commits(
     env: Env, nc: NATS, sea_conn: asyncpg.Connection
 ) -> None:
     await provision(nc.jetstream(), env.topology, caps=CAPS)
@@ -62,8 +79,8 @@ async def test_lingering_fills_batches_from_a_trickle(
         poll_interval=60,
     ) as publisher:  # fmt: skip
         publisher.fill_linger = LINGER
-        await _trickle(sea_conn, ROWS)
-        await eventually(lambda: _is_zero(sea_conn), timeout=30, what="the trickle published")
+        await _bursts(env.dsn("sea"), ROWS)
+        await eventually(lambda: _is_zero(sea_conn), timeout=30, what="the bursts published")
     assert publisher.stats.published == ROWS
     # About ROWS / BATCH batches (the first commits come before the pace is known, and a
     # worker whose claim was full claims again at once); without the linger, 79 of them
