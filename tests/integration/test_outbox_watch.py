@@ -21,7 +21,9 @@ from tests.helpers import RunningPublisher, eventually, insert_events, stream_me
 
 pytestmark = pytest.mark.integration
 STREAM = "SEA_EVENTS"
-PERIOD = 0.02
+#: A watch starts once commits come more than 20 a second: with 16 connections committing
+#: back to back, even a loaded CI machine's slow commits (up to about 0.8 s) get there.
+PERIOD = 0.05
 #: Longer than any test: a row that gets out did not need the poll.
 POLL = 60.0
 
@@ -71,7 +73,7 @@ async def _once_each(nc: NATS, conn: asyncpg.Connection) -> None:
     assert sorted(sent) == sorted(ids)
 
 
-async def _steady(dsn: str, commits: int, connections: int = 4) -> None:
+async def _steady(dsn: str, commits: int, connections: int = 16) -> None:
     """``commits`` one-row transactions, back to back on ``connections`` connections."""
 
     async def one_connection(share: int) -> None:

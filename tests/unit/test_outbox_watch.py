@@ -143,7 +143,7 @@ async def test_with_the_database_away_the_watch_goes_on_claiming_and_never_raise
     await asyncio.sleep(0.2)
     assert not watch.watching
     ticks = publisher.ticks
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.1)
     assert publisher.ticks >= ticks + 3
     stop.set()
     await asyncio.wait_for(task, timeout=5)
