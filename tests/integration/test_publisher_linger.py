@@ -4,9 +4,10 @@ One-row commits, each with its NOTIFY, in bursts or as a trickle: with the linge
 woken worker gathers the commits behind it into one claim, up to a full batch; off, each
 wake-up claims what is there. A batch that fills early needs a batch of commits within
 the linger, so that test commits in bursts from many connections: a trickle from one
-connection fills none on a machine whose commits take over 50 ms (a CI run hit that). Counted in batches, never timed: the linger here is the longest the
-setting allows (1 s), so a batch ends by filling, not by the clock, and the rows' way out
-still never depends on the poll (a minute here).
+connection fills none on a machine whose commits take over 50 ms (a CI run hit that).
+Counted in batches, never timed: the linger here is the longest the setting allows (1 s),
+so a batch ends by filling, not by the clock, and the rows' way out still never depends
+on the poll (a minute here).
 """
 
 from __future__ import annotations
