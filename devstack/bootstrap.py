@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from devstack.credentials import login_dsn
-from shared.access.db_roles import apply_roles
+from shared.access.db_apply import apply_roles
 from shared.access.identities import DB_OWNER, SecretsDir
 from shared.access.streams import is_clean, provision
 from shared.adapters.nats import connect_nats

@@ -37,7 +37,7 @@ from nats.aio.client import Client as NATS
 
 from devstack.nats import NatsServer
 from devstack.postgres import PostgresServer
-from shared.access.db_roles import apply_roles
+from shared.access.db_apply import apply_roles
 from shared.access.identities import (
     NATS_ADMIN,
     Identity,

@@ -22,7 +22,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from shared.access.db_roles import apply_roles, describe
+from shared.access.db_apply import apply_roles
+from shared.access.db_roles import describe
 from shared.access.identities import DB_OWNER, SecretsDir, write_private
 from shared.access.nats_auth import authorization_block, env_references, nats_users, passwords_from
 from shared.contracts.loading import load_topology

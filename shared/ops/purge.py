@@ -99,9 +99,7 @@ async def purge(
                 count = await inbox.purgeable(conn, name, before)
             else:
                 count = await _drain(partial(inbox.purge_batch, conn, name, before, batch))
-        report.append(
-            Purged("inbox", name, target.database, target.inbox_retention, before, count)
-        )
+        report.append(Purged("inbox", name, target.database, target.inbox_retention, before, count))
     return report
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from shared.access.db_roles import scram_verifier
+from shared.access.db_apply import scram_verifier
 from shared.access.identities import DB_OWNER, Identity
 from shared.adapters import outbox
 from shared.adapters.producer import record_event
