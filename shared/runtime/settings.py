@@ -135,6 +135,11 @@ class CommonSettings(BaseSettings):
     otlp_endpoint: str | None = Field(
         default=None, validation_alias=AliasChoices("FERRY_OTLP_ENDPOINT")
     )
+    #: OTLP/HTTP: encode spans with Ferry's encoder (shared/telemetry/otlp_wire.py, about
+    #: four times faster, checked against OpenTelemetry's own at start); false: theirs.
+    otlp_fast_encoding: bool = Field(
+        default=True, validation_alias=AliasChoices("FERRY_OTLP_FAST_ENCODING")
+    )
     #: File the ``file`` exporter appends spans to, one JSON object per line.
     traces_file: Path = Field(
         default=Path("ferry-traces.jsonl"), validation_alias=AliasChoices("FERRY_TRACES_FILE")

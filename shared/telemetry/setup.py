@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from shared.domain.errors import ConfigurationError
+from shared.telemetry import otlp_wire
 from shared.telemetry.propagation import inject
 from shared.telemetry.provider import TRACER_NAME, _state, use_tracer_provider
 
@@ -57,6 +58,8 @@ class TracingSettings(Protocol):
     def otlp_protocol(self) -> str: ...
     @property
     def otlp_endpoint(self) -> str | None: ...
+    @property
+    def otlp_fast_encoding(self) -> bool: ...
     @property
     def traces_file(self) -> Path: ...
     @property
@@ -176,7 +179,13 @@ def _otlp_exporter(settings: TracingSettings) -> SpanExporter:
 
     if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):
         endpoint = endpoint.rstrip("/") + "/v1/traces"
-    return HttpExporter(endpoint=endpoint)
+    exporter = HttpExporter(endpoint=endpoint)
+    if settings.otlp_fast_encoding:
+        if otlp_wire.install():
+            log.info("OTLP/HTTP spans encoded by Ferry's encoder (FERRY_OTLP_FAST_ENCODING)")
+    else:
+        otlp_wire.uninstall()
+    return exporter
 
 
 def _exporter(name: str, settings: TracingSettings) -> SpanExporter:
