@@ -263,6 +263,29 @@ def instrument(provider: TracerProvider) -> None:
     otel_context.attach(otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
 
 
+#: The URL attributes of a client span, by URL: a consumer calls one or two handlers.
+_URLS: dict[str, dict[str, Any]] = {}
+
+
+def _url_attributes(url: Any) -> dict[str, Any]:
+    """``url.full`` without credentials or query, ``server.address``, ``server.port``."""
+    text = str(url)
+    found = _URLS.get(text)
+    if found is None:
+        import yarl
+
+        target = yarl.URL(text)
+        found = {
+            "url.full": str(target.with_user(None).with_query(None)),
+            "server.address": target.host or "",
+            "server.port": target.port or 0,
+        }
+        if len(_URLS) >= 256:
+            _URLS.clear()
+        _URLS[text] = found
+    return found
+
+
 class _AioHttpClientSpans:
     """A CLIENT span per aiohttp request made inside a *recording* span, its context in
     the request's ``traceparent``; any other request goes straight through.
@@ -280,7 +303,6 @@ class _AioHttpClientSpans:
 
     def instrument(self, *, tracer_provider: TracerProvider) -> None:
         import aiohttp
-        import yarl
 
         if _AioHttpClientSpans._original is not None:
             return
@@ -293,16 +315,10 @@ class _AioHttpClientSpans:
             parent = trace.get_current_span()
             if not parent.is_recording() or otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY):
                 return await original(session, method, url, *args, **kwargs)
-            target = yarl.URL(str(url))
             span = tracer.start_span(
                 method.upper(),
                 kind=SpanKind.CLIENT,
-                attributes={
-                    "http.request.method": method.upper(),
-                    "url.full": str(target.with_user(None).with_query(None)),
-                    "server.address": target.host or "",
-                    "server.port": target.port or 0,
-                },
+                attributes={"http.request.method": method.upper(), **_url_attributes(url)},
             )
             headers = dict(kwargs.get("headers") or {})
             inject(headers, span)

@@ -125,6 +125,8 @@ async def test_a_sampled_caller_gets_its_whole_trace_whatever_the_ratio(
     assert parent_of(publish) == create.context.span_id
     assert parent_of(process) == publish.context.span_id
     assert parent_of(client) == process.context.span_id
+    assert client.attributes is not None and client.attributes["url.full"] == app.url
+    assert client.attributes["server.address"] == "127.0.0.1"
     assert parent_of(server) == client.context.span_id
     assert parent_of(ack) == process.context.span_id
     assert all(s.context.trace_flags.sampled for s in trace)
