@@ -84,3 +84,18 @@ def test_a_missing_drain_is_not_measured() -> None:
 def test_a_ratio_outside_0_1_is_refused(ratio: str) -> None:
     with pytest.raises(SystemExit):
         run.options_from(run.parse_args(["--trace-ratio", ratio]))
+
+
+def test_a_note_gives_the_same_comparison_in_cpu_per_message() -> None:
+    world.set_traces_ratio(0.1)
+    results = _results(900.0, 1000.0, ("on", "off"))
+    label = results.rows[0].label
+    spent = {"on": {"consumer-x-1": 0.5, "handler-x": 0.4, "producer": 9.0},
+             "off": {"consumer-x-1": 0.45, "handler-x": 0.35, "producer": 9.0}}  # fmt: skip
+    for mode, cpu in spent.items():
+        results.book_cpu(label, mode, 1000, 1.0, cpu)
+    finish.finish_tracing_ratio(results)
+    # Ferry's processes only: the producer is the application's.
+    assert _the_row(results).notes == [
+        "the same in CPU per message (roles, NATS, PostgreSQL): off ÷ on 0.89 = 800 ÷ 900 µs"
+    ]
