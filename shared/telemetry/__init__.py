@@ -7,6 +7,7 @@ Callers import the package (``from shared import telemetry``) and use ``telemetr
     propagation  W3C trace context in headers and stored traceparents
     spans        the spans Ferry starts (the trace of one event) and their attributes
     logcontext   fields every log line of a task carries, with its trace ids
+    otlp_wire    finished spans serialised for OTLP/HTTP (the exporter's encoder, faster)
 
 Imports only :mod:`shared.contracts` and :mod:`shared.domain` below it; the adapters and
 every role above use it to trace and to log with trace ids.
