@@ -7,7 +7,7 @@ runs inside the role's process: at a 10 % sampling ratio the consumer spent 5 % 
 CPU in it. :func:`encode_request` writes the same ``ExportTraceServiceRequest`` straight
 into bytes, grouped the same way (resource, then instrumentation scope), with the same
 fields and the same presence rules (a oneof value and a sub-message are written even
-when empty), in about a sixth of the time.
+when empty), in about a quarter of the time (9 against 36 µs per span on the VM).
 
 :func:`install` makes the OTLP/HTTP span exporter use it, and only after checking, in
 this process, that it produces what the reference encoder produces for a set of sample
