@@ -84,8 +84,13 @@ def start_span(
     if _state.tracer is None:
         return None
     if _state.parent_based:
-        parent_ctx = trace.get_current_span(parent).get_span_context()
+        parent_span = trace.get_current_span(parent)
+        parent_ctx = parent_span.get_span_context()
         if parent_ctx.is_valid and not parent_ctx.trace_flags.sampled:
+            # A non-recording parent (a remote context, most often) can stand for its
+            # child as it is: same context, nothing to record or end.
+            if not parent_span.is_recording():
+                return parent_span
             return trace.NonRecordingSpan(parent_ctx)
     return _state.tracer.start_span(
         name,
@@ -147,7 +152,9 @@ def current(span: Span | None) -> Iterator[None]:
         yield
         return
     ctx = trace.set_span_in_context(span)
-    ctx = otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, not span.is_recording(), ctx)
+    suppress = not span.is_recording()
+    if otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY, ctx) is not suppress:
+        ctx = otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, suppress, ctx)
     token = otel_context.attach(ctx)
     try:
         yield
