@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import signal
 import uuid
@@ -49,6 +48,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from shared.runtime import loop as event_loop
+from shared.waits import sleep_unless, within
 
 STREAM, DURABLE, NAMESPACE = "SEA_EVENTS", "vibespro__from_sea", "sea.event"
 #: Rows one publisher turn claims; messages one consumer batch takes; batches at once.
@@ -128,8 +128,7 @@ async def publisher(dsn: str, nats_url: str, ready: str) -> None:
                 ))  # fmt: skip
                 await conn.execute(_MARK_PUBLISHED, [r["id"] for r in rows])
         if not rows:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), POLL_SECONDS)
+            await sleep_unless(wake, POLL_SECONDS)
     await nc.drain()
     await conn.close()
     await listener.close()
@@ -180,7 +179,7 @@ async def consumer(dsn: str, nats_url: str, url: str, ready: str) -> None:
     while not stop.is_set():
         await top_up()
         try:
-            first = await asyncio.wait_for(queue.get(), 1.0)
+            first = await within(1.0, queue.get())
         except TimeoutError:
             continue
         batch = [first]

@@ -34,6 +34,7 @@ from bench.world import (
     traces_ratio,
 )
 from devstack.ports import free_port
+from shared.waits import sleep_unless
 
 SEA_DURABLE = "vibespro__from_sea"
 SEA_STREAM = "SEA_EVENTS"
@@ -1393,10 +1394,7 @@ async def soak(bench: Bench, mode: str) -> None:
             while not stop.is_set():
                 rss = {n: v for n, v in bench.servers.book.rss().items() if n in dep.role_names}
                 samples.append({"t": round(time.monotonic() - began, 1), "rss": rss})
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=every)
-                except TimeoutError:
-                    continue
+                await sleep_unless(stop, every)
 
         sampler = asyncio.create_task(sample())
         source_dsn, target_dsn = dep.dsn("sea"), dep.dsn("vibespro")

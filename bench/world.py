@@ -44,6 +44,7 @@ from shared.adapters.postgres import migrate_database
 from shared.contracts.loading import load_topology
 from shared.contracts.topology import Topology
 from shared.runtime.loop import LOOP_VARIABLE
+from shared.waits import within
 
 PYTHON = sys.executable
 #: Every stream's max_bytes (JetStream reserves it on disk); 100,000 events need ~60 MB.
@@ -116,7 +117,7 @@ class Proc:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGTERM)
             try:
-                await asyncio.wait_for(self.process.wait(), timeout=STOP_TIMEOUT)
+                await within(STOP_TIMEOUT, self.process.wait())
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     self.process.kill()

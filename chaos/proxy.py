@@ -25,6 +25,7 @@ from chaos.toxics import (
     Stage,
     ToxicSpec,
 )
+from shared.waits import within
 
 log = logging.getLogger("chaos.proxy")
 
@@ -357,7 +358,7 @@ class Proxy:
             return
         host, port = split_address(self.upstream, "upstream")
         try:
-            server = await asyncio.wait_for(asyncio.open_connection(host, port), DIAL_TIMEOUT)
+            server = await within(DIAL_TIMEOUT, asyncio.open_connection(host, port))
         except (OSError, TimeoutError) as exc:
             log.info("proxy %s: upstream %s unreachable: %s", self.name, self.upstream, exc)
             writer.close()

@@ -31,7 +31,6 @@ processed, in the slowest direction.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import sys
@@ -55,6 +54,7 @@ from chaos.schedule import PlannedFault, Schedule
 from chaos.workload import Producer, plan_events
 from shared.adapters.nats import connect_nats
 from shared.domain.subjects import replay_subject
+from shared.waits import sleep_unless
 
 log = logging.getLogger("chaos.cluster")
 
@@ -167,8 +167,7 @@ class Probe:
                     if ack.duplicate:
                         self.duplicates += 1
                     self.acked.append((ack.stream, ack.seq, msg_id))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), PROBE_EVERY)
+                await sleep_unless(stop, PROBE_EVERY)
         finally:
             await nc.close()
 

@@ -64,6 +64,7 @@ from shared.adapters.dead_letters.replay import (
     republish_unconfirmed,
 )
 from shared.adapters.nats import connect_nats
+from shared.waits import sleep_unless
 
 #: The durable whose dead letters hold their key, and the one whose dead letters skip.
 HOLD, SKIP = "vibespro__from_sea", "sea__from_vibespro"
@@ -270,7 +271,7 @@ class OrderingRun(ScenarioRun):
                     await self._operator_round(nc)
                 except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
                     self.notes.append(f"operator round failed: {type(exc).__name__}: {exc}")
-                await _wait(self.operator_done, OPERATOR_EVERY)
+                await sleep_unless(self.operator_done, OPERATOR_EVERY)
         finally:
             await nc.close()
 
@@ -393,8 +394,3 @@ class OrderingRun(ScenarioRun):
         return table, order.violations()
 
 
-async def _wait(event: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(event.wait(), timeout=seconds)
-    except TimeoutError:
-        return

@@ -31,6 +31,8 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.waits import within
+
 #: The two directions of a connection.
 STREAMS = ("upstream", "downstream")
 
@@ -276,7 +278,7 @@ async def run_timeout(stage: Stage) -> None:
                 item = await stage.take()
             else:
                 remaining = max(deadline - stage.hooks.now(), 0)
-                item = await asyncio.wait_for(stage.take(), timeout=remaining)
+                item = await within(remaining, stage.take())
         except TimeoutError:
             stage.close()
             return

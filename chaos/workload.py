@@ -38,6 +38,7 @@ import asyncpg
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.adapters.producer import record_event
 from shared.contracts.topology import EventSpec, Topology
+from shared.waits import sleep_unless, within
 
 log = logging.getLogger("chaos.workload")
 
@@ -209,7 +210,7 @@ class Producer:
                 due = [i for i in self.queue[index : index + MAX_PER_TRANSACTION]]
                 wait = started + due[0].due - time.monotonic()
                 if wait > 0:
-                    await _wait(stop, wait)
+                    await sleep_unless(stop, wait)
                     continue
                 ready = [i for i in due if started + i.due <= time.monotonic()]
                 if conn is None or conn.is_closed():
@@ -233,7 +234,7 @@ class Producer:
             except DATABASE_ERRORS as exc:
                 self.ledger.errors[f"connect: {type(exc).__name__}"] += 1
                 self.reconnects += 1
-                await _wait(stop, delay)
+                await sleep_unless(stop, delay)
                 delay = min(delay * 2, 1.0)
         return None
 
@@ -272,15 +273,10 @@ class Producer:
         return True
 
 
-async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        return
 
 
 async def _close(conn: asyncpg.Connection) -> None:
     try:
-        await asyncio.wait_for(conn.close(), timeout=2)
+        await within(2, conn.close())
     except CLOSE_ERRORS:
         conn.terminate()

@@ -20,6 +20,7 @@ from shared.domain.errors import ConfigurationError
 from shared.runtime.connections import Connected
 from shared.runtime.lifecycle import EXIT_DRAIN_TIMEOUT, EXIT_OK, topology_role_main
 from shared.runtime.metrics import RoleMetrics
+from shared.waits import within
 
 from .app import Console
 from .auth import Authenticator, hash_password, load_accounts, read_secret_file
@@ -83,7 +84,7 @@ async def run(settings: ConsoleSettings, stop: asyncio.Event) -> int:
         if sampler is not None:
             sampler.cancel()
         try:
-            await asyncio.wait_for(runner.cleanup(), timeout=settings.drain_deadline)
+            await within(settings.drain_deadline, runner.cleanup())
         except TimeoutError:
             code = EXIT_DRAIN_TIMEOUT
         if nats.nc is not None:

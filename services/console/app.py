@@ -13,7 +13,6 @@ The pages live beside it: :mod:`.failures` (dead letters, actions, bulk replay j
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -32,6 +31,7 @@ from shared.adapters.postgres import DATABASE_ERRORS
 from shared.contracts.topology import Topology
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
 from shared.runtime.metrics import RoleMetrics
+from shared.waits import sleep_unless
 
 from . import data, views
 from .auth import COOKIE, Authenticator, Session
@@ -322,8 +322,7 @@ class Console:
                 await self.read_overview()
             except Exception:  # a failed sample is a gap in the sparkline, nothing more
                 log.warning("overview sample failed", exc_info=True)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.samples.interval)
+            await sleep_unless(stop, self.samples.interval)
 
     async def overview(self, request: web.Request) -> web.Response:
         started = time.perf_counter()

@@ -11,7 +11,6 @@ never a replay (those are in the database).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 from shared.adapters import dead_letters as store
 from shared.domain.errors import ConfigurationError, TransientError
+from shared.waits import sleep_unless
 
 log = logging.getLogger("ferry.console.jobs")
 
@@ -113,8 +113,7 @@ class Jobs:
                     job.state = "cancelled"
                     return
                 if index:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(job.cancelled.wait(), timeout=1.0 / job.rate)
+                    await sleep_unless(job.cancelled, 1.0 / job.rate)
                     if job.stopping():
                         job.state = "cancelled"
                         return

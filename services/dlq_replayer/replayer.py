@@ -18,7 +18,6 @@ same message_id, and a subject only the failed durable receives.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from shared.adapters import dead_letters
 from shared.adapters.postgres import DATABASE_ERRORS, Conn
 from shared.contracts.topology import Topology
 from shared.runtime.metrics import RoleMetrics
+from shared.waits import sleep_unless
 
 log = logging.getLogger("ferry.dlq_replayer")
 
@@ -85,8 +85,7 @@ class TokenBucket:
             if self.tokens >= 1.0:
                 self.tokens -= 1.0
                 return True
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=(1.0 - self.tokens) / self.rate)
+            await sleep_unless(stop, (1.0 - self.tokens) / self.rate)
         return False
 
 
@@ -144,8 +143,7 @@ class DlqReplayer:
             except Exception:  # one row's surprise must not end the replayer
                 self.stats.failed += 1
                 log.exception("scan failed unexpectedly; trying again")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+            await sleep_unless(stop, interval)
 
     async def scan(self, stop: asyncio.Event) -> None:
         """One pass: settle finished replays, then replay what is due."""

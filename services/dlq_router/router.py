@@ -50,6 +50,7 @@ from shared.contracts.topology import Topology
 from shared.domain.envelope import SURROGATE_NAMESPACE, identify
 from shared.domain.ordering import durable_of_consumer
 from shared.runtime.metrics import RoleMetrics
+from shared.waits import sleep_unless
 
 from .advisory import MAX_DELIVER_TYPE, TERMINATED_TYPE, Advisory, InvalidAdvisory
 from .sweep import Sweep, dead_letter_stream
@@ -145,8 +146,7 @@ class DlqRouter:
 
     async def _sweep_every(self, interval: float, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+            await sleep_unless(stop, interval)
             if stop.is_set():
                 return
             try:

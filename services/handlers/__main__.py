@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import sys
 from typing import Any
@@ -30,6 +29,7 @@ from shared.runtime import loop
 from shared.runtime.lifecycle import EXIT_CONFIG, EXIT_CONNECT, EXIT_OK, stop_on_signals
 from shared.runtime.logs import configure_logging
 from shared.telemetry import setup_tracing
+from shared.waits import sleep_unless, within
 
 from .app import make_app
 from .contexts import module_g
@@ -161,15 +161,14 @@ async def _create_pool_retrying(dsn: str, stop: asyncio.Event) -> asyncpg.Pool |
             return await create_pool(dsn, min_size=1, max_size=POOL_SIZE)
         except TransientError as exc:
             log.warning("postgres not reachable (%s); retrying in %.1fs", exc, delay)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=delay)
+        await sleep_unless(stop, delay)
         delay = min(delay * 2, RETRY_MAX)
     return None
 
 
 async def _close_pool(pool: asyncpg.Pool) -> None:
     try:
-        await asyncio.wait_for(pool.close(), timeout=SHUTDOWN_TIMEOUT)
+        await within(SHUTDOWN_TIMEOUT, pool.close())
     except TimeoutError:
         pool.terminate()
 

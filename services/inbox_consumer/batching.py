@@ -51,6 +51,7 @@ from shared.domain.batch_call import (
     batch_document,
     batch_headers,
 )
+from shared.waits import sleep_unless
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -158,8 +159,7 @@ class BatchCaller:
         pause, longest = decider.auth_retry
         while refused(outcome) and not decider.stop.is_set():
             self._refused(group, outcome)
-            with contextlib.suppress(TimeoutError):  # the keeper heart-beats meanwhile
-                await asyncio.wait_for(decider.stop.wait(), timeout=pause)
+            await sleep_unless(decider.stop, pause)  # the keeper heart-beats meanwhile
             pause = min(pause * 2, longest)
             started = clock.time()
             outcome = await self._post(group)

@@ -23,7 +23,6 @@ records) and :mod:`.spans` (spans and log fields).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -59,6 +58,7 @@ from shared.contracts.topology import DurableSpec
 from shared.domain.ack import DeadLetter, Decision, RetryPolicy
 from shared.domain.ports import InboxClaim, InboxStore
 from shared.runtime.metrics import RoleMetrics
+from shared.waits import sleep_unless
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -235,8 +235,7 @@ class InboxConsumer:
                 except ConsumerGone as exc:
                     self.stats.bound = False  # /readyz fails until it is back
                     log.error("%s; looking again in %.0fs", exc, GONE_PAUSE)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=GONE_PAUSE)
+                    await sleep_unless(stop, GONE_PAUSE)
                     try:
                         await self.js.consumer_info(self.spec.stream, self.js_consumer)
                     except STILL_GONE:
@@ -286,8 +285,7 @@ class InboxConsumer:
                 return
             except DATABASE_ERRORS as exc:
                 log.warning("cannot read parked keys yet (%s); again in %.1fs", exc, pause)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=pause)
+                await sleep_unless(stop, pause)
                 pause = min(pause * 2, INBOX_RETRY_MAX)
 
     def fence(self) -> None:

@@ -10,7 +10,6 @@ the decision by :func:`shared.domain.ack.decide` (Retry-After included).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable
 from typing import Any
@@ -25,6 +24,7 @@ from shared.contracts.topology import DurableSpec
 from shared.domain.ack import DeadLetter, Decision, HandlerResponse, RetryPolicy, decide
 from shared.domain.envelope import Envelope
 from shared.domain.handler_call import request_body, request_headers
+from shared.waits import sleep_unless
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -106,8 +106,7 @@ class Decider:
                 outcome.status,
                 extra={"durable": self.durable, "message_id": str(delivery.message_id)},
             )
-            with contextlib.suppress(TimeoutError):  # the keeper heart-beats meanwhile
-                await asyncio.wait_for(self.stop.wait(), timeout=pause)
+            await sleep_unless(self.stop, pause)  # the keeper heart-beats meanwhile
             pause = min(pause * 2, longest)
             outcome = await self._call_with_heartbeat(delivery, envelope)
         return outcome

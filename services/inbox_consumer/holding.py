@@ -11,7 +11,6 @@ this data, and the caller decides for the messages concerned.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -21,6 +20,7 @@ import asyncpg
 from shared.adapters.inbox import ClaimResult
 from shared.adapters.postgres import CONNECTION_ERRORS, DATABASE_ERRORS, Conn
 from shared.domain.ports import InboxClaim
+from shared.waits import sleep_unless
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -57,8 +57,7 @@ class Holder:
                     log.warning("could not %s (%s) while stopping", what, exc)
                     return None
                 log.warning("could not %s (%s): holding, again in %.1fs", what, exc, pause)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), timeout=pause)
+            await sleep_unless(self.stop, pause)
             pause = min(pause * 2, self.longest_pause)
 
 

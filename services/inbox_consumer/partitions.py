@@ -60,7 +60,6 @@ leases expire and the next owners treat the partitions as taken over from a dead
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -72,6 +71,7 @@ import asyncpg
 
 from shared.adapters import partition_leases as sql
 from shared.adapters.postgres import DATABASE_ERRORS, Conn
+from shared.waits import sleep_unless, within
 
 log = logging.getLogger("ferry.inbox_consumer.partitions")
 
@@ -220,8 +220,7 @@ class PartitionOwnership:
                     self._shed(list(self._slots.values()), reason="stopping")
                     if not self._slots and not self._draining:
                         break
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=self.renew_every)
+                await sleep_unless(self._wake, self.renew_every)
             await self._leave()
         except asyncio.CancelledError:
             await self._abandon()
@@ -240,7 +239,7 @@ class PartitionOwnership:
             async with self.pool.acquire() as conn:
                 return await call(conn)
 
-        return await asyncio.wait_for(attempt(), timeout=self.ttl)
+        return await within(self.ttl, attempt())
 
     async def _round(self, *, stopping: bool) -> None:
         """Renew, then (unless stopping) take or shed partitions toward the fair share."""
@@ -368,7 +367,7 @@ class PartitionOwnership:
                         k,
                         delay,
                     )
-                    if await _wait(slot.stop, delay):
+                    if await sleep_unless(slot.stop, delay):
                         return
                 else:
                     slot.clean = True
@@ -383,7 +382,7 @@ class PartitionOwnership:
         if self.pending is None:
             return True
         try:
-            return await asyncio.wait_for(self.pending(k), timeout=self.ttl) > 0
+            return await within(self.ttl, self.pending(k)) > 0
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -420,7 +419,7 @@ class PartitionOwnership:
                 outcome,
                 self.restart_pause,
             )
-            if await _wait(slot.stop, self.restart_pause):
+            if await sleep_unless(slot.stop, self.restart_pause):
                 return
 
     def _extend(self, slot: _Slot, renewed_at: float) -> None:
@@ -514,13 +513,3 @@ class PartitionOwnership:
         self._draining.clear()
         if tasks:
             await asyncio.wait(tasks, timeout=ABANDON_WAIT)
-
-
-async def _wait(event: asyncio.Event, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for ``event``; whether it was set."""
-    if event.is_set():
-        return True
-    if timeout > 0:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout=timeout)
-    return event.is_set()

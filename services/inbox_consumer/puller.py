@@ -33,6 +33,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from shared.domain.pacing import ArrivalGap
+from shared.waits import within
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -104,7 +105,7 @@ class Puller:
         await self._top_up()
         if self._queue.empty():
             try:
-                first = await asyncio.wait_for(self._queue.get(), timeout)
+                first = await within(timeout, self._queue.get())
             except TimeoutError:
                 self._check_silence()
                 if self.gone is not None:

@@ -45,6 +45,7 @@ from shared.adapters.postgres import DATABASE_ERRORS
 from shared.adapters.throttles import Override
 from shared.contracts.topology import DurableSpec
 from shared.domain.throttle import Limit, TokenBucket
+from shared.waits import sleep_unless, within
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -191,11 +192,10 @@ class Throttle:
                         exc,
                     )
                 failing = True
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+            await sleep_unless(stop, interval)
         with contextlib.suppress(*READ_ERRORS):  # the others take the share at once
             async with pool.acquire() as conn:
-                await asyncio.wait_for(throttles.leave(conn, self.durable, self.owner), 5.0)
+                await within(5.0, throttles.leave(conn, self.durable, self.owner))
 
     @contextlib.asynccontextmanager
     async def watching(
@@ -210,7 +210,7 @@ class Throttle:
             if not stop.is_set():
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(task, timeout=interval + 6.0)
+                await within(interval + 6.0, task)
 
     def families(self) -> list[Metric]:
         """Its series (:func:`.metrics.throttle_families`)."""

@@ -37,11 +37,11 @@ from shared.adapters.stores import PostgresOutboxStore
 from shared.domain.pacing import ArrivalGap
 from shared.domain.ports import OutboxRecord, OutboxStore
 from shared.runtime.metrics import RoleMetrics
+from shared.waits import sleep_unless, wait_any
 
 from . import atomic
 from .messages import OrderingFields, build_message, ordering_fields_of
 from .sending import Sender
-from .waits import sleep_unless, wait_any
 from .watch import OutboxWatch
 
 __all__ = [

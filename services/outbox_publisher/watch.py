@@ -37,8 +37,7 @@ import asyncpg
 
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.domain.pacing import ArrivalGap
-
-from .waits import sleep_unless, wait_any
+from shared.waits import sleep_unless, wait_any
 
 log = logging.getLogger("ferry.outbox_publisher")
 

@@ -14,6 +14,7 @@ import asyncpg
 
 from shared.adapters.postgres import DATABASE_ERRORS, connect
 from shared.domain.errors import TransientError
+from shared.waits import sleep_unless
 
 log = logging.getLogger("ferry.notify")
 
@@ -31,7 +32,7 @@ async def listen(
             conn = await connect(dsn)
         except TransientError as exc:
             log.warning("listener cannot connect (%s); retrying in %.1fs", exc, delay)
-            await _pause(stop, delay)
+            await sleep_unless(stop, delay)
             delay = min(delay * 2, 5.0)
             continue
         delay = 0.2
@@ -47,13 +48,6 @@ async def listen(
 
 async def _watch(conn: asyncpg.Connection, stop: asyncio.Event) -> None:
     while not stop.is_set():
-        await _pause(stop, LIVENESS_INTERVAL_SECONDS)
+        await sleep_unless(stop, LIVENESS_INTERVAL_SECONDS)
         if not stop.is_set():
             await conn.execute("SELECT 1", timeout=LIVENESS_INTERVAL_SECONDS)
-
-
-async def _pause(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        return

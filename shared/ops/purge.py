@@ -23,7 +23,7 @@ import json
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -37,6 +37,7 @@ from shared.domain.durations import parse_duration
 from shared.domain.errors import ConfigurationError, TransientError
 from shared.runtime.logs import configure_logging
 from shared.runtime.settings import CommonSettings
+from shared.waits import sleep_unless
 
 log = logging.getLogger("ferry.retention")
 
@@ -165,8 +166,7 @@ async def purge_forever(
             for table in report:
                 log.info(table.line(False), extra={"table": table.table, "scope": table.scope,
                                                    "purged": table.purged})  # fmt: skip
-        with suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), every)
+        await sleep_unless(stop, every)
     log.info("retention scheduler stopped")
     return 0
 

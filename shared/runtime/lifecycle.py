@@ -23,6 +23,7 @@ from shared.runtime.metrics import RoleMetrics
 from shared.runtime.readiness import ReadinessCheck
 from shared.runtime.settings import CommonSettings
 from shared.telemetry import setup_tracing
+from shared.waits import within
 
 log = logging.getLogger("ferry.wiring")
 
@@ -75,7 +76,7 @@ async def serve(
     inner_stop.set()
     code = EXIT_OK
     try:
-        await asyncio.wait_for(task, timeout=drain_deadline)
+        await within(drain_deadline, task)
     except TimeoutError:
         code = EXIT_DRAIN_TIMEOUT
     await health.stop()

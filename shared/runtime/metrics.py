@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from shared.runtime.readiness import ReadinessCheck, run_checks
+from shared.waits import within
 
 log = logging.getLogger("ferry.metrics")
 
@@ -107,6 +108,7 @@ class RoleMetrics:
 
     def watch_readiness(self, checks: Mapping[str, ReadinessCheck]) -> None:
         """Export each readiness check as ``ferry_ready{check}``."""
+
         async def refresh() -> None:
             for name, ok in (await run_checks(dict(checks))).items():
                 self._ready.labels(name).set(1 if ok else 0)
@@ -121,7 +123,7 @@ class RoleMetrics:
                 return
             for source, refresher in self._refreshers:
                 try:
-                    await asyncio.wait_for(refresher(), timeout=REFRESH_TIMEOUT)
+                    await within(REFRESH_TIMEOUT, refresher())
                 except Exception as exc:  # a gauge source down must not fail the scrape
                     self._refresh_errors.labels(source).inc()
                     log.warning("metrics refresh of %s failed: %s", source, exc)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from shared.waits import within
 
 #: A readiness check: a plain or an async callable returning True when ready.
 ReadinessCheck = Callable[[], bool | Awaitable[bool]]
@@ -20,7 +21,7 @@ async def run_checks(checks: dict[str, ReadinessCheck]) -> dict[str, bool]:
         try:
             outcome = check()
             if inspect.isawaitable(outcome):
-                outcome = await asyncio.wait_for(outcome, timeout=CHECK_TIMEOUT)
+                outcome = await within(CHECK_TIMEOUT, outcome)
             results[name] = bool(outcome)
         except Exception:  # a failing probe means "not ready", never a 500
             results[name] = False

@@ -539,3 +539,22 @@ async def test_a_partition_given_up_while_waiting_for_ack_wait_is_not_released_c
     assert c.owned() == frozenset() and c.ownership.waits == 2
     await c.stop_cleanly()
     assert [run.owner for run in record.runs] == ["a", "a"]
+
+
+@pytest.mark.parametrize("turns_between", [0, 1, 2, 3])
+async def test_an_owner_killed_as_its_loop_wakes_ends(
+    pool: asyncpg.Pool, turns_between: int
+) -> None:
+    """A kill that lands in the turn its renewal wait ends still ends the owner (with
+    Python 3.11's asyncio.wait_for the loop went on renewing, and the kill never
+    returned: a CI run hung on it)."""
+    record = Record()
+    a = Replica(pool, "a", record, partitions=2)
+    await until(lambda: a.owned() == {0, 1}, "a owns everything")
+    a.ownership._wake.set()
+    for _ in range(turns_between):
+        await asyncio.sleep(0)
+    a.task.cancel()
+    done, _ = await asyncio.wait({a.task}, timeout=10.0)
+    assert done and a.task.cancelled(), "the owner went on after it was killed"
+    assert [run.end is not None for run in record.runs] == [True, True]
