@@ -64,7 +64,6 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import asyncpg
@@ -72,6 +71,8 @@ import asyncpg
 from shared.adapters import partition_leases as sql
 from shared.adapters.postgres import DATABASE_ERRORS, Conn
 from shared.waits import sleep_unless, within
+
+from .partition_slot import Pending, Slot, SlotRunner, Work
 
 log = logging.getLogger("ferry.inbox_consumer.partitions")
 
@@ -85,8 +86,6 @@ ABANDON_WAIT = 1.0
 #: Members not seen for this many ttls are deleted by the others.
 FORGET_AFTER_TTLS = 10
 
-Work = Callable[[int, asyncio.Event], Awaitable[None]]
-Pending = Callable[[int], Awaitable[int]]
 T = TypeVar("T")
 
 
@@ -104,26 +103,6 @@ def preference(partitions: int, members: int, rank: int) -> list[int]:
         range(partitions),
         key=lambda p: ((p - rank) % members != 0, (p - rank) % partitions),
     )
-
-
-@dataclass(eq=False)
-class _Slot:
-    """One partition this replica holds a lease on."""
-
-    partition: int
-    stop: asyncio.Event
-    #: time.monotonic() after which the lease no longer counts as ours.
-    valid_until: float
-    #: The lease may be released as clean (nothing of ours or a predecessor's is in flight).
-    clean: bool
-    task: asyncio.Task[None] | None = None
-    timer: asyncio.TimerHandle | None = None
-    #: work(k, stop) is running now.
-    running: bool = False
-    shedding: bool = False
-    releasing: bool = False
-    fenced: bool = False
-    done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class PartitionOwnership:
@@ -154,32 +133,28 @@ class PartitionOwnership:
         if ttl <= 0 or ack_wait < 0:
             raise ValueError("ttl must be positive and ack_wait not negative")
         self.pool, self.durable, self.partitions, self.owner = pool, durable, partitions, owner
-        self.ttl, self.ack_wait, self.work, self.pending = ttl, ack_wait, work, pending
+        self.ttl, self.ack_wait = ttl, ack_wait
         self.renew_every = renew_every if renew_every is not None else ttl / 3
         if not 0 < self.renew_every < ttl:
             raise ValueError("renew_every must be positive and shorter than the ttl")
-        self.restart_pause = restart_pause
         #: A lease counts as ours until the start of its last renewal plus this.
         self.valid_for = ttl - min(ttl * FENCE_MARGIN, 1.0)
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, Slot] = {}
         #: Fenced partitions whose work has not ended yet: not to be taken again before.
-        self._draining: dict[int, _Slot] = {}
+        self._draining: dict[int, Slot] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
+        self._runner = SlotRunner(durable, work, pending, ttl, restart_pause, self._wake)
         #: Leases taken (every acquisition, first ones included).
         self.acquired = 0
         #: Acquisitions of another owner's expired (not released) lease.
         self.takeovers = 0
-        #: Takeovers that waited for ack_wait before starting the work (pending > 0).
-        self.waits = 0
         #: Partitions given up to make room for another replica.
         self.sheds = 0
         #: Leases released (sheds and stops; clean or not).
         self.releases = 0
         #: Partitions lost: the lease expired locally or another owner holds it.
         self.fences = 0
-        #: Work tasks restarted after ending by themselves.
-        self.restarts = 0
         #: Renewal rounds that failed (database unreachable, slow, or erring).
         self.renew_failures = 0
         #: Live members and fair share at the last successful round (0 before it).
@@ -187,6 +162,16 @@ class PartitionOwnership:
         self.share = 0
 
     # -- what callers read ---------------------------------------------------------------
+
+    @property
+    def waits(self) -> int:
+        """Takeovers that waited for ack_wait before starting the work (pending > 0)."""
+        return self._runner.waits
+
+    @property
+    def restarts(self) -> int:
+        """Work tasks restarted after ending by themselves."""
+        return self._runner.restarts
 
     def owned(self) -> frozenset[int]:
         """Partitions whose work is running now under a lease that is locally valid."""
@@ -330,10 +315,10 @@ class PartitionOwnership:
             resume_at = answered
             if not lease.clean:
                 resume_at += max(-(lease.expired_for or 0.0), 0.0) + self.ack_wait
-            slot = _Slot(lease.partition, asyncio.Event(), started, clean=lease.clean)
+            slot = Slot(lease.partition, asyncio.Event(), started, clean=lease.clean)
             self._slots[lease.partition] = slot
             self._extend(slot, started)
-            slot.task = self._spawn(self._runner(slot, resume_at))
+            slot.task = self._spawn(self._runner.run(slot, resume_at))
             log.info(
                 "%s: partition %d acquired (%s)",
                 self.durable,
@@ -352,77 +337,7 @@ class PartitionOwnership:
 
     # -- one partition ---------------------------------------------------------------------
 
-    async def _runner(self, slot: _Slot, resume_at: float) -> None:
-        """Wait for the old owner's messages if need be, then run (and restart) the work."""
-        k = slot.partition
-        try:
-            if not slot.clean:
-                if await self._in_flight(k):
-                    self.waits += 1
-                    delay = resume_at - time.monotonic()
-                    log.info(
-                        "%s: partition %d was taken over with messages in flight; "
-                        "starting in %.1fs (ack_wait)",
-                        self.durable,
-                        k,
-                        delay,
-                    )
-                    if await sleep_unless(slot.stop, delay):
-                        return
-                else:
-                    slot.clean = True
-            await self._work_until_stopped(slot)
-        finally:
-            slot.running = False
-            slot.done.set()
-            self._wake.set()
-
-    async def _in_flight(self, k: int) -> bool:
-        """Whether partition ``k``'s consumer has unacked messages (True when unknown)."""
-        if self.pending is None:
-            return True
-        try:
-            return await within(self.ttl, self.pending(k)) > 0
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning(
-                "%s: pending(%d) failed (%r); assuming messages in flight", self.durable, k, exc
-            )
-            return True
-
-    async def _work_until_stopped(self, slot: _Slot) -> None:
-        k = slot.partition
-        while not slot.stop.is_set():
-            slot.running, slot.clean = True, False
-            try:
-                await self.work(k, slot.stop)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.error("%s: work of partition %d failed: %r", self.durable, k, exc, exc_info=exc)
-                outcome = "raised"
-            else:
-                if slot.stop.is_set():
-                    slot.clean = True
-                    return
-                outcome = "returned"
-            finally:
-                slot.running = False
-            if slot.stop.is_set():
-                return
-            self.restarts += 1
-            log.warning(
-                "%s: work of partition %d %s by itself; restarting in %.1fs",
-                self.durable,
-                k,
-                outcome,
-                self.restart_pause,
-            )
-            if await sleep_unless(slot.stop, self.restart_pause):
-                return
-
-    def _extend(self, slot: _Slot, renewed_at: float) -> None:
+    def _extend(self, slot: Slot, renewed_at: float) -> None:
         """The lease was renewed by a statement started at ``renewed_at``."""
         slot.valid_until = renewed_at + self.valid_for
         if slot.timer is not None:
@@ -432,7 +347,7 @@ class PartitionOwnership:
             delay, self._fence, slot, "its lease expired before a renewal succeeded"
         )
 
-    def _fence(self, slot: _Slot, reason: str) -> None:
+    def _fence(self, slot: Slot, reason: str) -> None:
         """Stop ``slot``'s work at once; the lease is not ours any more."""
         if slot.fenced:
             return
@@ -448,7 +363,7 @@ class PartitionOwnership:
             self._draining[slot.partition] = slot
         self._wake.set()
 
-    def _shed(self, slots: Iterable[_Slot], *, reason: str) -> None:
+    def _shed(self, slots: Iterable[Slot], *, reason: str) -> None:
         for slot in slots:
             if slot.shedding or slot.fenced:
                 continue
@@ -456,7 +371,7 @@ class PartitionOwnership:
             log.info("%s: giving partition %d up (%s)", self.durable, slot.partition, reason)
             self._spawn(self._give_up(slot))
 
-    async def _give_up(self, slot: _Slot) -> None:
+    async def _give_up(self, slot: Slot) -> None:
         """Stop the work, await it, release the lease (retrying until it is lost)."""
         slot.stop.set()
         await slot.done.wait()
