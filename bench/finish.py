@@ -5,7 +5,7 @@ from __future__ import annotations
 from bench import ratios
 from bench import sections as s
 from bench.ratios import TRACING_TARGET
-from bench.report import Results
+from bench.report import Results, Row
 from bench.world import traces_ratio
 
 
@@ -40,10 +40,7 @@ def finish(bench: s.Bench) -> None:
         )
     for row in results.rows:
         if row.key.startswith("ferry.latency_"):
-            proto = raw.get("raw.proto_" + row.key.removeprefix("ferry.latency_"))
-            if proto:
-                row.baseline = proto
-                row.baseline_label = "p99 of the bare-bones pipeline at the same offered load"
+            finish_latency_baseline(results, row, raw)
     s.finish_peer_ratio(results)
     s.finish_ordered_ratio(results)
     finish_tracing_ratio(results)
@@ -54,6 +51,38 @@ def finish(bench: s.Bench) -> None:
         for row in results.rows:
             if "on" in row.values:
                 row.not_measured("on", reason)
+
+
+def finish_latency_baseline(results: Results, row: Row, raw: dict[str, float | None]) -> None:
+    """The bare-bones p99 a Ferry latency row is judged against: the lowest the bare-bones
+    pipeline showed at that offered load anywhere in the run.
+
+    The VM's speed drifts by a third over a run, and the bare-bones pipeline's fixed-rate
+    step and its sustained search each ran once, minutes apart: one run's step saturated
+    at 600 msg/s (p99 4,153 ms) while a search step at 600 msg/s of the same section held
+    at 67 ms. Judging Ferry's one step against the bare-bones pipeline's best showing is
+    the stricter yardstick; the note gives every figure.
+    """
+    rate = row.key.removeprefix("ferry.latency_")
+    shown: dict[str, float] = {}
+    step = raw.get("raw.proto_" + rate)
+    if step:
+        shown["its latency step"] = float(step)
+    searched = results.sections.get("sustained", {}).get("raw", {}).get("steps", [])
+    for index, tried in enumerate(searched, start=1):
+        p99 = tried.get("p99_ms")
+        if str(tried.get("rate")) == rate and p99 is not None and p99 == p99 and p99 > 0:
+            shown[f"its sustained search's step {index}"] = float(p99)
+    if not shown:
+        return
+    where, best = min(shown.items(), key=lambda item: item[1])
+    row.baseline = best
+    row.baseline_label = "lowest p99 of the bare-bones pipeline at the same offered load"
+    if len(shown) > 1:
+        listed = ", ".join(f"{p99:,.0f} ms ({what})" for what, p99 in shown.items())
+        note = f"bare-bones p99 at this load in this run: {listed}; judged against {where}"
+        if note not in row.notes:
+            row.notes.append(note)
 
 
 def finish_tracing_ratio(results: Results) -> None:

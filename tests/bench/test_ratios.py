@@ -124,6 +124,42 @@ def test_latency_at_600_is_judged_against_the_bare_bones_p99() -> None:
     assert other.target is None and other.verdict() == ""
 
 
+def _searched(*steps: tuple[int, float]) -> dict[str, Any]:
+    return {"raw": {"steps": [{"rate": rate, "p99_ms": p99} for rate, p99 in steps]}}
+
+
+def test_latency_is_judged_against_the_bare_bones_best_p99_at_that_load() -> None:
+    """The bare-bones search stepped through 600 msg/s faster than its latency step: that
+    lower p99 is the yardstick, and the note gives both."""
+    results = _measured()
+    results.sections["sustained"] = _searched((1200, 9000.0), (600, 40.0), (900, 150.0))
+    rows = _finished(results)
+    p99 = rows["ferry.latency_600"]
+    assert p99.baseline == 40.0
+    assert p99.verdicts() == {"on": "MISSED", "off": "MISSED"}  # 1.75 and 1.38 against 1.2
+    assert any("50 ms (its latency step), 40 ms (its sustained search's step 2)" in note
+               and "judged against its sustained search's step 2" in note
+               for note in p99.notes)  # fmt: skip
+
+
+def test_a_slower_bare_bones_search_step_leaves_the_latency_steps_p99_the_yardstick() -> None:
+    results = _measured()
+    results.sections["sustained"] = _searched((600, 4000.0), (600, float("nan")), (300, 10.0))
+    rows = _finished(results)
+    p99 = rows["ferry.latency_600"]
+    assert p99.baseline == 50.0
+    assert any("judged against its latency step" in note for note in p99.notes)
+
+
+def test_without_a_latency_step_the_search_gives_the_yardstick() -> None:
+    results = _measured()
+    results.rows = [r for r in results.rows if r.key != "raw.proto_600"]
+    results.sections["sustained"] = _searched((600, 60.0))
+    p99 = _finished(results)["ferry.latency_600"]
+    assert p99.baseline == 60.0
+    assert p99.verdicts() == {"on": "met", "off": "met"}  # 1.17 and 0.92 against 1.2
+
+
 def test_sustained_is_judged_against_the_bare_bones_search() -> None:
     results = _measured()
     results.rows[[r.key for r in results.rows].index(ratios.PROTO_SUSTAINED_KEY)].notes.append(
