@@ -25,13 +25,12 @@ rolled when the toxic joins the connection (at connect time, or when the toxic i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.waits import within
+from shared.waits import cancel_and_wait, within
 
 #: The two directions of a connection.
 STREAMS = ("upstream", "downstream")
@@ -198,9 +197,7 @@ class Stage:
     async def stop(self) -> None:
         """Interrupt the toxic; what it held stays in ``held``."""
         if self.task is not None and not self.task.done():
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+            await cancel_and_wait(self.task)
 
     async def take(self) -> Item:
         """The next item, remembered in ``held`` until emitted or dropped."""

@@ -10,13 +10,17 @@ that). ``asyncio.timeout`` cancels the waiting task itself instead of a wrapper,
 outside cancellation is never mistaken for the timeout's, nor dropped.
 
 Lint forbids ``asyncio.wait_for`` in Ferry's own code (ruff's banned-api, TID251).
+
+The same care for a task stopped from outside: ``task.cancel()`` then ``await task``
+inside ``suppress(CancelledError)`` also swallows the *caller's* cancellation, should it
+arrive meanwhile; :func:`cancel_and_wait` keeps it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -49,3 +53,17 @@ async def wait_any(*events: asyncio.Event, timeout: float | None) -> None:
     finally:
         for waiter in waiters:
             waiter.cancel()
+
+
+async def cancel_and_wait(task: asyncio.Future[Any], timeout: float | None = None) -> bool:
+    """Cancel ``task`` and wait (up to ``timeout`` seconds, None: no limit) until it has
+    ended; whether it has. Its own cancellation is absorbed; an error it ended with is
+    raised here; the caller's cancellation is never absorbed."""
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        return False
+    error = None if task.cancelled() else task.exception()
+    if error is not None:
+        raise error
+    return True

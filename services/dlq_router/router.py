@@ -27,7 +27,6 @@ Beside the advisories, the router sweeps for exhaustions no advisory reported
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, field, replace
@@ -50,7 +49,7 @@ from shared.contracts.topology import Topology
 from shared.domain.envelope import SURROGATE_NAMESPACE, identify
 from shared.domain.ordering import durable_of_consumer
 from shared.runtime.metrics import RoleMetrics
-from shared.waits import sleep_unless
+from shared.waits import cancel_and_wait, sleep_unless
 
 from .advisory import MAX_DELIVER_TYPE, TERMINATED_TYPE, Advisory, InvalidAdvisory
 from .sweep import Sweep, dead_letter_stream
@@ -140,9 +139,7 @@ class DlqRouter:
             await self._route_advisories(stop, fetch_timeout=fetch_timeout, batch=batch)
         finally:
             if sweeping is not None:
-                sweeping.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sweeping
+                await cancel_and_wait(sweeping)
 
     async def _sweep_every(self, interval: float, stop: asyncio.Event) -> None:
         while not stop.is_set():

@@ -45,7 +45,7 @@ from shared.adapters.postgres import DATABASE_ERRORS
 from shared.adapters.throttles import Override
 from shared.contracts.topology import DurableSpec
 from shared.domain.throttle import Limit, TokenBucket
-from shared.waits import sleep_unless, within
+from shared.waits import cancel_and_wait, sleep_unless, within
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -207,10 +207,9 @@ class Throttle:
         try:
             yield
         finally:
-            if not stop.is_set():
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await within(interval + 6.0, task)
+            if stop.is_set():  # it leaves throttle_members, in a bounded statement
+                await asyncio.wait({task}, timeout=interval + 6.0)
+            await cancel_and_wait(task, interval + 6.0)
 
     def families(self) -> list[Metric]:
         """Its series (:func:`.metrics.throttle_families`)."""

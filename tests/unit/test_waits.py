@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from shared.waits import sleep_unless, wait_any, within
+from shared.waits import cancel_and_wait, sleep_unless, wait_any, within
 
 
 async def cancelled_as_it_ends(
@@ -97,3 +97,59 @@ async def test_within_lets_the_works_own_error_through() -> None:
 
     with pytest.raises(LookupError, match="inside"):
         await within(1.0, broken())
+
+
+async def test_cancel_and_wait_stops_the_task_and_keeps_the_callers_cancellation() -> None:
+    stopped = asyncio.Event()
+
+    async def child() -> None:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            await asyncio.sleep(0.2)  # a slow clean-up: the caller is cancelled meanwhile
+            stopped.set()
+
+    task = asyncio.create_task(child())
+    await asyncio.sleep(0)
+    caller = asyncio.create_task(cancel_and_wait(task))
+    await asyncio.sleep(0.05)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await asyncio.wait_for(stopped.wait(), 2.0)
+    assert task.cancelled()
+
+
+async def test_cancel_and_wait_absorbs_the_tasks_cancellation_raises_its_error() -> None:
+    task = asyncio.create_task(asyncio.sleep(30))
+    await asyncio.sleep(0)
+    assert await cancel_and_wait(task) is True and task.cancelled()
+
+    async def broken() -> None:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            raise LookupError("while stopping")
+
+    failing = asyncio.create_task(broken())
+    await asyncio.sleep(0)
+    with pytest.raises(LookupError, match="while stopping"):
+        await cancel_and_wait(failing)
+
+
+async def test_cancel_and_wait_gives_up_after_its_timeout() -> None:
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await release.wait()  # takes its time to stop
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    assert await cancel_and_wait(task, 0.05) is False
+    assert not task.done()
+    release.set()
+    await asyncio.wait({task}, timeout=2.0)
+    assert task.done()
