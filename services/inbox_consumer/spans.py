@@ -19,6 +19,12 @@ def process_span(delivery: Delivery, *, durable: str, stream: str) -> telemetry.
     """The delivery's ``process`` span, child of the context its headers carry."""
     if not telemetry.active():
         return None
+    headers = delivery.msg.headers
+    if headers and "tracestate" not in headers:
+        # Most deliveries are not sampled: their span is the producer's context as is.
+        span = telemetry.unsampled_span(headers.get("traceparent"))
+        if span is not None:
+            return span
     env = delivery.envelope
     return telemetry.start_span(
         f"process {delivery.subject}",
@@ -54,7 +60,7 @@ def log_fields(delivery: Delivery) -> contextlib.AbstractContextManager[None]:
 @contextlib.contextmanager
 def settling(delivery: Delivery, decision: Decision, *, durable: str) -> Iterator[None]:
     """The ``settle`` span of one delivery; ends its ``process`` span afterwards."""
-    with _current(delivery.span), log_fields(delivery):
+    with telemetry.current(delivery.span), log_fields(delivery):
         if isinstance(decision, Ack):
             operation = "ack"
         elif isinstance(decision, Nak) or decision.reason_code == EXHAUSTED:
@@ -75,21 +81,13 @@ def settling(delivery: Delivery, decision: Decision, *, durable: str) -> Iterato
                 ),
             )
         try:
-            with _current(span):
+            with telemetry.current(span):
                 yield
         finally:
             telemetry.end_span(span)
             error = None if isinstance(decision, Ack) else decision_error(decision)
             telemetry.end_span(delivery.span, error)
             delivery.span = None
-
-
-def _current(span: telemetry.Span | None) -> contextlib.AbstractContextManager[None]:
-    """:func:`telemetry.current`, without its generator when there is no span (tracing off)."""
-    return _NO_SPAN if span is None else telemetry.current(span)
-
-
-_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
 def decision_error(decision: Decision) -> str:

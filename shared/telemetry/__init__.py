@@ -21,6 +21,7 @@ from shared.telemetry.propagation import (
     parse_traceparent,
     passes_unchanged,
     remote_context,
+    unsampled_span,
 )
 from shared.telemetry.provider import TRACER_NAME, active, tracer, use_tracer_provider
 from shared.telemetry.setup import (
@@ -91,5 +92,6 @@ __all__ = [
     "start_span",
     "tracer",
     "uninstrument",
+    "unsampled_span",
     "use_tracer_provider",
 ]

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Iterator
 from typing import Any
 
 from opentelemetry import trace
@@ -18,15 +16,25 @@ _LOG_FIELDS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.Context
 )
 
 
-@contextlib.contextmanager
-def log_fields(**fields: Any) -> Iterator[None]:
-    """Add ``fields`` to every log line written inside the block (this task only)."""
-    merged = {**(_LOG_FIELDS.get() or {}), **{k: v for k, v in fields.items() if v is not None}}
-    token = _LOG_FIELDS.set(merged)
-    try:
-        yield
-    finally:
-        _LOG_FIELDS.reset(token)
+class log_fields:  # a lower-case name: used as a function, ``with log_fields(...):``
+    """Add ``fields`` to every log line written inside the block (this task only).
+
+    A class rather than a generator: a consumer enters it twice per message."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: Any) -> None:
+        self._fields = fields
+        self._token: contextvars.Token[dict[str, Any] | None] | None = None
+
+    def __enter__(self) -> None:
+        fields = {k: v for k, v in self._fields.items() if v is not None}
+        self._token = _LOG_FIELDS.set({**(_LOG_FIELDS.get() or {}), **fields})
+
+    def __exit__(self, *_: object) -> None:
+        if self._token is not None:
+            _LOG_FIELDS.reset(self._token)
+            self._token = None
 
 
 def set_log_fields(**fields: Any) -> None:

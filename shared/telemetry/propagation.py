@@ -89,6 +89,24 @@ def passes_unchanged(traceparent: str | None) -> bool:
     )
 
 
+def unsampled_span(traceparent: str | None) -> Span | None:
+    """The span a hop would start as the child of ``traceparent`` when
+    :func:`passes_unchanged` says it is an unsampled one: that context itself, not
+    recording (what :func:`shared.telemetry.start_span` returns for it), built straight
+    from the header. None otherwise: the hop takes the ordinary path. The caller keeps to
+    headers without ``tracestate`` (this span carries none)."""
+    if traceparent is None or not passes_unchanged(traceparent):
+        return None
+    return trace.NonRecordingSpan(
+        SpanContext(
+            int(traceparent[3:35], 16),
+            int(traceparent[36:52], 16),
+            True,
+            TraceFlags(int(traceparent[53:55], 16)),
+        )
+    )
+
+
 def link_to(traceparent: str | None) -> list[Link]:
     """A link to the span a stored traceparent names (none when absent or invalid)."""
     ctx = trace.get_current_span(remote_context(traceparent)).get_span_context()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -309,12 +309,21 @@ class _AioHttpClientSpans:
         original = aiohttp.ClientSession._request
         tracer = tracer_provider.get_tracer(TRACER_NAME)
 
-        async def _request(
+        def _request(
+            session: aiohttp.ClientSession, method: str, url: Any, *args: Any, **kwargs: Any
+        ) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
+            # A plain function handing back aiohttp's own coroutine when nothing is traced:
+            # a coroutine of ours around it would be resumed at every step of every request
+            # (measured: 2.5 % of the consumer's CPU at 10 % sampling).
+            if not trace.get_current_span().is_recording() or otel_context.get_value(
+                _SUPPRESS_INSTRUMENTATION_KEY
+            ):
+                return original(session, method, url, *args, **kwargs)
+            return _traced(session, method, url, *args, **kwargs)
+
+        async def _traced(
             session: aiohttp.ClientSession, method: str, url: Any, *args: Any, **kwargs: Any
         ) -> aiohttp.ClientResponse:
-            parent = trace.get_current_span()
-            if not parent.is_recording() or otel_context.get_value(_SUPPRESS_INSTRUMENTATION_KEY):
-                return await original(session, method, url, *args, **kwargs)
             span = tracer.start_span(
                 method.upper(),
                 kind=SpanKind.CLIENT,
