@@ -33,11 +33,12 @@ from shared.domain.errors import AccessDenied, ConfigurationError, TransientErro
 from shared.runtime.metrics import RoleMetrics
 from shared.waits import sleep_unless
 
-from . import data, views
+from . import views
 from .auth import COOKIE, Authenticator, Session
 from .events import EventPages
 from .failures import FailurePages
 from .jobs import Jobs
+from .overview import THRESHOLDS, Overview, read_overview
 from .replay_api import ReplayApi
 from .settings import ConsoleSettings
 from .views import Samples, UserError, field, safe_next
@@ -309,9 +310,9 @@ class Console:
 
     # ------------------------------------------------------------------ overview
 
-    async def read_overview(self) -> data.Overview:
+    async def read_overview(self) -> Overview:
         """The overview's figures now (also recorded as a sample)."""
-        overview = await data.read_overview(self.topology, self.pools, self.nc)
+        overview = await read_overview(self.topology, self.pools, self.nc)
         self.samples.add(overview)
         return overview
 
@@ -333,7 +334,7 @@ class Console:
             "overview.html",
             overview=overview,
             samples=self.samples,
-            thresholds=data.THRESHOLDS,
+            thresholds=THRESHOLDS,
             live=live,
             refresh=int(self.samples.interval),
         )

@@ -1,30 +1,22 @@
-"""What the console's pages show, read with the console's own login.
+"""The console's reads besides the overview (:mod:`services.console.overview`): failure
+groups and their entries, event search, KPI runs — with the console's own login.
 
-The figures are the ones the roles export as metrics and the CLI prints (QRY-050's
-outbox backlog, QRY-051's inbox backlog, JetStream's consumer info for lag), read here
-directly so the console needs no Prometheus. Every query is bounded by an index
-(migrations 0001-0009): unpublished outbox rows (``idx_outbox_unpublished``), unprocessed
-inbox rows (``idx_inbox_unprocessed``), recent processing (BRIN ``processed_at``), open
-dead letters (``idx_dead_letters_status``).
+Every query is bounded by an index: open dead letters (``idx_dead_letters_status``), the
+outbox and inbox by id, subject or aggregate.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
-import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
-from nats.aio.client import Client as NATS
-from nats.errors import Error as NatsError
 
-from shared.adapters import inbox, outbox, parking, throttles
 from shared.adapters.dead_letters import subject_regex
 from shared.contracts.topology import Topology
 from shared.domain.dead_letter import DISCARDABLE_STATUSES, PARKABLE_STATUSES, REPLAYABLE_STATUSES
@@ -33,39 +25,6 @@ log = logging.getLogger("ferry.console")
 
 #: Dead-letter statuses that still need somebody (the failures page's default).
 OPEN_STATUSES = ("dead", "held", "replaying", "parked")
-#: Seconds of processing the rate and the success ratio are computed over.
-RATE_WINDOW = 300
-#: Thresholds of the alert rules (k8s/base/alerts/ferry-alerts.rules.yaml), drawn on the
-#: sparklines; tests/console/test_units.py checks they match the rules.
-THRESHOLDS = {
-    "outbox_oldest_age": 300.0,  # FerryOutboxLagHigh
-    "lag_seconds": 300.0,  # FerryConsumerLagHigh
-    "success_ratio": 0.95,  # FerrySuccessRatioLow
-    "parked_oldest_age": 900.0,  # FerryParkedKeyStuck
-}
-
-_RECENT = """
-SELECT count(*) FILTER (WHERE status = 'processed') AS processed
-FROM inbox_messages
-WHERE durable = $1 AND processed_at > now() - $2 * interval '1 second'
-"""
-
-_RETRYING = """
-SELECT count(*) FROM inbox_messages
-WHERE durable = $1 AND processed_at IS NULL AND status = 'retrying'
-"""
-
-_DEAD_RECENT = """
-SELECT count(*) FROM dead_letters
-WHERE durable = $1 AND dead_lettered_at > now() - $2 * interval '1 second'
-"""
-
-_DEAD_BY_REASON = """
-SELECT durable, reason_code, count(*) AS count FROM dead_letters
-WHERE durable = ANY($1::text[]) AND status = ANY($2::text[])
-GROUP BY durable, reason_code ORDER BY durable, count(*) DESC
-"""
-
 # The fingerprint of an error: its first 500 characters with ids and numbers blanked, so
 # "order 17 failed" and "order 18 failed" (or two timestamps) are one group.
 _FINGERPRINT = (
@@ -106,218 +65,12 @@ WHERE durable = $1 AND message_id = ANY($2::uuid[])
 """
 
 
-@dataclass
-class DurableView:
-    """One durable on the overview."""
-
-    name: str
-    target: str
-    ordered: bool
-    #: Declared ``criticality: high`` (INFRA-005 §7): listed first, marked.
-    critical: bool = False
-    #: The throttle in force (INFRA-005 §7.3), e.g. ``20/s (burst 40)``, with
-    #: ``override`` when an operator set it (``ferry durable throttle``); None: none.
-    throttle: str | None = None
-    backlog: int = 0
-    retrying: int = 0
-    failed: int = 0
-    oldest_at: str | None = None
-    lag_messages: int | None = None
-    lag_seconds: float | None = None
-    rate: float = 0.0
-    success_ratio: float | None = None
-    dead_by_reason: list[tuple[str, int]] = field(default_factory=list)
-    parked: dict[str, Any] | None = None
-    error: str | None = None
-
-    @property
-    def dead_open(self) -> int:
-        """Open dead letters (every reason)."""
-        return sum(count for _, count in self.dead_by_reason)
-
-
-@dataclass
-class ContextView:
-    """One context's outbox on the overview."""
-
-    name: str
-    backlog: int = 0
-    oldest_age: float | None = None
-    failing: int = 0
-    set_aside: int = 0
-    error: str | None = None
-
-
-@dataclass
-class Overview:
-    """Everything the overview shows, and how long reading it took."""
-
-    topology: str
-    at: datetime
-    contexts: list[ContextView]
-    durables: list[DurableView]
-    seconds: float = 0.0
-
-
 def durables_by_database(topology: Topology) -> dict[str, list[str]]:
     """Database → the durables whose inbox and dead letters it holds."""
     found: dict[str, list[str]] = {}
     for name, spec in sorted(topology.durables.items()):
         found.setdefault(topology.context(spec.target).database, []).append(name)
     return found
-
-
-def durable_views(topology: Topology) -> dict[str, DurableView]:
-    """The overview's durables, empty: the ``criticality: high`` ones first, then by name."""
-    ranked = sorted(topology.durables.items(), key=lambda i: (i[1].criticality != "high", i[0]))
-    return {
-        name: DurableView(
-            name,
-            spec.target,
-            spec.ordering == "key",
-            spec.criticality == "high",
-            spec.throttle.limit().describe() if spec.throttle else None,
-        )
-        for name, spec in ranked
-    }
-
-
-def _age(oldest: str | None, now: datetime) -> float | None:
-    if not oldest:
-        return None
-    return max((now - datetime.fromisoformat(oldest)).total_seconds(), 0.0)
-
-
-async def read_overview(
-    topology: Topology, pools: dict[str, asyncpg.Pool], nc: NATS | None
-) -> Overview:
-    """The overview's figures: outboxes, durables (inbox, lag, rate, ratio, dead letters)."""
-    started = time.perf_counter()
-    now = datetime.now(UTC)
-    contexts = [
-        ContextView(name)
-        for name, spec in sorted(topology.contexts.items())
-        if spec.stream is not None
-    ]
-    durables = durable_views(topology)
-    jobs = [_read_outbox(topology, pools, view, now) for view in contexts]
-    jobs += [
-        _read_database(pools[db], [durables[n] for n in names])
-        for db, names in durables_by_database(topology).items()
-    ]
-    jobs += [_read_lag(topology, nc, view) for view in durables.values()]
-    await asyncio.gather(*jobs)
-    return Overview(
-        topology.name, now, contexts, list(durables.values()), time.perf_counter() - started
-    )
-
-
-async def _read_outbox(
-    topology: Topology, pools: dict[str, asyncpg.Pool], view: ContextView, now: datetime
-) -> None:
-    try:
-        async with pools[topology.context(view.name).database].acquire() as conn:
-            doc = await outbox.backlog(conn)
-    except (OSError, asyncpg.PostgresError) as exc:
-        view.error = _short_error(exc)
-        return
-    view.backlog, view.failing, view.set_aside = doc["count"], doc["failing"], doc["set_aside"]
-    view.oldest_age = _age(doc["oldest_at"], now)
-
-
-async def _read_database(pool: asyncpg.Pool, views: list[DurableView]) -> None:
-    try:
-        async with pool.acquire() as conn:
-            for view in views:
-                doc = await inbox.backlog(conn, view.name)
-                view.backlog, view.oldest_at = doc["count"], doc["oldest_at"]
-                view.retrying, view.failed = doc["retrying"], doc["failed"]
-                processed = await conn.fetchval(_RECENT, view.name, RATE_WINDOW)
-                dead = await conn.fetchval(_DEAD_RECENT, view.name, RATE_WINDOW)
-                retrying = await conn.fetchval(_RETRYING, view.name)
-                view.rate = processed / RATE_WINDOW
-                judged = processed + dead + retrying
-                view.success_ratio = processed / judged if judged else None
-                if view.ordered:
-                    view.parked = await parking.summary(conn, view.name)
-            rows = await conn.fetch(_DEAD_BY_REASON, [v.name for v in views], list(OPEN_STATUSES))
-    except (OSError, asyncpg.PostgresError) as exc:
-        for view in views:
-            view.error = _short_error(exc)
-        return
-    by_name = {v.name: v for v in views}
-    for row in rows:
-        by_name[row["durable"]].dead_by_reason.append((row["reason_code"], row["count"]))
-    await _read_throttles(pool, by_name)
-
-
-async def _read_throttles(pool: asyncpg.Pool, by_name: dict[str, DurableView]) -> None:
-    """Operators' throttle overrides replace the topology's value on the overview (a
-    database not migrated that far just shows the topology's)."""
-    try:
-        async with pool.acquire() as conn:
-            for override in await throttles.overrides(conn, list(by_name)):
-                limit = override.limit()
-                shown = limit.describe() if limit is not None else "no limit"
-                by_name[override.durable].throttle = f"{shown}, override"
-    except (OSError, asyncpg.PostgresError) as exc:
-        log.warning("throttle overrides not read: %s", _short_error(exc))
-
-
-async def _read_lag(topology: Topology, nc: NATS | None, view: DurableView) -> None:
-    """JetStream's lag of every consumer of the durable (its partitions summed)."""
-    if nc is None or not nc.is_connected:
-        view.error = view.error or "NATS is not connected"
-        return
-    js = nc.jetstream()
-    spec = topology.durables[view.name]
-    pending, oldest = 0, 0.0
-    try:
-        for plan in topology.consumers(view.name):
-            info = await js.consumer_info(spec.stream, plan.name, timeout=3)
-            pending += (info.num_pending or 0) + (info.num_ack_pending or 0)
-            if info.num_pending:
-                oldest = max(oldest, await _oldest_undelivered(js, spec.stream, info))
-    except (NatsError, TimeoutError, OSError) as exc:
-        view.error = view.error or f"JetStream: {_short_error(exc)}"
-        return
-    view.lag_messages, view.lag_seconds = pending, oldest
-
-
-async def _oldest_undelivered(js: Any, stream: str, info: Any) -> float:
-    """Seconds since the first message after the consumer's last delivered one was stored."""
-    config = info.config
-    filters = list(config.filter_subjects or []) or [config.filter_subject or ">"]
-    start = (info.delivered.stream_seq if info.delivered else 0) + 1
-    oldest: datetime | None = None
-    for subject in filters:
-        try:
-            msg = await js.get_msg(stream, seq=start, subject=subject, next=True)
-        except (NatsError, TimeoutError):
-            continue
-        stamp = _stored_at(msg)
-        if stamp is not None and (oldest is None or stamp < oldest):
-            oldest = stamp
-    if oldest is None:
-        return 0.0
-    return max((datetime.now(UTC) - oldest).total_seconds(), 0.0)
-
-
-def _stored_at(msg: Any) -> datetime | None:
-    stamp = getattr(msg, "time", None)
-    if isinstance(stamp, datetime):
-        return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
-    if isinstance(stamp, str):
-        try:
-            return datetime.fromisoformat(stamp.replace("Z", "+00:00")[:26] + "+00:00")
-        except ValueError:
-            return None
-    return None
-
-
-def _short_error(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())[:200]
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 # --------------------------------------------------------------------------- failures

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from . import data
+from .overview import THRESHOLDS, Overview
 from .svg import sparkline
 
 #: The sparklines' span (seconds).
@@ -32,7 +32,7 @@ class Samples:
         self.series: dict[tuple[str, str], deque[tuple[float, float]]] = {}
         self.last = 0.0
 
-    def add(self, overview: data.Overview) -> None:
+    def add(self, overview: Overview) -> None:
         """Record one overview's figures (at most one sample per half interval)."""
         now = time.time()
         if now - self.last < self.interval / 2:
@@ -65,7 +65,7 @@ class Samples:
             points,
             span=max(min(HOUR, now - since), 2 * self.interval),
             now=now,
-            threshold=data.THRESHOLDS.get(kind),
+            threshold=THRESHOLDS.get(kind),
             floor_top=floor_top,
             label=label,
         )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import asyncpg
 
-from services.console.data import durable_views, read_overview
+from services.console.overview import durable_views, read_overview
 from shared.access.identities import Identity
 from shared.adapters import throttles
 from shared.contracts.loading import load_topology

@@ -132,17 +132,20 @@ async def test_overview_renders_quickly_with_many_rows(env: Env, nc: NATS, tmp_p
 
 
 async def _plans(conn: asyncpg.Connection) -> dict[str, str]:
-    """EXPLAIN of the overview's per-durable queries (services/console/data.py)."""
-    from services.console import data
+    """EXPLAIN of the overview's per-durable queries (services/console/overview.py)."""
+    from services.console import data, overview
     from shared.adapters import inbox
 
     durable = "sea__from_vibespro"
     queries = {
         "inbox backlog": (inbox._BACKLOG, (durable,)),
-        "recent processing": (data._RECENT, (durable, data.RATE_WINDOW)),
-        "retrying": (data._RETRYING, (durable,)),
-        "recent dead letters": (data._DEAD_RECENT, (durable, data.RATE_WINDOW)),
-        "dead letters by reason": (data._DEAD_BY_REASON, ([durable], list(data.OPEN_STATUSES))),
+        "recent processing": (overview._RECENT, (durable, overview.RATE_WINDOW)),
+        "retrying": (overview._RETRYING, (durable,)),
+        "recent dead letters": (overview._DEAD_RECENT, (durable, overview.RATE_WINDOW)),
+        "dead letters by reason": (
+            overview._DEAD_BY_REASON,
+            ([durable], list(data.OPEN_STATUSES)),
+        ),
     }
     plans = {}
     for name, (sql, args) in queries.items():

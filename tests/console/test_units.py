@@ -23,7 +23,8 @@ from services.console.auth import (
     load_accounts,
     verify_password,
 )
-from services.console.data import THRESHOLDS, parse_search, predicted
+from services.console.data import parse_search, predicted
+from services.console.overview import THRESHOLDS
 from services.console.svg import sparkline
 from services.console.views import safe_next, timeline
 from shared.domain.errors import ConfigurationError
