@@ -124,10 +124,21 @@ class Results:
         return new
 
     def book_cpu(self, label: str, mode: str, messages: int, seconds: float,
-                 cpu_s: dict[str, float]) -> None:  # fmt: skip
-        """CPU seconds per process spent on ``messages`` messages in ``seconds`` of wall time."""
+                 cpu_s: dict[str, float], *, merge: bool = False) -> None:  # fmt: skip
+        """CPU seconds per process spent on ``messages`` messages in ``seconds`` of wall time.
+
+        ``merge``: a measurement run again (the one-consumer drain's pairs) adds to its
+        first entry, the figure being all its messages over all their CPU."""
+        for entry in self.cpu if merge else ():
+            if entry["label"] == label and entry["mode"] == mode:
+                entry["messages"] += messages
+                entry["seconds"] = round(entry["seconds"] + seconds, 3)
+                for name, spent in cpu_s.items():
+                    entry["cpu_s"][name] = entry["cpu_s"].get(name, 0.0) + spent
+                entry["runs"] = entry.get("runs", 1) + 1
+                return
         self.cpu.append({"label": label, "mode": mode, "messages": messages,
-                         "seconds": round(seconds, 3), "cpu_s": cpu_s})  # fmt: skip
+                         "seconds": round(seconds, 3), "cpu_s": dict(cpu_s)})  # fmt: skip
 
     def book_statements(self, label: str, mode: str, messages: int,
                         delta: dict[str, tuple[float, float]]) -> None:  # fmt: skip

@@ -13,7 +13,8 @@ processes and the load generator in a process of its own, and measures, by secti
                yardstick of the latency and sustained figures
 ``peer``       faststream-outbox relaying the same backlog into JetStream
 ``publisher``  outbox-publisher drain of a ``--rows`` backlog
-``drain``      end-to-end drain of a ``--rows`` backlog with one and two consumer replicas,
+``drain``      end-to-end drain of a ``--rows`` backlog with one (``--drain-pairs`` pairs
+               of runs with both tracing modes, order alternating) and two consumer replicas,
                one consumer with batch handler calls (``--handler-batch`` events per POST,
                judged against the raw per-message POST /handle), and ordered (``ordering:
                key``, 1,000 keys, ``--ordered-partitions`` partitions, ``--ordered-replicas``
@@ -169,6 +170,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--handler-batch", type=int, default=50,
         help="events per handler call in the batch-call drain (handler.batch; 50)",
     )  # fmt: skip
+    parser.add_argument(
+        "--drain-pairs", type=int, default=2,
+        help="with --tracing both, times the one-consumer drain runs in each mode, in "
+        "pairs whose order alternates (on, off, off, on): its figures are all events "
+        "over all their time (2)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="output directory (bench/results/<time>)")
     parser.add_argument(
         "--keep",
@@ -200,6 +207,8 @@ def options_from(args: argparse.Namespace) -> s.Options:
     rows = int(pick("rows"))
     if not 2 <= args.handler_batch <= 1000:
         raise SystemExit("--handler-batch must be between 2 and 1000")
+    if not 1 <= args.drain_pairs <= 10:
+        raise SystemExit("--drain-pairs must be between 1 and 10")
     if args.ordered_partitions < 1 or args.ordered_replicas < 1:
         raise SystemExit("--ordered-partitions and --ordered-replicas must be at least 1")
     modes = ["on", "off"] if args.tracing == "both" else [args.tracing]
@@ -218,7 +227,7 @@ def options_from(args: argparse.Namespace) -> s.Options:
         baseline_seconds=float(pick("baseline_seconds")), statements=args.statements,
         role_settings=role_settings(args.role_settings),
         ordered_partitions=args.ordered_partitions, ordered_replicas=args.ordered_replicas,
-        handler_batch=args.handler_batch,
+        handler_batch=args.handler_batch, drain_pairs=args.drain_pairs,
     )  # fmt: skip
 
 
@@ -387,6 +396,14 @@ def _measurements(
         steps.append(("publisher", lambda m: partial(s.publisher_drain, bench, m)))
     if "drain" in sections:
         steps.append(("drain x1", lambda m: partial(s.e2e_drain, bench, m, 1)))
+        # Its figures make two of issue 29's ratios (÷ raw POST /handle, tracing on ÷ off):
+        # with both modes, further pairs right behind, their order alternating, so the
+        # VM's drift over a few minutes weighs on both modes alike.
+        pairs = bench.options.drain_pairs if len(bench.options.modes) == 2 else 1
+        steps.extend(
+            (f"drain x1, pair {n}", lambda m: partial(s.e2e_drain, bench, m, 1))
+            for n in range(2, pairs + 1)
+        )
         steps.append(("drain batch x1", lambda m: partial(s.batch_drain, bench, m)))
         steps.append(("drain x2", lambda m: partial(s.e2e_drain, bench, m, 2)))
         steps.append(("drain ordered", lambda m: partial(s.ordered_drain, bench, m)))

@@ -61,6 +61,9 @@ class Options:
     ordered_replicas: int = 2
     #: The batch-call drain: events per handler call (``handler.batch``).
     handler_batch: int = 50
+    #: With both tracing modes, runs of the one-consumer drain in each (pairs, order
+    #: alternating); its figures are all events over all their time.
+    drain_pairs: int = 2
 
 
 @dataclass

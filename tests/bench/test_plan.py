@@ -18,8 +18,8 @@ def test_both_modes_of_a_measurement_run_side_by_side_first_mode_alternating() -
     names = _names("--skip", "soak")
     assert names[:3] == ["baselines", "prototype", "peer"]
     steps = [
-        "publisher", "drain x1", "drain batch x1", "drain x2", "drain ordered", "latency",
-        "mediation",
+        "publisher", "drain x1", "drain x1, pair 2", "drain batch x1", "drain x2",
+        "drain ordered", "latency", "mediation",
     ]  # fmt: skip
     expected = []
     for index, step in enumerate(steps):
@@ -46,3 +46,19 @@ def test_one_mode_runs_each_measurement_once() -> None:
 def test_the_soak_comes_last_in_the_first_mode() -> None:
     names = _names("--sections", "publisher,soak")
     assert names == ["publisher [on]", "publisher [off]", "soak [on]"]
+
+
+def test_the_one_consumer_drain_runs_in_pairs_of_alternating_order() -> None:
+    names = _names("--sections", "drain", "--drain-pairs", "3")
+    assert names[:6] == [
+        "drain x1 [on]", "drain x1 [off]",
+        "drain x1, pair 2 [off]", "drain x1, pair 2 [on]",
+        "drain x1, pair 3 [on]", "drain x1, pair 3 [off]",
+    ]  # fmt: skip
+    assert _names("--sections", "drain", "--drain-pairs", "1")[:3] == [
+        "drain x1 [on]", "drain x1 [off]", "drain batch x1 [off]",
+    ]  # fmt: skip
+    # One mode: nothing to pair with.
+    assert _names("--sections", "drain", "--tracing", "on")[:2] == [
+        "drain x1 [on]", "drain batch x1 [on]",
+    ]  # fmt: skip

@@ -276,3 +276,34 @@ def test_strictly_below_is_strict(value: float, verdict: str) -> None:
     row = Row("k", "k", "ms", target=Target("<", 500.0, "p99 < 500 ms"))
     row.set("off", value)
     assert row.verdict() == verdict
+
+
+def test_a_drain_run_again_is_every_event_over_all_its_time() -> None:
+    from bench.sections.drains import combine_runs, note_runs
+
+    first = {"rows": 100, "processed": 100, "seconds": 1.0, "msg_s": 100.0,
+             "spans_exported": 10, "order_violations": 0}  # fmt: skip
+    second = {"rows": 100, "processed": 100, "seconds": 4.0, "msg_s": 25.0,
+              "spans_exported": 12, "order_violations": 0}  # fmt: skip
+    assert combine_runs([first]) is first
+    both = combine_runs([first, second])
+    # 200 events in 5 s: 40 msg/s (not the mean of the rates, 62.5)
+    assert both["msg_s"] == 40.0
+    assert both["processed"] == 200 and both["spans_exported"] == 22
+    assert both["runs"] == [first, second]
+    row = Row("ferry.e2e_drain_1", "drain", "msg/s")
+    note_runs(row, "on", [first, second])
+    note_runs(row, "on", [first, second, second])  # replaces its own note
+    assert row.notes == [
+        "tracing on: 3 drains (100, 25, 25 msg/s), their order alternating with the other "
+        "mode's; the figure is every event over all their time"
+    ]
+    results = Results({})
+    results.book_cpu("drain", "on", 100, 1.0, {"consumer": 0.1})
+    results.book_cpu("drain", "on", 300, 3.0, {"consumer": 0.2, "nats": 0.1}, merge=True)
+    results.book_cpu("step", "on", 10, 1.0, {"consumer": 0.1})
+    results.book_cpu("step", "on", 10, 1.0, {"consumer": 0.1})  # not merged: two entries
+    (drain,) = [e for e in results.cpu if e["label"] == "drain"]
+    assert drain["messages"] == 400 and drain["seconds"] == 4.0
+    assert drain["cpu_s"] == {"consumer": pytest.approx(0.3), "nats": 0.1}
+    assert len([e for e in results.cpu if e["label"] == "step"]) == 2
