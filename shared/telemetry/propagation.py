@@ -85,7 +85,7 @@ def passes_unchanged(traceparent: str | None) -> bool:
     return (
         _state.parent_based
         and traceparent is not None
-        and _UNSAMPLED.match(traceparent) is not None
+        and _UNSAMPLED.fullmatch(traceparent) is not None
     )
 
 

@@ -67,7 +67,7 @@ _unsampled_00 = st.builds(
 )
 
 
-@given(st.one_of(traceparents, _unsampled_00))
+@given(st.one_of(traceparents, _unsampled_00, _unsampled_00.map(lambda v: v + "\n")))
 def test_an_unsampled_shortcut_is_what_start_span_gives_for_that_parent(
     traceparent: str,
 ) -> None:
@@ -117,6 +117,23 @@ def test_the_unsampled_shortcut_takes_every_plain_unsampled_caller(traceparent: 
         carrier: dict[str, str] = {}
         telemetry.inject(carrier, span)
         assert carrier["traceparent"] == traceparent  # the context travels on unchanged
+    finally:
+        telemetry.use_tracer_provider(None)
+        provider.shutdown()
+
+
+def test_a_trailing_newline_is_not_a_plain_unsampled_traceparent() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from shared.telemetry.setup import build_sampler
+
+    provider = TracerProvider(sampler=build_sampler("parentbased_traceidratio", 0.1))
+    telemetry.use_tracer_provider(provider)
+    try:
+        plain = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+        assert telemetry.passes_unchanged(plain)
+        assert not telemetry.passes_unchanged(plain + "\n")
+        assert telemetry.unsampled_span(plain + "\n") is None
     finally:
         telemetry.use_tracer_provider(None)
         provider.shutdown()
