@@ -25,6 +25,7 @@ from nats.errors import Error as NatsError
 
 from services.console.data import OPEN_STATUSES, durables_by_database
 from shared.adapters import inbox, outbox, parking, throttles
+from shared.adapters.lag import oldest_undelivered_age
 from shared.contracts.topology import Topology
 
 log = logging.getLogger("ferry.console")
@@ -226,42 +227,11 @@ async def _read_lag(topology: Topology, nc: NATS | None, view: DurableView) -> N
             info = await js.consumer_info(spec.stream, plan.name, timeout=3)
             pending += (info.num_pending or 0) + (info.num_ack_pending or 0)
             if info.num_pending:
-                oldest = max(oldest, await _oldest_undelivered(js, spec.stream, info))
+                oldest = max(oldest, await oldest_undelivered_age(js, info))
     except (NatsError, TimeoutError, OSError) as exc:
         view.error = view.error or f"JetStream: {_short_error(exc)}"
         return
     view.lag_messages, view.lag_seconds = pending, oldest
-
-
-async def _oldest_undelivered(js: Any, stream: str, info: Any) -> float:
-    """Seconds since the first message after the consumer's last delivered one was stored."""
-    config = info.config
-    filters = list(config.filter_subjects or []) or [config.filter_subject or ">"]
-    start = (info.delivered.stream_seq if info.delivered else 0) + 1
-    oldest: datetime | None = None
-    for subject in filters:
-        try:
-            msg = await js.get_msg(stream, seq=start, subject=subject, next=True)
-        except (NatsError, TimeoutError):
-            continue
-        stamp = _stored_at(msg)
-        if stamp is not None and (oldest is None or stamp < oldest):
-            oldest = stamp
-    if oldest is None:
-        return 0.0
-    return max((datetime.now(UTC) - oldest).total_seconds(), 0.0)
-
-
-def _stored_at(msg: Any) -> datetime | None:
-    stamp = getattr(msg, "time", None)
-    if isinstance(stamp, datetime):
-        return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
-    if isinstance(stamp, str):
-        try:
-            return datetime.fromisoformat(stamp.replace("Z", "+00:00")[:26] + "+00:00")
-        except ValueError:
-            return None
-    return None
 
 
 def _short_error(exc: BaseException) -> str:

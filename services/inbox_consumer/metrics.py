@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from nats.js.errors import NotFoundError
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from shared.adapters import inbox, parking
+from shared.adapters.lag import oldest_undelivered_age
 from shared.domain.ack import HandlerFailure, HandlerResponse
 from shared.domain.throttle import Limit
 from shared.runtime.metrics import (
@@ -228,22 +228,6 @@ class ConsumerMetrics:
         self._pending.labels(self.durable, "ack_pending").set(ack_pending)
         self._lag.set(pending + ack_pending)
         self._lag_seconds.set(oldest)
-
-
-async def oldest_undelivered_age(js: Any, info: Any) -> float:
-    """Seconds since the first message after the durable's last delivered one was stored."""
-    config = info.config
-    filters = list(config.filter_subjects or []) or [config.filter_subject or ">"]
-    start = (info.delivered.stream_seq if info.delivered else 0) + 1
-    oldest: datetime | None = None
-    for subject in filters:
-        try:
-            msg = await js.get_msg(info.stream_name, seq=start, subject=subject, next=True)
-        except NotFoundError:
-            continue
-        if msg.time is not None and (oldest is None or msg.time < oldest):
-            oldest = msg.time
-    return age_seconds(oldest)
 
 
 def ownership_families(durable: str, ownership: Any) -> list[Metric]:
