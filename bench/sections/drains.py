@@ -296,7 +296,8 @@ async def _e2e_drain(
 
 def combine_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One drain's figures from its runs (the one-consumer drain's pairs): every event
-    over all their time, counts summed; the runs themselves kept under ``runs``."""
+    over all their time (rows, processed, seconds and spans summed; the other figures
+    are the last run's), each run kept as it was under ``runs``."""
     if len(runs) == 1:
         return runs[0]
     combined = dict(runs[-1])

@@ -20,9 +20,9 @@ def process_span(delivery: Delivery, *, durable: str, stream: str) -> telemetry.
     if not telemetry.active():
         return None
     headers = delivery.msg.headers
-    if headers and "tracestate" not in headers:
+    if headers:
         # Most deliveries are not sampled: their span is the producer's context as is.
-        span = telemetry.unsampled_span(headers.get("traceparent"))
+        span = telemetry.unsampled_span(headers.get("traceparent"), headers.get("tracestate"))
         if span is not None:
             return span
     env = delivery.envelope

@@ -89,13 +89,13 @@ def passes_unchanged(traceparent: str | None) -> bool:
     )
 
 
-def unsampled_span(traceparent: str | None) -> Span | None:
+def unsampled_span(traceparent: str | None, tracestate: str | None = None) -> Span | None:
     """The span a hop would start as the child of ``traceparent`` when
-    :func:`passes_unchanged` says it is an unsampled one: that context itself, not
-    recording (what :func:`shared.telemetry.start_span` returns for it), built straight
-    from the header. None otherwise: the hop takes the ordinary path. The caller keeps to
-    headers without ``tracestate`` (this span carries none)."""
-    if traceparent is None or not passes_unchanged(traceparent):
+    :func:`passes_unchanged` says it is an unsampled one and no ``tracestate`` comes with
+    it: that context itself, not recording (what :func:`shared.telemetry.start_span`
+    returns for it), built straight from the header. None otherwise: the hop takes the
+    ordinary path (which carries a tracestate on)."""
+    if traceparent is None or tracestate is not None or not passes_unchanged(traceparent):
         return None
     return trace.NonRecordingSpan(
         SpanContext(

@@ -261,7 +261,7 @@ def server_span(
     traceparent = headers.get("traceparent")
     tracestate = headers.get("tracestate")
     # Most callers are not sampled: their span is the caller's context, built directly.
-    span = unsampled_span(traceparent) if tracestate is None else None
+    span = unsampled_span(traceparent, tracestate)
     if span is None:
         parent = remote_context(traceparent, tracestate) if traceparent else otel_context.Context()
         span = start_span(

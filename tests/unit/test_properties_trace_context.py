@@ -117,6 +117,8 @@ def test_the_unsampled_shortcut_takes_every_plain_unsampled_caller(traceparent: 
         carrier: dict[str, str] = {}
         telemetry.inject(carrier, span)
         assert carrier["traceparent"] == traceparent  # the context travels on unchanged
+        # With a tracestate the ordinary path carries it on.
+        assert telemetry.unsampled_span(traceparent, "vendor=abc") is None
     finally:
         telemetry.use_tracer_provider(None)
         provider.shutdown()
