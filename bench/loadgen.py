@@ -18,6 +18,9 @@ session reset on every release, as an application on Ferry's helpers would.
 Tracing follows the FERRY_* variables like a role (the producer's ``create`` span is
 the root of each event's trace, so it is where 10 % sampling decides).
 
+It also reads, by pid, the CPU its PostgreSQL sessions spent over the run
+(``sessions_cpu_s``), which the bench books apart from the server's figure.
+
 Prints progress on stderr and one result line on stdout (see :mod:`bench.common`).
 """
 
@@ -34,6 +37,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import psutil
 
 from bench.common import AGGREGATES, emit, progress, summarize
 from shared.adapters.postgres import Statement, create_pool
@@ -151,6 +155,29 @@ async def _report(lanes: list[Lane], start: float, seconds: float) -> None:
         progress(f"producer {elapsed:5.0f}/{seconds:.0f}s: committed {done}")
 
 
+async def session_pids(pool: asyncpg.Pool, size: int) -> list[int]:
+    """The server pids of the pool's ``size`` connections (each one held at once)."""
+    held = [await pool.acquire() for _ in range(size)]
+    try:
+        return [conn.get_server_pid() for conn in held]
+    finally:
+        for conn in held:
+            await pool.release(conn)
+
+
+def sessions_cpu(pids: list[int]) -> float | None:
+    """CPU seconds (user + system) of the producer's PostgreSQL backends so far, or None
+    when one cannot be read (a server on another machine, or a backend gone)."""
+    total = 0.0
+    try:
+        for pid in pids:
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    except psutil.Error:
+        return None
+    return total
+
+
 async def run(spec: dict[str, Any]) -> dict[str, Any]:
     seconds = float(spec["seconds"])
     connections = int(spec.get("connections", 8))
@@ -169,17 +196,21 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                                                 max_size=connections)  # fmt: skip
             async with pools[lane.dsn].acquire() as conn:
                 await conn.execute(STATE_DDL)
+    pids = [pid for pool in pools.values() for pid in await session_pids(pool, connections)]
     inflight: set[asyncio.Task[None]] = set()
     start = time.monotonic() + START_DELAY
     wall0 = datetime.now(UTC) + timedelta(seconds=START_DELAY)
     reporter = asyncio.create_task(_report(lanes, start, seconds))
     cpu0 = time.process_time()
+    sessions0 = sessions_cpu(pids)
     await asyncio.gather(
         *(_drive(lane, pools[lane.dsn], start, wall0, seconds, inflight) for lane in lanes)
     )
     while inflight:
         await asyncio.gather(*list(inflight))
     cpu = time.process_time() - cpu0
+    sessions1 = sessions_cpu(pids)
+    sessions = None if sessions0 is None or sessions1 is None else sessions1 - sessions0
     reporter.cancel()
     for pool in pools.values():
         await pool.close()
@@ -189,6 +220,9 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
         "connections": connections,
         "form": form,
         "cpu_s": round(cpu, 3),
+        # What PostgreSQL spent in the producer's own sessions (its transactions); the
+        # bench books it apart from the servers' CPU (None: not readable from here).
+        "sessions_cpu_s": None if sessions is None else round(sessions, 3),
         "wall_start": wall0.timestamp(),
         "lanes": [lane.result(start, seconds) for lane in lanes],
     }

@@ -195,9 +195,10 @@ def finish_cpu_ratio(
     if f"handler calls: {calls}" not in row.notes:
         row.notes.append(f"handler calls: {calls}")
     note = ("counted on both sides: Ferry's roles (publisher, consumer, example handler), "
-            "nats-server and PostgreSQL (all backends; at the fixed load that includes the "
-            "producer's transactions); not counted: the producer (the application) and the "
-            "OTLP sink")  # fmt: skip
+            "nats-server and PostgreSQL (every backend but the producer's own sessions, "
+            "whose transactions a drain's backlog also makes before its book opens: "
+            "producer-pg); not counted: the producer (the application, its sessions "
+            "included) and the OTLP sink")  # fmt: skip
     if note not in row.notes:
         row.notes.append(note)
     return row

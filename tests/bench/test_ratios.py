@@ -15,13 +15,14 @@ import pytest
 from bench import finish, ratios, run, world
 from bench import sections as s
 from bench.report import Results, Row, Target, table
+from bench.sections import steps
 
 DRAIN_LABEL = "end-to-end backlog drain, 1,000 events, 1 consumer, per-message calls"
 ALL = "baselines,prototype,peer,publisher,drain,latency,sustained,mediation"
 #: CPU seconds per process of one measurement: what the ratio counts and what it leaves out.
 ROLES = {"publisher-sea": 0.1, "consumer-vibespro__from_sea-1": 0.2, "handler-vibespro": 0.3}
 SERVERS = {"nats-server": 0.1, "postgres": 0.3}
-LEFT_OUT = {"producer": 5.0, "otlp-sink": 2.0}
+LEFT_OUT = {"producer": 5.0, "producer-pg": 1.0, "otlp-sink": 2.0}
 
 
 @pytest.fixture(autouse=True)
@@ -175,12 +176,28 @@ def test_sustained_is_judged_against_the_bare_bones_search() -> None:
 def test_cpu_counts_roles_and_servers_not_the_producer_nor_the_sink() -> None:
     rows = _finished(_measured())
     cpu = rows[ratios.CPU_KEY]
-    # 1,000 µs counted per message at 600 msg/s; the producer's and sink's 7,000 left out.
+    # 1,000 µs counted per message at 600 msg/s; the producer's (its process and its
+    # PostgreSQL sessions) and the sink's 8,000 left out.
     assert cpu.values["on"] == pytest.approx(2.0)
     assert cpu.values["off"] == pytest.approx(1.25)
     assert cpu.shown["on"] == "2.00 = 1,000 ÷ 500 µs"
     assert cpu.verdicts() == {"on": "MISSED", "off": "met"}
     assert any("not counted: the producer" in note for note in cpu.notes)
+
+
+def test_the_producers_sessions_are_taken_out_of_postgres() -> None:
+    cpu = {"postgres": 3.0, "nats-server": 1.0}
+    producer = {"cpu_s": 2.5, "sessions_cpu_s": 1.2}
+    split = steps.split_producer_sessions(cpu, producer)
+    assert split == {"postgres": 1.8, "nats-server": 1.0, "producer": 2.5, "producer-pg": 1.2}
+    assert cpu == {"postgres": 3.0, "nats-server": 1.0}  # the book read is left as it was
+
+
+def test_unreadable_sessions_leave_postgres_whole() -> None:
+    split = steps.split_producer_sessions({"postgres": 3.0}, {"cpu_s": 2.5, "sessions_cpu_s": None})
+    assert split == {"postgres": 3.0, "producer": 2.5}
+    # An older producer's report has no such field: the same.
+    assert steps.split_producer_sessions({"postgres": 3.0}, {"cpu_s": 2.5}) == split
 
 
 def test_cpu_of_a_batch_calling_latency_lane_is_compared_with_the_batch_call_drain() -> None:

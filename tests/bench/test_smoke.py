@@ -132,6 +132,11 @@ def test_latency_covers_every_committed_event(run: tuple[Path, dict[str, Any], s
     assert step["unprocessed"] == 0
     assert step["latency_ms"]["count"] == committed
     assert step["spans_exported"] > 0  # tracing on really traced
+    # The producer read what PostgreSQL spent in its own sessions, booked apart from the
+    # server's figure (the CPU ratio leaves the application's transactions out).
+    sessions = step["producer"]["sessions_cpu_s"]
+    assert sessions is not None and sessions > 0
+    assert step["cpu_s"]["producer-pg"] == pytest.approx(sessions, abs=0.002)
     mediation = sections["latency"]["on"]["mediation E→F→G"]
     assert mediation["latency_ms"]["count"] == sum(
         lane["committed"] for lane in mediation["producer"]["lanes"]
