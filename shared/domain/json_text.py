@@ -74,6 +74,20 @@ def json_defect(
     """
     if isinstance(value, dict | list) and _surely_sound(value, max_depth, forbid_nul, check_text):
         return None
+    return _walked_defect(value, where, max_depth, forbid_nul, check_text)
+
+
+def _walked_defect(
+    value: Any, where: str, max_depth: int, forbid_nul: bool, check_text: bool
+) -> str | None:
+    """:func:`json_defect` by walking ``value``, without the shortcut through its text."""
+    if not check_text and isinstance(value, dict | list) and _nests_within(value, max_depth):
+        return None  # nesting is all there is to check, and it is within bounds
+    return _walk(value, where, max_depth, forbid_nul, check_text)
+
+
+def _walk(value: Any, where: str, max_depth: int, forbid_nul: bool, check_text: bool) -> str | None:
+    """The walk itself: every node, its path kept to name the first defect."""
     # Paths are kept as (parent, step) links and spelled out only for the answer.
     stack: list[tuple[Any, Any, int]] = [(value, None, 1)]
     while stack:
@@ -95,6 +109,25 @@ def json_defect(
             if isinstance(item, dict | list) or (check_text and isinstance(item, str)):
                 stack.append((item, (path, step), depth + 1))
     return None
+
+
+_CONTAINERS = (dict, list)
+
+
+def _nests_within(value: dict[Any, Any] | list[Any], max_depth: int) -> bool:
+    """True if the containers in ``value`` (itself level 1) nest at most ``max_depth``
+    levels: a walk level by level that keeps no paths (the walk below names the place
+    when there is one to name)."""
+    level: list[Any] = [value]
+    for _ in range(max_depth):
+        below: list[Any] = []
+        for node in level:
+            items = node.values() if isinstance(node, dict) else node
+            below += [item for item in items if isinstance(item, _CONTAINERS)]
+        if not below:
+            return True
+        level = below
+    return False
 
 
 #: Strict JSON text of a document: no ``default`` (anything JSON has no form for raises).
@@ -182,9 +215,15 @@ def parse_json_body(data: bytes, *, max_depth: int = MAX_PAYLOAD_DEPTH + 1) -> A
         raise PoisonError("MALFORMED_JSON", f"body nests deeper than {max_depth} levels") from None
     # Cheap tests first: UTF-8 cannot carry a surrogate, only a \\uD8xx escape can; and
     # fewer brackets than levels cannot nest too deep. Most bodies need no walk at all.
+    # Past the bracket test, straight to the walk: the shortcut through the document's
+    # text (:func:`_surely_sound`) would encode it again only to find as many brackets.
     escaped = b"\\ud" in data or b"\\uD" in data
-    if escaped or data.count(b"[") + data.count(b"{") > max_depth:
-        defect = json_defect(doc, where="body", max_depth=max_depth, check_text=escaped)
+    deep = data.count(b"[") + data.count(b"{") > max_depth
+    if deep or escaped:
+        if deep:
+            defect = _walked_defect(doc, "body", max_depth, False, escaped)
+        else:
+            defect = json_defect(doc, where="body", max_depth=max_depth, check_text=True)
         if defect is not None:
             raise PoisonError("MALFORMED_JSON", defect)
     return doc

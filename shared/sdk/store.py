@@ -205,10 +205,16 @@ async def claim_apply_log(
 
 
 def _call_row(handler: str, message_id: uuid.UUID | None, attempt: int | None, status: int) -> str:
-    return (
-        "INSERT INTO handler_calls (message_id, handler, attempt, status) VALUES"
-        f" ({literal(message_id)}, {literal(handler)}, {literal(attempt)}, {literal(status)})"
+    return _call_rows(handler, [(message_id, attempt, status)])
+
+
+def _call_rows(handler: str, calls: Sequence[tuple[uuid.UUID | None, int | None, int]]) -> str:
+    """One INSERT of every call (PostgreSQL parses and plans it once, not once a row)."""
+    values = ", ".join(
+        f"({literal(mid)}, {literal(handler)}, {literal(attempt)}, {literal(status)})"
+        for mid, attempt, status in calls
     )
+    return f"INSERT INTO handler_calls (message_id, handler, attempt, status) VALUES {values}"
 
 
 async def log_and_commit(
@@ -315,7 +321,7 @@ class BatchTransaction:
 
     async def commit(self, calls: Sequence[tuple[uuid.UUID | None, int | None, int]]) -> None:
         """Record ``calls`` (message id, attempt, status) and commit (one round trip)."""
-        rows = [_call_row(self.handler, mid, attempt, status) for mid, attempt, status in calls]
+        rows = [_call_rows(self.handler, calls)] if calls else []
         if not self._begun:
             if rows:
                 await self.conn.execute("; ".join(rows))

@@ -153,14 +153,12 @@ def test_created_at_is_the_occurred_at_text() -> None:
     assert body["createdAt"] == body["occurred_at"] == "2026-11-26T10:00:00.000000Z"
 
 
-def _walked(value: Any, **options: Any) -> str | None:
-    """json_defect the long way round: the walk alone, no look at the JSON text first."""
-    original = json_text_module._surely_sound
-    json_text_module._surely_sound = lambda *args: False
-    try:
-        return json_defect(value, **options)
-    finally:
-        json_text_module._surely_sound = original
+def _walked(
+    value: Any, *, max_depth: int, forbid_nul: bool, check_text: bool, where: str = "payload"
+) -> str | None:
+    """json_defect the long way round: the walk alone, no look at the JSON text first
+    and no level-by-level count of the nesting."""
+    return json_text_module._walk(value, where, max_depth, forbid_nul, check_text)
 
 
 @PROPERTY
@@ -196,3 +194,47 @@ def test_json_defect_answers_as_the_walk_for_hostile_documents(value: Any) -> No
     for forbid_nul in (False, True):
         options = {"max_depth": 65, "forbid_nul": forbid_nul, "check_text": True}
         assert json_defect(value, **options) == _walked(value, **options)
+
+
+def _body_the_long_way(data: bytes, max_depth: int) -> Any:
+    """What :func:`parse_json_body` must answer: the document, or the walk's defect."""
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:  # e.g. an integer past Python's digit limit
+        raise PoisonError("MALFORMED_JSON", f"body is not JSON: {exc}") from None
+    defect = _walked(doc, where="body", max_depth=max_depth, forbid_nul=False, check_text=True)
+    if defect is not None:
+        raise PoisonError("MALFORMED_JSON", defect)
+    return doc
+
+
+@PROPERTY
+@given(
+    value=st.one_of(
+        hostile_json,
+        clean_json,
+        st.integers(1, 8).map(nested),
+        st.lists(clean_json, min_size=2, max_size=6),  # many brackets, shallow (a batch)
+    ),
+    max_depth=st.integers(1, 8),
+    ascii_only=st.booleans(),
+)
+def test_a_body_is_judged_as_the_long_way_round(
+    value: Any, max_depth: int, ascii_only: bool
+) -> None:
+    try:
+        text = json.dumps(value, ensure_ascii=ascii_only, allow_nan=False)
+    except (ValueError, TypeError):
+        return  # no JSON text to send
+    data = text.encode("utf-8", errors="surrogatepass")
+    if not ascii_only and data != text.encode("utf-8", errors="replace"):
+        return  # a lone surrogate has no UTF-8 form: only its escape travels
+    try:
+        expected = _body_the_long_way(data, max_depth)
+    except PoisonError as exc:
+        with pytest.raises(PoisonError) as raised:
+            parse_json_body(data, max_depth=max_depth)
+        if not exc.detail.startswith("body is not JSON"):
+            assert raised.value.detail == exc.detail
+        return
+    assert parse_json_body(data, max_depth=max_depth) == expected
