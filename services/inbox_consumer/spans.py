@@ -57,9 +57,25 @@ def log_fields(delivery: Delivery) -> contextlib.AbstractContextManager[None]:
     )
 
 
+def settling(
+    delivery: Delivery, decision: Decision, *, durable: str
+) -> contextlib.AbstractContextManager[None]:
+    """The ``settle`` span of one delivery; ends its ``process`` span afterwards.
+
+    An ack of a delivery whose ``process`` span records nothing (tracing off, or a trace
+    not sampled) has no span to open or end, and an ack carries no trace context on: it
+    needs its log fields only. A nak or a dead letter always gets the whole scope (a
+    dead letter carries the delivery's trace context on, sampled or not).
+    """
+    span = delivery.span
+    if isinstance(decision, Ack) and (span is None or not span.is_recording()):
+        delivery.span = None  # ended: a span that records nothing has nothing to end
+        return log_fields(delivery)
+    return _settling(delivery, decision, durable=durable)
+
+
 @contextlib.contextmanager
-def settling(delivery: Delivery, decision: Decision, *, durable: str) -> Iterator[None]:
-    """The ``settle`` span of one delivery; ends its ``process`` span afterwards."""
+def _settling(delivery: Delivery, decision: Decision, *, durable: str) -> Iterator[None]:
     with telemetry.current(delivery.span), log_fields(delivery):
         if isinstance(decision, Ack):
             operation = "ack"
