@@ -63,6 +63,9 @@ async def run_step(
         "lanes": lanes,
     }
     busy = not await wait_idle(bench, dep, bench.options.drain_budget)
+    took = await bench.servers.checkpoint()
+    if took > 2.0:
+        say(f"    checkpoint before the step took {took:.1f}s (writes of earlier steps)")
     book = bench.servers.book
     statements0 = await bench.servers.statement_counts()
     batches0 = await dep.batch_counts()
