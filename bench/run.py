@@ -55,8 +55,9 @@ from bench import sections as s
 from bench.common import ROOT, machine_share, machine_times, say
 from bench.finish import finish
 from bench.plots import draw_all
+from bench.procs import kill_leftovers
 from bench.report import Results, cpu_text, statements_text, table, write_json
-from bench.world import Servers, kill_leftovers, set_traces_ratio, traces_ratio
+from bench.world import Servers, set_traces_ratio, traces_ratio
 
 SECTIONS = (
     "baselines",

@@ -1,4 +1,4 @@
-"""The bench's world: servers, deployments of Ferry's roles as real processes, CPU books.
+"""The bench's world: servers, and deployments of Ferry's roles as real processes.
 
 Everything runs on this machine: one nats-server (file store, ``sync_interval: always``,
 as :mod:`devstack.nats` always writes it) and one PostgreSQL with its default durability
@@ -9,22 +9,18 @@ leaves behind is seen by the next.
 
 Roles run as the commands an operator runs (``python -m services.outbox_publisher``
 ...), configured only through ``FERRY_*`` variables, each in its own process, so that
-no GIL is shared between them and the load generator. :class:`CpuBook` reads the CPU
-time of every process (PostgreSQL's whole process tree included) at the start and end
-of a measurement.
+no GIL is shared between them and the load generator (:mod:`bench.procs` starts
+them). The servers' :class:`~bench.books.CpuBook` reads the CPU time of every process
+(PostgreSQL's whole process tree included) at the start and end of a measurement.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
-import os
-import signal
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -32,10 +28,11 @@ from typing import Any, Self
 import aiohttp
 import asyncpg
 import nats
-import psutil
 import yaml
 
-from bench.common import PROGRESS_PREFIX, ROOT, parse_result
+from bench.books import CpuBook, batch_histogram
+from bench.common import ROOT
+from bench.procs import PYTHON, Proc, clean_environ, spawn, wait_http
 from devstack.nats import NatsServer
 from devstack.ports import free_port
 from devstack.postgres import PostgresServer
@@ -43,16 +40,9 @@ from shared.access.streams import Caps, provision
 from shared.adapters.postgres import migrate_database
 from shared.contracts.loading import load_topology
 from shared.contracts.topology import Topology
-from shared.runtime.loop import LOOP_VARIABLE
-from shared.waits import within
 
-PYTHON = sys.executable
 #: Every stream's max_bytes (JetStream reserves it on disk); 100,000 events need ~60 MB.
 STREAM_BYTES = "2GB"
-#: Longest wait for a role to answer /readyz.
-READY_TIMEOUT = 60.0
-#: SIGTERM, then this long for the drain, then SIGKILL.
-STOP_TIMEOUT = 20.0
 #: The sampler every tracing-on measurement uses: 10 % of new traces, parents obeyed.
 TRACES_SAMPLER = "parentbased_traceidratio"
 TRACES_RATIO = "0.1"
@@ -73,182 +63,6 @@ def traces_ratio() -> str:
 
 
 _deployments = itertools.count(1)
-#: Process groups of every child still running, for :func:`kill_leftovers`.
-_CHILDREN: set[int] = set()
-
-
-def kill_leftovers() -> None:
-    """SIGKILL every child process group still alive (after an interrupted run)."""
-    for pgid in list(_CHILDREN):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        _CHILDREN.discard(pgid)
-
-
-@dataclass
-class Proc:
-    """A child process the bench started (a role, a worker, the OTLP sink)."""
-
-    name: str
-    kind: str
-    process: asyncio.subprocess.Process
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        """Its process id."""
-        return self.process.pid
-
-    def alive(self) -> bool:
-        """Whether it still runs."""
-        return self.process.returncode is None
-
-    def log_tail(self, lines: int = 15) -> str:
-        """The last lines of its log."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    async def stop(self) -> int:
-        """SIGTERM, wait for its drain, SIGKILL if it outlives STOP_TIMEOUT."""
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
-            try:
-                await within(STOP_TIMEOUT, self.process.wait())
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    self.process.kill()
-                await self.process.wait()
-        _CHILDREN.discard(self.pid)
-        return int(self.process.returncode or 0)
-
-
-async def spawn(
-    name: str, kind: str, argv: Sequence[str], env: Mapping[str, str], logs: Path
-) -> Proc:
-    """Start ``argv`` in its own session, output to ``logs/<name>.log`` (``logs`` exists)."""
-    log_path = logs / f"{name}.log"
-    with log_path.open("ab") as log:
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            env=dict(env),
-            cwd=ROOT,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=log,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
-    _CHILDREN.add(process.pid)
-    return Proc(name, kind, process, log_path)
-
-
-async def run_worker(
-    name: str,
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    *,
-    on_start: Callable[[int], None] | None = None,
-    echo: bool = True,
-) -> dict[str, Any]:
-    """Run a worker (``python -m bench.X``) to its end and return the result it printed.
-
-    Its progress lines (:func:`bench.common.progress`) are echoed as they come, its
-    other output kept for the error message; ``on_start`` gets its pid.
-    """
-    process = await asyncio.create_subprocess_exec(
-        *argv,
-        env=dict(env),
-        cwd=ROOT,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
-    _CHILDREN.add(process.pid)
-    if on_start is not None:
-        on_start(process.pid)
-    assert process.stdout is not None and process.stderr is not None
-    tail: list[str] = []
-
-    async def pump(stream: asyncio.StreamReader) -> None:
-        async for raw in stream:
-            line = raw.decode(errors="replace").rstrip()
-            if line.startswith(PROGRESS_PREFIX):
-                if echo:
-                    print(f"      {line[len(PROGRESS_PREFIX) :]}", flush=True)
-                continue
-            tail.append(line)
-            del tail[:-20]
-
-    stdout_task = asyncio.create_task(process.stdout.read())
-    await pump(process.stderr)
-    stdout = (await stdout_task).decode(errors="replace")
-    code = await process.wait()
-    _CHILDREN.discard(process.pid)
-    if code != 0:
-        raise RuntimeError(f"{name} exited with {code}: " + " | ".join(tail[-8:]))
-    return parse_result(stdout)
-
-
-class CpuBook:
-    """CPU seconds (user + system) of named processes, readable at any moment.
-
-    A process registered as a tree (PostgreSQL's postmaster) counts itself, its live
-    children and every child it has reaped, so backends that come and go between two
-    readings are counted too. A process that exited keeps its last reading.
-    """
-
-    def __init__(self) -> None:
-        self._procs: dict[str, tuple[psutil.Process, bool]] = {}
-        self._last: dict[str, float] = {}
-
-    def add(self, name: str, pid: int, *, tree: bool = False) -> None:
-        """Follow ``pid`` under ``name``."""
-        with contextlib.suppress(psutil.Error):
-            self._procs[name] = (psutil.Process(pid), tree)
-            self._last[name] = self._read(name)
-
-    def forget(self, name: str) -> None:
-        """Stop following ``name``."""
-        self._procs.pop(name, None)
-
-    def _read(self, name: str) -> float:
-        proc, tree = self._procs[name]
-        try:
-            with proc.oneshot():
-                times = proc.cpu_times()
-                total = times.user + times.system
-                if tree:
-                    total += times.children_user + times.children_system
-                    for child in proc.children(recursive=True):
-                        with contextlib.suppress(psutil.Error):
-                            child_times = child.cpu_times()
-                            total += child_times.user + child_times.system
-        except psutil.Error:
-            return self._last.get(name, 0.0)
-        self._last[name] = float(total)
-        return float(total)
-
-    def snapshot(self) -> dict[str, float]:
-        """Every followed process's CPU seconds now."""
-        return {name: self._read(name) for name in list(self._procs)}
-
-    def rss(self) -> dict[str, int]:
-        """Resident memory (bytes) of every followed process that is not a tree."""
-        out: dict[str, int] = {}
-        for name, (proc, tree) in list(self._procs.items()):
-            if not tree:
-                with contextlib.suppress(psutil.Error):
-                    out[name] = int(proc.memory_info().rss)
-        return out
-
-
-def cpu_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
-    """CPU seconds each process spent between two snapshots."""
-    return {name: round(after[name] - before.get(name, 0.0), 3) for name in after}
 
 
 def _server_pid(server: NatsServer | PostgresServer) -> int:
@@ -365,70 +179,6 @@ class Servers:
             "FERRY_TRACES_SAMPLER": TRACES_SAMPLER,
             "FERRY_TRACES_SAMPLER_ARG": traces_ratio(),
         }
-
-
-BATCH_HISTOGRAMS = ("ferry_outbox_batch_rows", "ferry_consumer_batch_messages")
-
-
-def batch_histogram(text: str) -> tuple[float, float] | None:
-    """(count, sum) of the batch-size histogram in a /metrics text, or None if it has none."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    count = total = 0.0
-    found = False
-    for family in text_string_to_metric_families(text):
-        if family.name not in BATCH_HISTOGRAMS:
-            continue
-        for sample in family.samples:
-            if sample.name == family.name + "_count":
-                count += sample.value
-                found = True
-            elif sample.name == family.name + "_sum":
-                total += sample.value
-    return (count, total) if found else None
-
-
-def batch_delta(
-    before: Mapping[str, tuple[float, float]], after: Mapping[str, tuple[float, float]]
-) -> dict[str, dict[str, float]]:
-    """Batches, messages and the mean batch of each role between two :meth:`batch_counts`."""
-    out = {}
-    for name, (count, total) in after.items():
-        count0, total0 = before.get(name, (0.0, 0.0))
-        batches, messages = count - count0, total - total0
-        if batches > 0:
-            out[name] = {"batches": batches, "messages": messages, "mean": messages / batches}
-    return out
-
-
-def clean_environ() -> dict[str, str]:
-    """This environment without FERRY_* and OTEL_* (the bench sets those), repo on the path.
-
-    FERRY_EVENT_LOOP stays: set for the bench, it is the loop of every process it starts
-    (roles, baselines, bare-bones pipeline), so each ratio compares like with like.
-    """
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("FERRY_", "OTEL_", "PYTHONPATH"))
-    }
-    if LOOP_VARIABLE in os.environ:
-        env[LOOP_VARIABLE] = os.environ[LOOP_VARIABLE]
-    env["PYTHONPATH"] = str(ROOT)
-    return env
-
-
-async def wait_http(url: str, proc: Proc, *, timeout: float = READY_TIMEOUT) -> None:
-    """Poll ``url`` until it answers 200; fail naming the process if it dies or stalls."""
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-        while time.monotonic() < deadline:
-            if not proc.alive():
-                raise RuntimeError(f"{proc.name} exited early:\n{proc.log_tail()}")
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with session.get(url) as resp:
-                    if resp.status == 200:
-                        return
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"{proc.name} not ready after {timeout:.0f}s:\n{proc.log_tail()}")
 
 
 @dataclass

@@ -10,14 +10,11 @@ from datetime import datetime
 import asyncpg
 
 from bench.common import say
+from bench.procs import PYTHON, spawn
 from bench.sections.base import Bench
 from bench.sections.latency import record_latency, sustained
 from bench.sections.steps import committed, run_step, sea_lane
-from bench.world import (
-    PYTHON,
-    Deployment,
-    spawn,
-)
+from bench.world import Deployment
 from devstack.ports import free_port
 
 

@@ -6,13 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from bench.books import cpu_delta
 from bench.common import say
+from bench.procs import PYTHON, run_worker
 from bench.sections.base import Bench
-from bench.world import (
-    PYTHON,
-    cpu_delta,
-    run_worker,
-)
 
 
 async def baselines(bench: Bench) -> None:
@@ -120,6 +117,6 @@ async def _baseline(
 
 
 def bench_env() -> dict[str, str]:
-    from bench.world import clean_environ
+    from bench.procs import clean_environ
 
     return clean_environ()

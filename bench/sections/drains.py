@@ -14,6 +14,7 @@ import asyncpg
 import nats
 
 from bench import ratios
+from bench.books import cpu_delta
 from bench.common import AGGREGATES, say, stream_span
 from bench.ratios import BATCH_TARGET
 from bench.report import Results, Row, Target
@@ -30,9 +31,6 @@ from bench.sections.base import (
     wait_for,
 )
 from bench.sections.steps import batches_since, statement_delta
-from bench.world import (
-    cpu_delta,
-)
 
 
 async def publisher_drain(bench: Bench, mode: str) -> None:

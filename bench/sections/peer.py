@@ -8,15 +8,12 @@ import asyncpg
 import nats
 
 from bench import ratios
+from bench.books import cpu_delta
 from bench.common import say
+from bench.procs import PYTHON, run_worker
 from bench.report import Results
 from bench.sections.base import Bench
 from bench.sections.baselines import bench_env
-from bench.world import (
-    PYTHON,
-    cpu_delta,
-    run_worker,
-)
 
 
 async def peer(bench: Bench) -> None:

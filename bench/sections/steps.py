@@ -14,15 +14,11 @@ from typing import Any
 import asyncpg
 import nats
 
+from bench.books import batch_delta, cpu_delta
 from bench.common import say, summarize
+from bench.procs import PYTHON, run_worker
 from bench.sections.base import SEA_DURABLE, Bench
-from bench.world import (
-    PYTHON,
-    Deployment,
-    batch_delta,
-    cpu_delta,
-    run_worker,
-)
+from bench.world import Deployment
 
 
 @dataclass
