@@ -79,7 +79,7 @@ GONE_PAUSE = 5.0
 #: no connection, no responders, a timeout, no stream leader (APIError 503).
 STILL_GONE: tuple[type[BaseException], ...] = (NatsError, OSError)
 #: Batches processed at once by default (see InboxConsumer.pipeline).
-DEFAULT_PIPELINE = 8
+DEFAULT_PIPELINE = 4
 
 
 class InboxConsumer:
