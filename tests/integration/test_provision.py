@@ -35,11 +35,13 @@ async def test_first_run_creates_second_is_a_no_op(env: Env, nc: NATS) -> None:
     assert info.config.max_age == pytest.approx(7 * 86400)
     assert info.config.duplicate_window == pytest.approx(120)
     consumer = await js.consumer_info("VIBESPRO_EVENTS", "sea__from_vibespro")
+    declared = env.topology.durables["sea__from_vibespro"]
+    assert declared.max_ack_pending == 400  # as topologies/sea-vibespro.yaml ships it
     assert (
         consumer.config.ack_wait,
         consumer.config.max_deliver,
         consumer.config.max_ack_pending,
-    ) == (pytest.approx(120), 20, 200)
+    ) == (pytest.approx(120), 20, declared.max_ack_pending)
     # Replays reach only the durable that failed: its own subject, inside its stream.
     assert (
         "ferry.replay.VIBESPRO_EVENTS.*"
