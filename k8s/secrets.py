@@ -43,7 +43,7 @@ import yaml
 
 from devstack.credentials import secrets_of, write_role_credentials
 from devstack.secrets import durable_secret_file, handler_secrets_file, write_handler_secrets
-from k8s import generate
+from k8s import generate, pods
 from shared.access.identities import DB_OWNER, NATS_ADMIN, Identity, identities, write_private
 from shared.access.nats_auth import nats_users, password_variable
 from shared.contracts.loading import load_topology
@@ -95,42 +95,40 @@ class Credentials:
         return self.files.read(self.files.pg_password_file(name))
 
     def role_data(self, identity: Identity) -> dict[str, str]:
-        """The keys of ``identity``'s Secret (:func:`k8s.generate.secret_keys`)."""
-        data = {generate.PGPASS: self.files.pgpass_file(identity.name).read_text()}
+        """The keys of ``identity``'s Secret (:func:`k8s.pods.secret_keys`)."""
+        data = {pods.PGPASS: self.files.pgpass_file(identity.name).read_text()}
         if identity.uses_nats:
-            data[generate.NATS_PASSWORD] = self.files.read(
-                self.files.nats_password_file(identity.name)
-            )
+            data[pods.NATS_PASSWORD] = self.files.read(self.files.nats_password_file(identity.name))
         if identity.kind == "inbox-consumer":
-            data[generate.HANDLER_SECRET] = self.files.read(
+            data[pods.HANDLER_SECRET] = self.files.read(
                 durable_secret_file(self.var_dir, identity.of)
             )
         if identity.kind == "handler":
-            data[generate.HANDLER_SECRETS] = self.files.read(
+            data[pods.HANDLER_SECRETS] = self.files.read(
                 handler_secrets_file(self.var_dir, identity.of)
             )
         if identity.kind == "console":
             # No account until an operator adds one (hashes: `python -m services.console
             # hash-password`); the token (read-only) and the session key are random.
-            data[generate.CONSOLE_ACCOUNTS] = "{}\n"
-            for key in (generate.CONSOLE_TOKEN, generate.CONSOLE_SESSION_KEY):
+            data[pods.CONSOLE_ACCOUNTS] = "{}\n"
+            for key in (pods.CONSOLE_TOKEN, pods.CONSOLE_SESSION_KEY):
                 data[key] = self.files.ensure(self.files.root / f"{key}-{identity.name}")
-        assert tuple(data) == generate.secret_keys(identity), identity
+        assert tuple(data) == pods.secret_keys(identity), identity
         return data
 
     def admin_data(self) -> dict[str, str]:
-        """The provisioning Job's Secret (:func:`k8s.generate.admin_secret_keys`)."""
+        """The provisioning Job's Secret (:func:`k8s.pods.admin_secret_keys`)."""
         admin = ":".join(["*", "*", "*", _pgpass_field(self.pg_admin),
                           _pgpass_field(self.pg_password(self.pg_admin))])  # fmt: skip
         owner = f"*:*:*:{DB_OWNER}:{_pgpass_field(self.pg_password(DB_OWNER))}"
         data = {
-            generate.NATS_PASSWORD: self.files.read(self.files.nats_password_file(NATS_ADMIN)),
-            generate.PGPASS: f"{admin}\n{owner}\n",
+            pods.NATS_PASSWORD: self.files.read(self.files.nats_password_file(NATS_ADMIN)),
+            pods.PGPASS: f"{admin}\n{owner}\n",
         }
         names = sorted({i.name for t in self.topologies for i in identities(t)})
         for name in [DB_OWNER, *names]:
-            data[generate.admin_password_key(name)] = self.pg_password(name)
-        assert set(data) == set(generate.admin_secret_keys(self.topologies))
+            data[pods.admin_password_key(name)] = self.pg_password(name)
+        assert set(data) == set(pods.admin_secret_keys(self.topologies))
         return data
 
     def nats_server_data(self) -> dict[str, str]:
@@ -154,15 +152,13 @@ def render(
     """Every Secret of ``topologies`` (see the module doc), from ``var_dir/secrets``."""
     credentials = Credentials(var_dir, topologies, pg_admin)
     docs = [
-        _secret(generate.role_secret(identity), namespace, credentials.role_data(identity))
+        _secret(pods.role_secret(identity), namespace, credentials.role_data(identity))
         for topology in topologies
         for identity in identities(topology)
     ]
-    docs.append(_secret(generate.ADMIN_SECRET, namespace, credentials.admin_data()))
+    docs.append(_secret(pods.ADMIN_SECRET, namespace, credentials.admin_data()))
     docs.append(
-        _secret(
-            generate.NATS_USERS_SECRET, nats_namespace or namespace, credentials.nats_server_data()
-        )
+        _secret(pods.NATS_USERS_SECRET, nats_namespace or namespace, credentials.nats_server_data())
     )
     if dev:
         password = credentials.pg_password(pg_admin)

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from devstack.nats import NatsServer, check_config
-from k8s import generate
+from k8s import pods as k8s_pods
 from shared.access.identities import DB_OWNER, NATS_ADMIN, Identity, identities, pg_role_name
 from shared.access.nats_auth import nats_users, password_variable
 from shared.access.secret_copy import copy_private
@@ -151,7 +151,7 @@ def test_each_role_mounts_its_own_secret_and_no_other(
             assert workload["metadata"]["labels"]["app.kubernetes.io/component"] == (
                 "provisioning"
             ), where
-            assert refs == {generate.ADMIN_SECRET}, where
+            assert refs == {k8s_pods.ADMIN_SECRET}, where
             continue
         assert role in ROLE_IDENTITIES, f"{where} runs an unknown role {role}"
         assert refs == {_expected_secret(role)}, f"{where} ({role}) mounts {refs}"
@@ -233,7 +233,7 @@ def test_the_provisioning_jobs_use_the_owner_and_the_admins(
     rendered: dict[str, list[Doc]], secret_docs: list[Doc]
 ) -> None:
     settings = _settings(rendered["prod"])
-    admin = _secrets_by_name(secret_docs)[generate.ADMIN_SECRET]
+    admin = _secrets_by_name(secret_docs)[k8s_pods.ADMIN_SECRET]
     logins = {line.split(":")[3] for line in admin["pgpass"].splitlines()}
     assert logins == {settings["PG_ADMIN_USER"], DB_OWNER}
     for job in by_kind(rendered["prod"], "Job"):
@@ -309,20 +309,20 @@ def test_rendered_secrets_hold_exactly_what_each_pod_reads(secret_docs: list[Doc
     secrets = _secrets_by_name(secret_docs)
     for name, identity in ROLE_IDENTITIES.items():
         data = secrets[_expected_secret(name)]
-        assert set(data) == set(generate.secret_keys(identity)), name
+        assert set(data) == set(k8s_pods.secret_keys(identity)), name
         if identity.kind == "inbox-consumer":  # the handler verifies what the consumer signs
             target = next(t for t in LOADED if identity.of in t.durables).durables[identity.of]
             handler = json.loads(secrets[_expected_secret(f"handler-{target.target}")][
                 "handler-secrets.json"])  # fmt: skip
             assert handler[identity.of] == data["handler-secret"]
     users = nats_users(LOADED)
-    server = secrets[generate.NATS_USERS_SECRET]
+    server = secrets[k8s_pods.NATS_USERS_SECRET]
     assert set(server) == {password_variable(u) for u in users}
     for user in users:
         if user != NATS_ADMIN:
             assert server[password_variable(user)] == secrets[_expected_secret(user)][
                 "nats-password"]  # fmt: skip
-    admin = secrets[generate.ADMIN_SECRET]
+    admin = secrets[k8s_pods.ADMIN_SECRET]
     assert admin["nats-password"] == server[password_variable(NATS_ADMIN)]
     assert f":postgres:{secrets['postgres-dev']['POSTGRES_PASSWORD']}" in admin["pgpass"]
     assert secrets["ferry-pg-owner"]["password"] == admin[f"pg-password-{DB_OWNER}"]
@@ -341,7 +341,7 @@ def test_the_secrets_command_writes_a_private_file_and_prints_no_secret(tmp_path
     docs = list(yaml.safe_load_all(out.read_text()))
     assert {d["metadata"]["namespace"] for d in docs} == {"ferry", "nats"}
     assert [d for d in docs if d["metadata"]["namespace"] == "nats"] == [
-        d for d in docs if d["metadata"]["name"] == generate.NATS_USERS_SECRET
+        d for d in docs if d["metadata"]["name"] == k8s_pods.NATS_USERS_SECRET
     ]
     values = {
         line.split(":")[-1] if path.name.startswith("pgpass") else line
@@ -401,7 +401,7 @@ def test_helm_values_carry_the_generated_users_and_tls() -> None:
                 f"{inbox_prefix(entry['user'])}.>"
             ]
     assert auth["container"]["merge"]["envFrom"] == [
-        {"secretRef": {"name": generate.NATS_USERS_SECRET}}
+        {"secretRef": {"name": k8s_pods.NATS_USERS_SECRET}}
     ]
     values = yaml.safe_load((K8S / "nats" / "values.yaml").read_text())
     tls = values["config"]["nats"]["tls"]
@@ -410,7 +410,7 @@ def test_helm_values_carry_the_generated_users_and_tls() -> None:
 
 
 def _nats_env(secret_docs: list[Doc]) -> dict[str, str]:
-    return _secrets_by_name(secret_docs)[generate.NATS_USERS_SECRET]
+    return _secrets_by_name(secret_docs)[k8s_pods.NATS_USERS_SECRET]
 
 
 def test_dev_nats_config_reads_the_generated_users_from_its_environment(
@@ -429,7 +429,7 @@ def test_dev_nats_config_reads_the_generated_users_from_its_environment(
     [statefulset] = [s for s in by_kind(rendered["dev"], "StatefulSet") if s["metadata"]["name"]
                      == "nats"]  # fmt: skip
     [container] = pod_spec(statefulset)["containers"]
-    assert container["envFrom"] == [{"secretRef": {"name": generate.NATS_USERS_SECRET}}]
+    assert container["envFrom"] == [{"secretRef": {"name": k8s_pods.NATS_USERS_SECRET}}]
 
 
 def _login(port: int, user: str, password: str) -> str:
@@ -461,7 +461,7 @@ def test_generated_users_authenticate_with_their_rendered_secrets(
     try:
         for user in nats_users(LOADED):
             if user == NATS_ADMIN:
-                mine = secrets[generate.ADMIN_SECRET]["nats-password"]
+                mine = secrets[k8s_pods.ADMIN_SECRET]["nats-password"]
             else:
                 mine = secrets[_expected_secret(user)]["nats-password"]
             assert _login(server.port, user, mine) == "PONG", user
@@ -485,7 +485,7 @@ def test_no_secret_is_committed_under_k8s() -> None:
 
 def test_identities_cover_the_generated_secret_names() -> None:
     for identity in ROLE_IDENTITIES.values():
-        assert generate.role_secret(identity) == _expected_secret(identity.name)
-    assert generate.role_secret(Identity("inbox-consumer", "sea__from_vibespro")) == (
+        assert k8s_pods.role_secret(identity) == _expected_secret(identity.name)
+    assert k8s_pods.role_secret(Identity("inbox-consumer", "sea__from_vibespro")) == (
         "ferry-role-inbox-consumer-sea--from-vibespro"
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from k8s import generate
+from k8s import generate, pods
 from shared.domain.errors import ConfigurationError
 from shared.domain.ordering import durable_of_consumer
 
@@ -91,11 +91,11 @@ def test_every_context_and_durable_gets_its_deployment() -> None:
 def test_a_name_kubernetes_cannot_take_is_refused_naming_where_it_comes_from() -> None:
     long_name = "sea__from_vibespro" + "_x" * 30
     with pytest.raises(ConfigurationError) as err:
-        generate.dns_name(long_name, "topologies/x.yaml: durable")
+        pods.dns_name(long_name, "topologies/x.yaml: durable")
     assert "topologies/x.yaml: durable" in str(err.value)
     assert long_name in str(err.value)
     assert "DNS-1123" in str(err.value)
-    assert generate.dns_name("sea__from_vibespro", "-") == "sea--from-vibespro"
+    assert pods.dns_name("sea__from_vibespro", "-") == "sea--from-vibespro"
 
 
 def test_two_topologies_with_the_same_kubernetes_names_are_refused() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from k8s import generate
+from k8s import pods, roles
 from shared.contracts.loading import load_topology
 
 from .conftest import K8S, ROOT
@@ -17,7 +17,7 @@ MEDIATION = load_topology(ROOT / "topologies/mediation.yaml")
 
 
 def _scaled(durable: str, topology: Any = MEDIATION) -> dict[str, Any]:
-    doc: dict[str, Any] = generate.scaled_object(topology, durable)
+    doc: dict[str, Any] = roles.scaled_object(topology, durable)
     return doc
 
 
@@ -31,7 +31,7 @@ def test_ordered_durables_scale_up_to_their_partitions() -> None:
             f"{durable}_p{k}" for k in range(partitions)
         ]
     unordered = _scaled("cg_f_ingest")["spec"]
-    assert unordered["maxReplicaCount"] == generate.MAX_REPLICAS
+    assert unordered["maxReplicaCount"] == pods.MAX_REPLICAS
     assert [t["metadata"]["consumer"] for t in unordered["triggers"]] == ["cg_f_ingest"]
 
 

@@ -1,0 +1,236 @@
+"""The roles of one topology as workloads: an outbox-publisher per context that owns a
+stream, an inbox-consumer per durable (with its KEDA ScaledObject), the dlq-router, the
+dlq-replayer and the console (its Jobs are in :mod:`k8s.jobs`)."""
+
+from __future__ import annotations
+
+import math
+from urllib.parse import urlsplit
+
+from k8s.pods import (
+    CONSUMER,
+    CONSUMER_DRAIN_SLACK,
+    DEFAULT_DRAIN,
+    FETCH_TIMEOUT,
+    HEALTH_PORT,
+    MAX_REPLICAS,
+    MIN_INFLIGHT_PER_REPLICA,
+    MIN_REPLICAS,
+    NATS_MONITORING_ENDPOINT,
+    SMALL,
+    Doc,
+    Role,
+    as_seconds,
+    common_env,
+    dns_name,
+    selector_labels,
+    tname,
+    workload_labels,
+)
+from shared.access.identities import Identity
+from shared.contracts.topology import Topology
+
+
+def publishers(topology: Topology) -> list[Role]:
+    """One outbox-publisher per context that owns a stream."""
+    roles = []
+    for context, spec in topology.contexts.items():
+        if spec.stream is None:
+            continue
+        instance = f"outbox-publisher-{dns_name(context, f'context {context}')}"
+        env = common_env("outbox-publisher", topology, {"ferry.context": context})
+        env.append({"name": "FERRY_DRAIN_DEADLINE", "value": as_seconds(DEFAULT_DRAIN)})
+        roles.append(
+            Role(
+                name="outbox-publisher",
+                instance=instance,
+                identity=Identity("outbox-publisher", context),
+                component="publisher",
+                args=["-m", "services.outbox_publisher", "--context", context],
+                env=env,
+                drain=DEFAULT_DRAIN,
+                resources=SMALL,
+                labels={"ferry/topology": topology.name, "ferry/context": context},
+            )
+        )
+    return roles
+
+
+def consumer_drain(topology: Topology, durable: str) -> int:
+    """FERRY_DRAIN_DEADLINE of a durable's consumer: its handler timeout plus slack."""
+    timeout = topology.durables[durable].handler.timeout
+    return max(DEFAULT_DRAIN, math.ceil(timeout) + CONSUMER_DRAIN_SLACK)
+
+
+def consumers(topology: Topology) -> list[Role]:
+    """One inbox-consumer per durable; replicas left to KEDA (prod) or 1 (dev)."""
+    roles = []
+    for durable in topology.durables:
+        instance = f"inbox-consumer-{dns_name(durable, f'durable {durable}')}"
+        drain = consumer_drain(topology, durable)
+        env = common_env("inbox-consumer", topology, {"ferry.durable": durable})
+        env += [
+            {"name": "FERRY_DRAIN_DEADLINE", "value": as_seconds(drain)},
+            {"name": "FERRY_FETCH_TIMEOUT", "value": as_seconds(FETCH_TIMEOUT)},
+            {
+                "name": "FERRY_HANDLER_URL",
+                "valueFrom": {
+                    "configMapKeyRef": {"name": f"ferry-handlers-{tname(topology)}", "key": durable}
+                },
+            },
+        ]
+        roles.append(
+            Role(
+                name="inbox-consumer",
+                instance=instance,
+                identity=Identity("inbox-consumer", durable),
+                component="consumer",
+                args=["-m", "services.inbox_consumer", "--durable", durable],
+                env=env,
+                drain=drain + FETCH_TIMEOUT,
+                resources=CONSUMER,
+                labels={"ferry/topology": topology.name, "ferry/durable": durable},
+                replicas=None,
+            )
+        )
+    return roles
+
+
+def dlq_roles(topology: Topology) -> list[Role]:
+    """dlq-router and dlq-replayer of the topology."""
+    env = common_env("dlq-router", topology, {})
+    env += [
+        {"name": "FERRY_DRAIN_DEADLINE", "value": as_seconds(DEFAULT_DRAIN)},
+        {"name": "FERRY_FETCH_TIMEOUT", "value": as_seconds(FETCH_TIMEOUT)},
+    ]
+    replayer_env = common_env("dlq-replayer", topology, {})
+    replayer_env.append({"name": "FERRY_DRAIN_DEADLINE", "value": as_seconds(DEFAULT_DRAIN)})
+    labels = {"ferry/topology": topology.name}
+    return [
+        Role(
+            name="dlq-router",
+            instance=f"dlq-router-{tname(topology)}",
+            identity=Identity("dlq-router", topology.name),
+            component="dlq",
+            args=["-m", "services.dlq_router"],
+            env=env,
+            drain=DEFAULT_DRAIN + FETCH_TIMEOUT,
+            resources=SMALL,
+            labels=labels,
+        ),
+        Role(
+            name="dlq-replayer",
+            instance=f"dlq-replayer-{tname(topology)}",
+            identity=Identity("dlq-replayer", topology.name),
+            component="dlq",
+            args=["-m", "services.dlq_replayer"],
+            env=replayer_env,
+            drain=DEFAULT_DRAIN,
+            resources=SMALL,
+            labels=labels,
+        ),
+    ]
+
+
+def console_role(topology: Topology) -> Role:
+    """The operator console of the topology: its pages, /healthz, /readyz and /metrics on
+    the health port (one port), behind a ClusterIP Service (:func:`console_service`)."""
+    env = common_env("console", topology, {})
+    env += [
+        {"name": "FERRY_CONSOLE_HOST", "value": "0.0.0.0"},
+        {"name": "FERRY_CONSOLE_PORT", "value": str(HEALTH_PORT)},
+        # Reached over TLS through an ingress or a port-forward; the cookie says so.
+        {"name": "FERRY_CONSOLE_SECURE_COOKIE", "value": "true"},
+        {"name": "FERRY_DRAIN_DEADLINE", "value": as_seconds(DEFAULT_DRAIN)},
+    ]
+    return Role(
+        name="console",
+        instance=f"console-{tname(topology)}",
+        identity=Identity("console", topology.name),
+        component="console",
+        args=["-m", "services.console"],
+        env=env,
+        drain=DEFAULT_DRAIN,
+        resources=SMALL,
+        labels={"ferry/topology": topology.name},
+    )
+
+
+def console_service(topology: Topology) -> Doc:
+    """The console's Service (ClusterIP: an ingress with TLS, or ``kubectl port-forward``)."""
+    role = console_role(topology)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": role.instance,
+            "labels": workload_labels(role.name, role.instance, role.component, role.labels),
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(role.name, role.instance),
+            "ports": [{"name": "http", "port": 80, "targetPort": "health", "protocol": "TCP"}],
+        },
+    }
+
+
+def handler_url(topology: Topology, durable: str) -> str:
+    """In-cluster URL of a durable's handler: Service ``handler-<target>``, topology's port."""
+    spec = topology.durables[durable]
+    port = urlsplit(spec.handler.url).port or 80
+    path = urlsplit(spec.handler.url).path or "/handle"
+    return f"http://handler-{dns_name(spec.target, f'context {spec.target}')}:{port}{path}"
+
+
+def scaled_object(topology: Topology, durable: str) -> Doc:
+    """KEDA ScaledObject scaling a durable's consumer on its JetStream lag."""
+    spec = topology.durables[durable]
+    instance = f"inbox-consumer-{dns_name(durable, f'durable {durable}')}"
+    ceiling = max(MIN_REPLICAS, min(MAX_REPLICAS, spec.max_ack_pending // MIN_INFLIGHT_PER_REPLICA))
+    # An ordered durable runs each partition on one replica at a time: replicas beyond its
+    # partitions would only wait (scaling moves partitions, it never splits a key).
+    plans = topology.consumers(durable)
+    if spec.ordering == "key":
+        ceiling = min(ceiling, plans[0].partitions)
+    floor = min(MIN_REPLICAS, ceiling)
+    labels = workload_labels("inbox-consumer", instance, "consumer", {"ferry/durable": durable})
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": instance, "labels": labels},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": instance},
+            "minReplicaCount": floor,
+            "maxReplicaCount": ceiling,
+            "pollingInterval": 15,
+            "cooldownPeriod": 300,
+            "advanced": {
+                "horizontalPodAutoscalerConfig": {
+                    "behavior": {
+                        # Remove one replica a minute: each removal drains for up to its grace.
+                        "scaleDown": {
+                            "stabilizationWindowSeconds": 300,
+                            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
+                        }
+                    }
+                }
+            },
+            # One trigger per JetStream consumer (each partition's, for an ordered durable
+            # on a partitioned stream): KEDA scales to the largest of them.
+            "triggers": [
+                {
+                    "type": "nats-jetstream",
+                    "metadata": {
+                        "natsServerMonitoringEndpoint": NATS_MONITORING_ENDPOINT,
+                        "account": "$G",
+                        "stream": spec.stream,
+                        "consumer": plan.name,
+                        # One replica per window of max_ack_pending messages waiting.
+                        "lagThreshold": str(spec.max_ack_pending),
+                        "useHttps": "false",
+                    },
+                }
+                for plan in plans
+            ],
+        },
+    }
