@@ -9,13 +9,10 @@ import uuid
 import asyncpg
 import pytest
 
-from shared.ops.handler_check import (
-    BatchProbe,
-    EffectProbe,
-    judge_batch,
-    plan_for,
-    run_batch_checks,
-)
+from shared.ops.handler_check import run_batch_checks
+from shared.ops.handler_check_batch import BatchProbe, judge_batch
+from shared.ops.handler_check_calls import plan_for
+from shared.ops.handler_check_send import EffectProbe
 from tests.conftest import Env
 
 from .conftest import DURABLE, EFFECT_SQL, SECRET, hand_made

@@ -17,7 +17,9 @@ import asyncpg
 import pytest
 
 from devstack.ports import free_port
-from shared.ops.handler_check import EffectProbe, Report, plan_for, run_checks
+from shared.ops.handler_check import Report, run_checks
+from shared.ops.handler_check_calls import plan_for
+from shared.ops.handler_check_send import EffectProbe
 from tests.conftest import ROOT, Env
 from tests.helpers import eventually
 

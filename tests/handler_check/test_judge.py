@@ -15,18 +15,10 @@ from shared.contracts.topology import Topology
 from shared.domain.envelope import Envelope
 from shared.domain.errors import ConfigurationError
 from shared.domain.signing import SignatureError, verify
-from shared.ops.handler_check import (
-    AUTH_CHECKS,
-    EXPECTED,
-    Answer,
-    Probe,
-    _answer,
-    consumer_action,
-    judge,
-    plan_for,
-    read_payloads,
-    signed_request,
-)
+from shared.ops.handler_check import read_payloads
+from shared.ops.handler_check_calls import AUTH_CHECKS, Probe, plan_for, signed_request
+from shared.ops.handler_check_judge import EXPECTED, Answer, consumer_action, judge
+from shared.ops.handler_check_send import _answer
 from shared.runtime.settings import CommonSettings
 
 CHECKS = sorted(EXPECTED)
