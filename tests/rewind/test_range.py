@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from nats.js.errors import NotFoundError
 
 from shared.domain.errors import ConfigurationError, MalformedInput
-from shared.ops.rewind import (
+from shared.ops.rewind import _Meter
+from shared.ops.rewind_range import (
     Kept,
     RewindRefused,
-    _Meter,
     check_kept,
     check_range,
     first_seq_at,

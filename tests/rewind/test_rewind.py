@@ -24,7 +24,8 @@ from shared.access.streams import provision
 from shared.adapters.dead_letters.replay import replay
 from shared.domain.errors import TransientError
 from shared.domain.ordering import partition_of
-from shared.ops.rewind import RewindRefused, RewindResult, rewind
+from shared.ops.rewind import RewindResult, rewind
+from shared.ops.rewind_range import RewindRefused
 from shared.runtime.settings import CommonSettings
 from tests.conftest import CAPS, Env
 from tests.consumer.conftest import (
