@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from shared.ops import where as where_ops
+from shared.ops.where_render import render as render_journey
 
 from . import data
 from .jobs import new_message_id
@@ -72,7 +73,7 @@ class EventPages:
             request,
             "event.html",
             doc=doc,
-            text=where_ops.render(doc),
+            text=render_journey(doc),
             spans=spans,
             trace_link=link,
             spans_configured=bool(self.settings.console_spans_glob),

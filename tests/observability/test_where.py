@@ -25,7 +25,8 @@ from shared.adapters import dead_letters, parking
 from shared.adapters.producer import record_event
 from shared.domain.ack import RetryPolicy
 from shared.domain.ordering import partition_of
-from shared.ops.where import journey, render
+from shared.ops.where import journey
+from shared.ops.where_render import render
 from shared.runtime.settings import CommonSettings
 from tests.conftest import CAPS, ROOT, Env, admin_settings
 from tests.consumer.conftest import (
