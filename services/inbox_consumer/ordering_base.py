@@ -1,0 +1,130 @@
+"""What both paths of a :class:`~services.inbox_consumer.ordering.Sequencer` share: its
+state, each delivery's ordering key, the reload of the blocked keys, one event's decision
+and the settling of a failed one (see :mod:`services.inbox_consumer.ordering`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from services.inbox_consumer.batching import BatchCaller, BatchGatherer
+from services.inbox_consumer.delivery import Delivery
+from services.inbox_consumer.ordering_turns import KeyTurns
+from shared.adapters import parking
+from shared.adapters.postgres import Conn
+from shared.domain.ack import DeadLetter, Decision, Nak
+from shared.domain.errors import PoisonError
+from shared.domain.ordering import OrderingKeyError, ordering_key
+
+if TYPE_CHECKING:
+    from services.inbox_consumer.consumer import InboxConsumer
+
+log = logging.getLogger("ferry.inbox_consumer")
+
+#: Reason code of an event of an ordered durable whose ordering key cannot be read.
+KEY_MISSING = "ORDERING_KEY_MISSING"
+
+
+class SequencerBase:
+    """The state, keys and decisions of a :class:`~services.inbox_consumer.ordering.Sequencer`
+    (the JetStream path and the drainer use them alike)."""
+
+    def __init__(
+        self,
+        consumer: InboxConsumer,
+        *,
+        partition: int,
+        key_fields: Mapping[tuple[str, int], str | None],
+    ) -> None:
+        self.consumer, self.partition, self.key_fields = consumer, partition, key_fields
+        self.durable = consumer.durable
+        self.turns = KeyTurns()
+        #: Keys with parked messages (loaded at start, kept under the keys' turns).
+        self.blocked: set[str] = set()
+        self.wake = asyncio.Event()
+        self.hold = consumer.spec.on_dead_letter == "hold"
+        #: ``handler.batch`` >= 2: the events of different keys that ask for a decision
+        #: together share a batch call (:class:`.batching.BatchGatherer`); None: one call
+        #: per event.
+        self.gatherer: BatchGatherer | None = None
+        if consumer.spec.handler.batch > 1:
+            caller = BatchCaller(
+                consumer.decider, size=consumer.spec.handler.batch, unexpected=consumer.unexpected
+            )
+            self.gatherer = BatchGatherer(caller)
+
+    # -- keys -------------------------------------------------------------------------
+
+    def key_of(self, delivery: Delivery) -> str | None:
+        """The delivery's ordering key; None (and its poison set) when it has none."""
+        env = delivery.envelope
+        if env is None:
+            return None
+        doc = {
+            "aggregate_type": env.aggregate_type,
+            "aggregate_id": env.aggregate_id,
+            "payload": env.payload,
+        }
+        try:
+            return ordering_key(doc, self.key_fields.get((env.event_type, env.event_version)))
+        except OrderingKeyError as exc:
+            delivery.poison = PoisonError(KEY_MISSING, str(exc))
+            return None
+
+    async def load(self) -> None:
+        """Reload the partition's blocked keys (before the first fetch)."""
+        conn: Conn
+        async with self.consumer.pool.acquire() as conn:
+            self.blocked = await parking.blocked_keys(conn, self.durable, self.partition)
+        if self.blocked:
+            log.info("%d keys of partition %d are parked", len(self.blocked), self.partition)
+            self.wake.set()
+
+    # -- one event's decision (both paths) -------------------------------------------
+
+    async def _decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
+        """One event's decision, awaited in its key's turn: a call of its own, or a place
+        in a batch call beside other keys' events (``handler.batch`` >= 2)."""
+        if self.gatherer is None:
+            return await self.consumer.traced_decide(delivery)
+        return await self.gatherer.decide(delivery)
+
+    async def _failed(
+        self, key: str, delivery: Delivery, decision: Decision, status: int | None
+    ) -> tuple[str, float, str] | None:
+        """Settle a failed event in the inbox (and the dead-letter stream); the head state
+        its key parks with, or None when the key goes on (a dead letter skipped)."""
+        settler = self.consumer.settler
+        if isinstance(decision, Nak):
+            await settler.record_retry(delivery, decision, status)
+            return "retrying", decision.delay, decision.reason
+        assert isinstance(decision, DeadLetter)
+        ordering: dict[str, Any] = {"key": key, "policy": self.consumer.spec.on_dead_letter}
+        if self.hold:
+            ordering["held"] = True
+        else:
+            ordering["order_broken_after"] = True
+        # Under hold the message is acked once its key is parked, not termed now: killed in
+        # between, it comes back, and its dead letter holds the key then (_holds_its_key).
+        written = await settler.write_dead_letter(
+            delivery, decision, status, ordering=ordering, term=not self.hold
+        )
+        if not written:
+            return "retrying", self.consumer.policy.delay(delivery.attempt), "dead letter unwritten"
+        if self.hold:
+            return "held", 0.0, decision.reason_code
+        return None
+
+    async def _holds_its_key(self, message_id: uuid.UUID) -> bool | None:
+        """Whether a message already final is a dead letter that holds its key (None:
+        stopping). Under ``hold`` a dead letter is recorded, then its key parked: a consumer
+        killed in between leaves it unparked and unacked, and the key must wait behind it
+        when it comes back, not go on."""
+        if not self.hold:
+            return False
+        return await self.consumer.holder.run(
+            "read a dead letter", lambda c: parking.holds_its_key(c, self.durable, message_id)
+        )
