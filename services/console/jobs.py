@@ -1,7 +1,7 @@
 """Bulk replays started from the console: paced, watched, cancellable.
 
 A job replays its entries one after another through
-:func:`shared.ops.dlq.replay_dead_letter` — the function ``ferry dlq replay`` runs, so
+:func:`shared.ops.dlq_change.replay_dead_letter` — the function ``ferry dlq replay`` runs, so
 each replay is audited in ``dead_letter_actions`` with who and why — at most ``rate`` per
 second. Cancelling stops it between two replays (a replay is never cut in half); what was
 replayed stays replayed. Jobs live in the console's memory: a restart forgets the job,

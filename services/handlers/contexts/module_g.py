@@ -6,7 +6,7 @@ behind ``handler_applied``: were the claim ever bypassed, the append would fail 
 instead of archiving twice.
 
 The replay worker executes the replay API's jobs (``replay_job_requested`` v1, INFRA-005
-§1.4): each entry goes through :func:`shared.ops.dlq.replay_dead_letter`, the audited
+§1.4): each entry goes through :func:`shared.ops.dlq_change.replay_dead_letter`, the audited
 path of ``ferry dlq replay`` (``dead_letter_actions`` with the job's actor and reason).
 The inbox claim makes a job run once; a run cut short (a crash, a timeout) is rolled back
 with its claim and runs again on redelivery, where the entries it already replayed are
