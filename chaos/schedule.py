@@ -8,7 +8,7 @@
            5-second periods quiet.
 
 The ``--scenario`` runs have a ci and a soak size of their own, e.g. the PostgreSQL
-failover drill's :data:`chaos.scenario_pg_failover.SIZES` (soak: 12,000 events over 10
+failover drill's :data:`chaos.scenario_pg_failover_plan.SIZES` (soak: 12,000 events over 10
 minutes, five failovers, the lost server rejoining as the standby after each); the README
 lists the long runs.
 

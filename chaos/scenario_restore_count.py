@@ -1,0 +1,156 @@
+"""The count of the restore drill (:mod:`chaos.scenario_restore`): :class:`RestoreCount`,
+the base of :class:`~chaos.scenario_restore.RestoreRun`, knows the durables the restore
+concerns and, after the drain, builds the results table, lists the forgotten
+events in ``forgotten.json`` and names the violations.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+from chaos.accounting import read_stream
+from chaos.scenario_accounting import Settled, read_inbox
+from chaos.scenario_restore_db import duplicates
+from chaos.scenario_restore_setup import FINAL, RESTORED, Drill
+from chaos.scenarios import ScenarioRun
+
+
+class RestoreCount(ScenarioRun):
+    """The restore drill's durables and its count (:class:`~chaos.scenario_restore.RestoreRun`
+    runs the drill)."""
+
+    drill: Drill
+
+    @property
+    def consuming(self) -> list[str]:
+        """Durables targeting the restored context (rewound after the restore)."""
+        return sorted(n for n, d in self.world.topo.durables.items() if d.target == RESTORED)
+
+    @property
+    def downstream(self) -> list[str]:
+        """Durables reading the restored context's stream."""
+        stream = self.world.topo.contexts[RESTORED].stream
+        assert stream is not None
+        return sorted(n for n, d in self.world.topo.durables.items() if d.stream == stream.name)
+
+    def _dsn(self, context: str) -> str:
+        return self.world.direct_dsn(context)
+
+    # -- the count ----------------------------------------------------------------------
+
+    async def _count_more(self, settled: Settled) -> tuple[dict[str, Any], list[str]]:
+        drill, topo, violations = self.drill, self.world.topo, list(self.drill.rewind_errors)
+        origin = self.timeline.origin
+        stream = topo.contexts[RESTORED].stream
+        assert stream is not None and self.nc is not None
+        copies = Counter(i for i, _ in await read_stream(self.nc.jetstream(), stream.name))
+        by_window = {i for i in drill.republished if copies[i] == 1}
+        by_inbox = {i for i in drill.republished if copies[i] > 1}
+        downstream_dupes = 0
+        for durable in self.downstream:
+            now = await duplicates(
+                self._dsn(topo.durables[durable].target), durable, drill.republished
+            )
+            before = drill.downstream_duplicates_before.get(durable, {})
+            downstream_dupes += sum(n - before.get(i, 0) for i, n in now.items())
+        downstream: dict[str, str] = {}
+        for durable in self.downstream:
+            statuses, _, _ = await read_inbox(self._dsn(topo.durables[durable].target), durable)
+            downstream.update((i, statuses[i]) for i in drill.forgotten if i in statuses)
+        reached = sum(1 for i in drill.forgotten_published if downstream.get(i) in FINAL)
+        self._list_forgotten(downstream)
+        after = {i.id for i in self.ledger.intents.values()
+                 if i.context == RESTORED and i.status == "committed"} - drill.kept  # fmt: skip
+        table: dict[str, Any] = {
+            "restored context": RESTORED,
+            "backup at (s into the run)": round(drill.backup_at - origin, 1),
+            "backup size (bytes), seconds": f"{drill.backup_bytes:,}, {drill.backup_seconds:.1f}",
+            "restore at (s into the run)": round(drill.restore_at - origin, 1),
+            "restore took (s, roles down)": round(drill.restore_seconds, 1),
+            f"{RESTORED} events before the backup (kept)": len(drill.kept),
+            f"{RESTORED} events after the backup (forgotten)": len(drill.forgotten),
+            "  forgotten, listed in": "forgotten.json",
+            "  forgotten, already published": len(drill.forgotten_published),
+            "  forgotten, processed downstream anyway": reached,
+            f"{RESTORED} events after the restore": len(after),
+            "before the backup, missing after the restore": len(drill.missing),
+            "unpublished at the backup, published after": len(drill.republished),
+            "  caught by the duplicate window": len(by_window),
+            "  caught by the downstream inbox": len(by_inbox),
+            "  duplicates the downstream inboxes counted": downstream_dupes,
+            "unpublished at the backup, published later": len(drill.unpublished_kept),
+        }
+        if drill.missing:
+            violations.append(
+                f"committed before the backup, missing from the restored database:"
+                f" {len(drill.missing)} ({', '.join(drill.missing[:4])})"
+            )
+        if by_inbox and downstream_dupes < len(by_inbox):
+            violations.append(
+                f"re-published outside the duplicate window: {len(by_inbox)}, but the"
+                f" downstream inboxes counted only {downstream_dupes} duplicates"
+            )
+        for durable in self.consuming:
+            await self._count_consuming(durable, settled, table, violations)
+        return table, violations
+
+    def _list_forgotten(self, downstream: dict[str, str]) -> None:
+        """``forgotten.json``: each event the restore forgot, when it was committed (seconds
+        into the run), whether it had been published, its downstream inbox status."""
+        forgotten = [self.ledger.intents[i] for i in self.drill.forgotten]
+        doc = [
+            {
+                "id": i.id,
+                "event": f"{i.event_type}.v{i.version}",
+                "class": i.klass,
+                "committed": round((i.committed_at or 0.0) - self.timeline.origin, 3),
+                "published": i.id in self.drill.forgotten_published,
+                "downstream": downstream.get(i.id),
+            }
+            for i in sorted(forgotten, key=lambda i: i.committed_at or 0.0)
+        ]
+        (self.config.run_dir / "forgotten.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+    async def _count_consuming(
+        self, durable: str, settled: Settled, table: dict[str, Any], violations: list[str]
+    ) -> None:
+        drill = self.drill
+        statuses, _, dupes = await read_inbox(self._dsn(RESTORED), durable)
+        forgotten = drill.settled_forgotten.get(durable, set())
+        unsettled = sorted(i for i in forgotten if statuses.get(i) not in FINAL)
+        twice = [e for e in settled.effects_twice if e.split(" ")[0] in forgotten]
+        doc = drill.rewinds.get(durable, {})
+        result = doc.get("result", {})
+        table[f"{durable}: settled before the backup (kept)"] = len(
+            drill.settled_kept.get(durable, ())
+        )
+        table[f"{durable}: settled after it (forgotten)"] = len(forgotten)
+        table[f"{durable}: effects forgotten by the restore"] = drill.effects_forgotten.get(
+            durable, 0
+        )
+        table[f"{durable}: forgotten, settled again"] = len(forgotten) - len(unsettled)
+        table[f"{durable}: lost"] = len(unsettled)
+        table[f"{durable}: effects applied twice"] = len(twice)
+        caught = dupes - drill.inbox_duplicates_before.get(durable, 0)
+        table[f"{durable}: duplicates caught by the inbox"] = caught
+        table[f"{durable}: rewind since (margin s)"] = (
+            f"{doc.get('since', '-')} ({doc.get('margin', '-')})"
+        )
+        table[f"{durable}: rewind selected, published"] = (
+            f"{result.get('selected', '-')}, {result.get('published', '-')}"
+        )
+        table[f"{durable}: rewind seconds, rate (msg/s)"] = (
+            f"{result.get('seconds', '-')}, {result.get('rate', '-')}"
+        )
+        if not result:
+            violations.append(f"{durable}: the rewind did not run (see the notes)")
+        elif result.get("published") != result.get("selected", 0) - result.get("skipped", 0):
+            violations.append(f"{durable}: the rewind published {result.get('published')} of"
+                              f" {result.get('selected')} selected")  # fmt: skip
+        if unsettled:
+            violations.append(
+                f"{durable}: settled after the backup, not again after the rewind:"
+                f" {len(unsettled)} ({', '.join(unsettled[:4])})"
+            )
