@@ -7,6 +7,7 @@ from what the bench believes it sent.
     base         the run's options and state (:class:`Bench`), the shared helpers
     baselines    raw JetStream, PostgreSQL and HTTP figures; two again at the end
     drains       backlog drains: the publisher alone, end to end, batch calls, order
+                 (each kind's topology in drains_kinds, per-key order in drains_order)
     steps        one fixed-rate step: the producer, the pipeline waited out, latencies
     latency      fixed offered loads, and the highest sustained rate
     bare_bones   the bare-bones pipeline, the yardstick of latency and sustained

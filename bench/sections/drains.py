@@ -1,13 +1,14 @@
 """Backlog drains: the outbox-publisher alone, and end to end with one or two consumers,
-batch calls, or per-key order."""
+batch calls, or per-key order.
+
+This module runs the drains and books their figures; :mod:`bench.sections.drains_kinds`
+holds what tells the end-to-end drains apart (rows, sections, topology changes), and
+:mod:`bench.sections.drains_order` the per-key order check, the partition ownership wait
+and the ordered/unordered ratio."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-import uuid
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -16,8 +17,7 @@ import nats
 from bench import ratios
 from bench.books import cpu_delta
 from bench.common import AGGREGATES, say, stream_span
-from bench.ratios import BATCH_TARGET
-from bench.report import Results, Row, Target
+from bench.report import Row, Target
 from bench.sections.base import (
     SEA_DURABLE,
     SEA_STREAM,
@@ -29,6 +29,15 @@ from bench.sections.base import (
     processed,
     sink_spans,
     wait_for,
+)
+from bench.sections.drains_kinds import drain_kind
+from bench.sections.drains_order import count_order_violations as count_order_violations
+from bench.sections.drains_order import finish_ordered_ratio as finish_ordered_ratio
+from bench.sections.drains_order import (
+    judge_order,
+    order_check,
+    ordered_ratio_row,
+    settle_ownership,
 )
 from bench.sections.steps import batches_since, statement_delta
 
@@ -129,84 +138,11 @@ async def batch_drain(bench: Bench, mode: str) -> None:
     await _e2e_drain(bench, mode, 1, ordered=False, batched=bench.options.handler_batch)
 
 
-def _batch_topology(size: int) -> Callable[[dict[str, Any]], None]:
-    """The change that makes the sea→vibespro durable call its handler ``size`` at a time."""
-
-    def patch(doc: dict[str, Any]) -> None:
-        doc["durables"][SEA_DURABLE]["handler"]["batch"] = size
-
-    return patch
-
-
-def _ordered_topology(partitions: int) -> Callable[[dict[str, Any]], None]:
-    """The change that makes the sea→vibespro lane ordered: SEA_EVENTS with ``partitions``
-    partitions (its subjects ``sea.event.>`` capture the token) and the durable
-    ``ordering: key`` (key: the aggregate; a dead letter holds its key)."""
-
-    def patch(doc: dict[str, Any]) -> None:
-        doc["contexts"]["sea"]["stream"]["partitions"] = partitions
-        durable = doc["durables"][SEA_DURABLE]
-        durable["ordering"] = "key"
-        durable["on_dead_letter"] = "hold"
-        durable["handler"]["batch"] = 1  # compared with the per-message unordered drains
-
-    return patch
-
-
-@dataclass
-class _DrainKind:
-    """What tells the drains apart: their row, their section, their topology."""
-
-    label: str
-    key: str
-    section: str
-    tag: str
-    target: Target | None = None
-    patch: Callable[[dict[str, Any]], None] | None = None
-
-
-def _drain_kind(
-    bench: Bench, mode: str, replicas: int, ordered: bool, batched: int = 0
-) -> _DrainKind:
-    rows = bench.options.rows
-    many = "s" if replicas > 1 else ""
-    if batched:
-        say(f"end-to-end drain of {rows:,} events, {replicas} consumer replica{many}, batch "
-            f"handler calls of up to {batched}, tracing {mode}")  # fmt: skip
-        return _DrainKind(
-            f"end-to-end backlog drain, {rows:,} events, {replicas} consumer{many}, batch "
-            f"calls of {batched} (÷ raw POST /handle)",
-            "ferry.e2e_drain_batch", "e2e_drain_batch", f"batch{replicas}", BATCH_TARGET,
-            patch=_batch_topology(batched),
-        )  # fmt: skip
-    if not ordered:
-        say(f"end-to-end drain of {rows:,} events, {replicas} consumer replica{many}, "
-            f"tracing {mode}")  # fmt: skip
-        # Issue 29: one consumer making one call per event, over the raw POST /handle.
-        target = ratios.DRAIN_TARGET if replicas == 1 else None
-        calls = ", per-message calls (÷ raw POST /handle)" if replicas == 1 else ""
-        return _DrainKind(
-            f"end-to-end backlog drain, {rows:,} events, {replicas} consumer{many}{calls}",
-            f"ferry.e2e_drain_{replicas}", f"e2e_drain_{replicas}", f"drain{replicas}", target,
-            patch=_batch_topology(1),  # per-message calls, whatever the topology ships
-        )  # fmt: skip
-    partitions = bench.options.ordered_partitions
-    say(f"end-to-end ORDERED drain of {rows:,} events over {AGGREGATES:,} keys, "
-        f"{partitions} partition(s), {replicas} consumer replica{many}, "
-        f"tracing {mode}")  # fmt: skip
-    return _DrainKind(
-        f"end-to-end ordered drain, {rows:,} events, {AGGREGATES:,} keys, "
-        f"{partitions} partition{'s' if partitions > 1 else ''}, {replicas} consumer{many}",
-        "ferry.e2e_drain_ordered", "e2e_drain_ordered", f"ordered{replicas}",
-        patch=_ordered_topology(partitions),
-    )  # fmt: skip
-
-
 async def _e2e_drain(
     bench: Bench, mode: str, replicas: int, *, ordered: bool, batched: int = 0
 ) -> None:
     rows, budget = bench.options.rows, bench.options.drain_budget
-    kind = _drain_kind(bench, mode, replicas, ordered, batched)
+    kind = drain_kind(bench, mode, replicas, ordered, batched)
     label = kind.label
     row = ferry_row(bench, kind.key, label, "msg/s", target=kind.target)
     if ordered:  # its rows under it; the ratio is filled in once every drain has run
@@ -286,7 +222,7 @@ async def _e2e_drain(
                          "(a timed-out call retried and answered 409; applied once)")  # fmt: skip
     note_spans(bench, mode, spans)
     if ordered:
-        _judge_order(bench, label, mode, order)
+        judge_order(bench, label, mode, order)
     shown = f"{order['order_violations']:,} order violations over {order['keys']:,} keys"
     say(f"  end-to-end {'ordered ' if ordered else ''}drain x{replicas}, tracing {mode}: "
         f"{rate:,.0f} msg/s ({shown})")  # fmt: skip
@@ -316,23 +252,6 @@ def note_runs(row: Row, mode: str, runs: list[dict[str, Any]]) -> None:
                     " drains (" not in n] + [note]  # fmt: skip
 
 
-def _judge_order(bench: Bench, label: str, mode: str, order: dict[str, int]) -> None:
-    """The ordered drain's violations in the table; any, or a message left parked, is an
-    error of the run."""
-    row = ferry_row(bench, "ferry.order_violations", "", "events")
-    row.set(mode, float(order["order_violations"]), f"{order['order_violations']:,}")
-    problems = []
-    if order["order_violations"]:
-        problems.append(f"{order['order_violations']:,} events applied after a later event "
-                        "of their key")  # fmt: skip
-    if order["parked_left"]:
-        problems.append(f"{order['parked_left']:,} messages still parked")
-    if order["order_unknown"]:
-        problems.append(f"{order['order_unknown']:,} applied events not in the outbox")
-    if problems:
-        bench.results.errors.append(f"{label} [tracing {mode}]: " + "; ".join(problems))
-
-
 async def _settled(js: Any, stream: str, consumers: list[str]) -> int:
     """Messages of ``stream`` that ``consumers`` (together reading all of it once) acked:
     every stored message less those not yet delivered or not yet acked."""
@@ -342,85 +261,6 @@ async def _settled(js: Any, stream: str, consumers: list[str]) -> int:
         info = await js.consumer_info(stream, name)
         waiting += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
     return stored - waiting
-
-
-#: Longest wait for the replicas of an ordered durable to share its partitions out.
-OWNERSHIP_WAIT = 120.0
-
-
-async def settle_ownership(
-    js: Any, conn: asyncpg.Connection, consumers: list[str], replicas: int
-) -> dict[str, int]:
-    """Wait until the partitions are held by ``replicas`` owners in fair shares and every
-    partition's consumer has a pull request waiting; the partitions each owner holds."""
-    partitions = len(consumers)
-    fair = -(-partitions // replicas)
-    deadline = time.monotonic() + OWNERSHIP_WAIT
-    owners: dict[str, int] = {}
-    while time.monotonic() < deadline:
-        held = await conn.fetch(
-            "SELECT owner, count(*) AS n FROM partition_leases WHERE durable = $1"
-            " AND NOT released AND expires_at > clock_timestamp() GROUP BY owner", SEA_DURABLE,
-        )  # fmt: skip
-        owners = {r["owner"]: int(r["n"]) for r in held}
-        shared = (
-            sum(owners.values()) == partitions
-            and len(owners) == min(replicas, partitions)
-            and max(owners.values()) <= fair
-        )
-        if shared:
-            infos = [await js.consumer_info(SEA_STREAM, name) for name in consumers]
-            if all(int(info.num_waiting or 0) > 0 for info in infos):
-                return owners
-        await asyncio.sleep(0.2)
-    raise TimeoutError(f"partitions not shared out by {replicas} replicas within "
-                       f"{OWNERSHIP_WAIT:.0f}s: {owners}")  # fmt: skip
-
-
-async def order_check(
-    source: asyncpg.Connection, target: asyncpg.Connection, handler: str
-) -> dict[str, int]:
-    """Per key (the event's aggregate), whether the handler applied its events in the order
-    the producer committed them (the outbox's ``seq``; the publisher keeps each key's order
-    into the stream): :func:`count_order_violations` over the handler's ledger
-    (``handler_calls``, whose ``id`` is taken in the applying transaction) in ``id`` order.
-    """
-    outbox = await source.fetch(
-        "SELECT id, aggregate_type || '/' || aggregate_id AS key, seq FROM outbox_events"
-    )
-    applied = await target.fetch(
-        "SELECT message_id FROM handler_calls WHERE handler = $1 AND status = 200 ORDER BY id",
-        handler,
-    )
-    return count_order_violations(
-        {r["id"]: (r["key"], int(r["seq"])) for r in outbox}, [r["message_id"] for r in applied]
-    )
-
-
-def count_order_violations(
-    place: Mapping[uuid.UUID, tuple[str, int]], applied: Iterable[uuid.UUID]
-) -> dict[str, int]:
-    """Events applied after an event of their key that was committed later.
-
-    ``place``: each event's key and commit position; ``applied``: events in the order the
-    handler applied them. Returns the keys seen, the events checked, the violations and
-    the applied events ``place`` does not know.
-    """
-    latest: dict[str, int] = {}
-    checked = violations = unknown = 0
-    for message_id in applied:
-        found = place.get(message_id)
-        if found is None:
-            unknown += 1
-            continue
-        checked += 1
-        key, seq = found
-        if seq < latest.get(key, -1):
-            violations += 1
-        else:
-            latest[key] = seq
-    return {"keys": len(latest), "order_checked": checked, "order_violations": violations,
-            "order_unknown": unknown}  # fmt: skip
 
 
 def _check_books(
@@ -440,42 +280,3 @@ def _check_books(
         problems.append(f"{books['dead_lettered']:,} dead-lettered")
     if problems:
         bench.results.errors.append(f"{label} [tracing {mode}]: " + "; ".join(problems))
-
-
-def ordered_ratio_row(results: Results, replicas: int) -> Row:
-    """The row of the ordered drain's throughput against the unordered one's."""
-    return results.row(
-        "ferry.ordered_vs_unordered",
-        f"ordered drain / unordered drain, {replicas} consumer" + ("s" if replicas > 1 else ""),
-        "x", target=Target(">=", 0.8, "≥ 0.8 x"),
-    )  # fmt: skip
-
-
-def finish_ordered_ratio(results: Results) -> None:
-    """Ordered drain over unordered drain, per mode, once both are known.
-
-    The yardstick is the unordered drain with as many consumer replicas as the ordered one
-    (what ordering costs, everything else equal); the one-consumer drain's ratio is noted.
-    """
-    rows = {r.key: r for r in results.rows}
-    ordered = rows.get("ferry.e2e_drain_ordered")
-    if ordered is None:
-        return
-    replicas = results.sections.get("e2e_drain_ordered", {})
-    count = next((int(d["replicas"]) for d in replicas.values()), 2)
-    same = rows.get(f"ferry.e2e_drain_{count}")
-    ratio = ordered_ratio_row(results, count)
-    if same is None:
-        ratio.notes.append(f"not measured: no unordered drain with {count} consumers")
-        return
-    one = rows.get("ferry.e2e_drain_1")
-    for mode, value in ordered.values.items():
-        base = same.values.get(mode)
-        if value is None or not base:
-            ratio.not_measured(mode, "not measured: a drain of this mode is missing")
-            continue
-        ratio.set(mode, value / base, f"{value / base:.2f}")
-        single = one.values.get(mode) if one is not None and count != 1 else None
-        if single:
-            ratio.notes.append(f"tracing {mode}: {value / single:.2f} x the unordered drain "
-                               "with 1 consumer")  # fmt: skip
