@@ -18,6 +18,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: Seconds a role gets to stop after SIGTERM before it is SIGKILLed.
 STOP_TIMEOUT = 20.0
+#: What each kind of role logs once it serves.
+READY_LINES = {
+    "handler": "serving on",
+    "publisher": "publishing context",
+    "consumer": '"consuming ',
+    "router": "routing advisories",
+}
 
 
 @dataclass

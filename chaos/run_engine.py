@@ -13,6 +13,7 @@ from nats.aio.client import Client as NATS
 
 from chaos.accounting import Accounts, count_everything
 from chaos.faults import FaultInjector, Timeline
+from chaos.roles import READY_LINES
 from chaos.run_config import RunConfig, RunResult, make_schedule
 from chaos.run_report import render_summary, write_report
 from chaos.schedule import Schedule
@@ -145,6 +146,22 @@ class Chaos:
         if rest > 0:
             await asyncio.sleep(rest)
         await asyncio.gather(*tasks)
+
+    async def _roles_ready(self, timeout: float = 120.0) -> None:
+        """Wait until every Ferry role says it serves (faults must not hit a role's start)."""
+        deadline = time.monotonic() + timeout
+        waiting = list(self.world.roles.values())
+        while waiting and time.monotonic() < deadline:
+            waiting = [
+                r
+                for r in waiting
+                if r.kind in READY_LINES
+                and not r.held_down  # a replica the run starts later
+                and READY_LINES[r.kind] not in r.log_tail(20_000)
+            ]
+            await asyncio.sleep(0.5)
+        if waiting:
+            self.timeline.note(f"not ready after {timeout:.0f}s: {[r.name for r in waiting]}")
 
     async def _monitor(self) -> None:
         """Restart any role that died by itself, and record it."""

@@ -58,7 +58,6 @@ from chaos.scenario_cluster_probe import Probe as Probe
 from chaos.scenario_cluster_result import ClusterResult as ClusterResult
 from chaos.scenario_cluster_result import FaultRow as FaultRow
 from chaos.scenario_cluster_result import render_cluster_table as render_cluster_table
-from chaos.scenarios import READY_LINES
 from chaos.schedule import PlannedFault, Schedule
 from chaos.workload import Producer, plan_events
 from shared.adapters.nats import connect_nats
@@ -173,16 +172,6 @@ class ClusterRun(Chaos):
         (out / "cluster.json").write_text(json.dumps(result.table(), indent=2, default=str) + "\n")
         (out / "cluster.txt").write_text(render_cluster_table(result) + "\n")
         return result
-
-    async def _roles_ready(self, timeout: float = 120.0) -> None:
-        """Wait until every Ferry role says it serves (faults must not hit a role's start)."""
-        deadline = time.monotonic() + timeout
-        waiting = [r for r in self.world.roles.values() if r.kind in READY_LINES]
-        while waiting and time.monotonic() < deadline:
-            waiting = [r for r in waiting if READY_LINES[r.kind] not in r.log_tail(20_000)]
-            await asyncio.sleep(0.5)
-        if waiting:
-            self.timeline.note(f"not ready after {timeout:.0f}s: {[r.name for r in waiting]}")
 
     # -- the play -------------------------------------------------------------------------
 

@@ -17,7 +17,6 @@ from chaos.run import REACH_ERRORS, Chaos, RunConfig
 from chaos.scenario_pg_failover_plan import SCENARIO, SIZES, FailoverSize, failover_times
 from chaos.scenario_pg_failover_report import FailoverResult, FailoverRow, render_failover_table
 from chaos.scenario_pg_failover_world import PgFailoverWorld
-from chaos.scenarios import READY_LINES
 from chaos.schedule import Schedule
 from chaos.workload import Producer, plan_events
 from shared.adapters.nats import connect_nats
@@ -143,16 +142,6 @@ class PgFailoverRun(Chaos):
         )
         (out / "pg-failover.txt").write_text(render_failover_table(result) + "\n")
         return result
-
-    async def _roles_ready(self, timeout: float = 120.0) -> None:
-        """Wait until every Ferry role says it serves (the kill must not hit a role's start)."""
-        deadline = time.monotonic() + timeout
-        waiting = [r for r in self.world.roles.values() if r.kind in READY_LINES]
-        while waiting and time.monotonic() < deadline:
-            waiting = [r for r in waiting if READY_LINES[r.kind] not in r.log_tail(20_000)]
-            await asyncio.sleep(0.5)
-        if waiting:
-            self.timeline.note(f"not ready after {timeout:.0f}s: {[r.name for r in waiting]}")
 
     # -- the play -------------------------------------------------------------------------
 

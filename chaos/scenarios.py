@@ -65,13 +65,6 @@ SCENARIOS = ("long-outage", "hostile-handler", "hostile-payloads", "ordering", "
 OUTAGE_DURABLE = "vibespro__from_sea"
 #: Affects every durable (a fault record's ``affects``).
 ALL = frozenset({"*"})
-#: What each kind of role logs once it serves.
-READY_LINES = {
-    "handler": "serving on",
-    "publisher": "publishing context",
-    "consumer": '"consuming ',
-    "router": "routing advisories",
-}
 #: Settings that compress the publisher's clocks: its own back-off, its PubAck timeout and
 #: the attempt cap past which a row is set aside.
 PUBLISHER_COMPRESSED = {
@@ -245,22 +238,6 @@ class ScenarioRun(Chaos):
     async def _count_more(self, settled: Settled) -> tuple[dict[str, Any], list[str]]:
         """A scenario's own rows of the table and broken invariants (none here)."""
         return {}, []
-
-    async def _roles_ready(self, timeout: float = 120.0) -> None:
-        """Wait until every Ferry role says it serves (faults must not hit a role's start)."""
-        deadline = time.monotonic() + timeout
-        waiting = list(self.world.roles.values())
-        while waiting and time.monotonic() < deadline:
-            waiting = [
-                r
-                for r in waiting
-                if r.kind in READY_LINES
-                and not r.held_down  # a replica the run starts later
-                and READY_LINES[r.kind] not in r.log_tail(20_000)
-            ]
-            await asyncio.sleep(0.5)
-        if waiting:
-            self.timeline.note(f"not ready after {timeout:.0f}s: {[r.name for r in waiting]}")
 
     async def _play(self) -> None:
         begin = time.monotonic()
