@@ -125,12 +125,17 @@ def committed_intents(ledger: Ledger, outbox_ids: set[str]) -> tuple[list[Intent
     return committed, yes, no
 
 
-async def read_stream(js: JetStreamContext, stream: str) -> list[tuple[str, dict[str, Any]]]:
-    """(Nats-Msg-Id, decoded body) of every message in ``stream``, in order."""
+async def read_stream(
+    js: JetStreamContext, stream: str, seqs: tuple[int, int] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """(Nats-Msg-Id, decoded body) of every message in ``stream``, in order; of those in
+    the inclusive sequence range ``seqs`` only, when given."""
     info = await js.stream_info(stream)
     first, last = info.state.first_seq, info.state.last_seq
     if not info.state.messages:
         return []
+    if seqs is not None:
+        first, last = max(first, seqs[0]), min(last, seqs[1])
     gate = asyncio.Semaphore(READ_CONCURRENCY)
 
     async def one(seq: int) -> tuple[str, dict[str, Any]] | None:

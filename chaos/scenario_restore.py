@@ -222,6 +222,9 @@ class RestoreRun(RestoreCount):
             drill.effects_forgotten[durable] = len(applied - kept_applied)
             _, _, dupes = await read_inbox(self._dsn(RESTORED), durable)
             drill.inbox_duplicates_before[durable] = dupes
+            drill.settled_duplicates_before[durable] = await duplicates(
+                self._dsn(RESTORED), durable, kept_settled
+            )
 
     async def _rewind(self, durable: str) -> None:
         """``ferry durable rewind --since (backup - margin)`` as an operator runs it."""
