@@ -235,8 +235,10 @@ def handler(dsn: str, port: int, ready: str) -> None:
     async def handle(request: web.Request) -> web.Response:
         doc = json.loads(await request.read())
         payload = doc["payload"]
+        # The consumer's body, or Ferry's envelope (the raw POST baseline sends one).
+        message_id = uuid.UUID(doc["id"] if "id" in doc else doc["message_id"])
         assert pool is not None
-        await pool.execute(_APPLY, uuid.UUID(doc["id"]), payload["model_id"], payload["name"])
+        await pool.execute(_APPLY, message_id, payload["model_id"], payload["name"])
         return web.json_response({"status": "processed"})
 
     app = web.Application()

@@ -96,6 +96,7 @@ def finish(results: Results, sections: Iterable[str], modes: list[str]) -> None:
     """Issue 29's rows, once every section ran and the baselines are set."""
     chosen = set(sections)
     finish_sustained_ratio(results)
+    finish_floor_ratio(results, modes)
     finish_cpu_ratio(results, modes, skipped=_skipped(chosen, ("latency", "drain")))
     rows = {r.key: r for r in results.rows}
     for figure in FIGURES:
@@ -124,6 +125,33 @@ def _skipped(chosen: set[str], needs: Iterable[str]) -> str:
         return ""
     many = "s" if len(skipped) > 1 else ""
     return f"not measured: section{many} {', '.join(skipped)} skipped"
+
+
+#: The bare-bones pipeline's per-message drain (``bench.sections.bare_bones``).
+PROTO_DRAIN_KEY = "raw.proto_drain"
+
+
+def finish_floor_ratio(results: Results, modes: list[str]) -> None:
+    """Ferry's per-message drain over the bare-bones pipeline's (same backlog, same box):
+    what Ferry's features cost a drain that calls the handler once per event. No target:
+    it sets the per-message target's figure beside the floor the pipeline itself allows."""
+    rows = {r.key: r for r in results.rows}
+    ferry, proto = rows.get("ferry.e2e_drain_1"), rows.get(PROTO_DRAIN_KEY)
+    floor = proto.values.get("raw") if proto is not None else None
+    if ferry is None or not floor:
+        return
+    row = results.row("ferry.e2e_drain_vs_proto", "end-to-end per-message drain, Ferry ÷ "
+                      "the bare-bones pipeline's (same backlog)", "x")  # fmt: skip
+    for mode in modes:
+        value = ferry.values.get(mode)
+        if value is not None:
+            row.set(mode, value / floor, f"{value / floor:.2f}")
+    note = (
+        f"the bare-bones pipeline drained {floor:,.0f} msg/s; its handler is lighter "
+        "than the example handler (no signature, envelope or schema checks)"
+    )
+    if note not in row.notes:
+        row.notes.append(note)
 
 
 def finish_sustained_ratio(results: Results) -> None:

@@ -1,5 +1,6 @@
 """The bare-bones pipeline (bench/prototype.py) at the latency section's loads: the
-yardstick of the latency and sustained rows."""
+yardstick of the latency and sustained rows; and its per-message backlog drain beside a
+raw POST to its own handler, the floor of the per-message drain target."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import time
 from datetime import datetime
 
 import asyncpg
+import nats
 
-from bench.common import say
+from bench.books import cpu_delta
+from bench.common import say, stream_span
 from bench.procs import PYTHON, spawn
-from bench.sections.base import Bench
+from bench.ratios import PROTO_DRAIN_KEY
+from bench.sections.base import SEA_STREAM, Bench, fill_outbox, wait_for
+from bench.sections.baselines import run_baseline
 from bench.sections.latency import record_latency, sustained
 from bench.sections.steps import committed, run_step, sea_lane
 from bench.world import Deployment
@@ -41,6 +46,8 @@ async def prototype(bench: Bench) -> None:
         for name, args in roles:
             await _start_proto(bench, dep, name, args)
 
+        await _floor(bench, dep, url)
+
         async def measure(since: datetime) -> tuple[dict[str, list[float]], int]:
             return await proto_latencies(source_dsn, target_dsn, since)
 
@@ -58,6 +65,73 @@ async def prototype(bench: Bench) -> None:
         if "sustained" in opts.sections:
             # The baseline of Ferry's sustained rate: the same search, on the same box.
             await sustained(bench, dep, "raw", measure, bare_bones=True)
+
+
+#: Rows of the table the floor makes.
+PROTO_POST_KEY = "raw.proto_http"
+
+
+async def _floor(bench: Bench, dep: Deployment, url: str) -> None:
+    """The bare-bones pipeline's per-message drain over a raw POST to its own handler.
+
+    Ferry's per-message drain is judged against a raw ``POST /handle`` to the example
+    handler (≥ 0.8 x). The same ratio for the least code that moves an outbox row to a
+    handler, on the same box and servers, says what the pipeline itself leaves of a
+    handler's raw rate: the floor beneath that target. The drain is the same scattered
+    backlog as Ferry's drains (``--rows``), timed the same way: from the first message
+    stored to the last one processed.
+    """
+    opts = bench.options
+    seconds = ["--seconds", str(opts.baseline_seconds)]
+    post = await run_baseline(bench, "http-handler", ["--url", url, *seconds],
+                              label="raw http bare-bones handler")  # fmt: skip
+    post_row = bench.results.row(
+        PROTO_POST_KEY, "raw HTTP POST /handle to the bare-bones handler, 64 in flight", "req/s"
+    )
+    post_row.set("raw", float(post["req_s"]))
+    rows = opts.rows
+    say(f"bare-bones pipeline: drain of {rows:,} events, one call per event")
+    nc = await nats.connect(bench.servers.nats.url)
+    source = await asyncpg.connect(dep.dsn("sea"))
+    target = await asyncpg.connect(dep.dsn("vibespro"))
+    try:
+        async with source.transaction():
+            await fill_outbox(source, rows, scattered=True)
+            before = bench.servers.book.snapshot()
+            started = time.monotonic()
+        done = await wait_for("processed", lambda: _proto_processed(target), rows,
+                              opts.drain_budget)  # fmt: skip
+        cpu = cpu_delta(before, bench.servers.book.snapshot())
+        first, _, _ = await stream_span(nc.jetstream(), SEA_STREAM)
+        last = await target.fetchval(
+            "SELECT extract(epoch FROM max(processed_at)) FROM proto_inbox"
+        )
+    finally:
+        await target.close()
+        await source.close()
+        await nc.close()
+    rate = done / max(float(last or 0.0) - first, 1e-3)
+    label = f"bare-bones pipeline drain, {rows:,} events, per-message calls"
+    bench.results.book_cpu(label, "raw", done, time.monotonic() - started, cpu)
+    bench.results.sections["proto_drain"] = {
+        "rows": rows, "processed": done, "msg_s": rate, "post_req_s": post["req_s"],
+        "post_statuses": post.get("statuses", {}), "cpu_s": cpu,
+    }  # fmt: skip
+    row = bench.results.row(PROTO_DRAIN_KEY, f"{label} (÷ raw POST to its handler)", "msg/s")
+    row.set("raw", rate)
+    row.baseline, row.baseline_label = post_row.values["raw"], "raw POST /handle to its handler"
+    if done < rows:
+        row.notes.append(f"partial: {done:,} of {rows:,} processed when the --drain-budget "
+                         "ran out")  # fmt: skip
+    row.notes.append("the floor of the per-message drain target: what the least pipeline "
+                     "leaves of its handler's raw rate on this box")  # fmt: skip
+    say(f"  bare-bones drain: {rate:,.0f} msg/s, raw POST to its handler "
+        f"{post['req_s']:,.0f} req/s")  # fmt: skip
+
+
+async def _proto_processed(conn: asyncpg.Connection) -> int:
+    query = "SELECT count(*) FROM proto_inbox WHERE processed_at IS NOT NULL"
+    return int(await conn.fetchval(query))
 
 
 async def _start_proto(bench: Bench, dep: Deployment, name: str, args: list[str]) -> None:

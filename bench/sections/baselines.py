@@ -26,12 +26,12 @@ async def baselines(bench: Bench) -> None:
             ("pg-txn", ["--dsn", dep.dsn("sea"), "--seconds", str(opts.baseline_seconds)]),
         ]
         for kind, args in jobs:
-            details[kind] = await _baseline(bench, kind, args)
+            details[kind] = await run_baseline(bench, kind, args)
         handler_url = await dep.start_handler("vibespro")
         args = ["--url", handler_url, "--seconds", str(opts.baseline_seconds)]
-        details["http-handler"] = await _baseline(bench, "http-handler", args)
+        details["http-handler"] = await run_baseline(bench, "http-handler", args)
         echo_args = ["--seconds", str(opts.baseline_seconds)]
-        details["http-echo"] = await _baseline(bench, "http-echo", echo_args)
+        details["http-echo"] = await run_baseline(bench, "http-echo", echo_args)
     res.sections["baselines"] = details
     rows = [
         ("raw.js_publish", "raw JetStream publish, pipelined, unique Nats-Msg-Id", "msg/s",
@@ -69,11 +69,11 @@ async def baselines_again(bench: Bench) -> None:
     details: dict[str, Any] = {}
     async with bench.deployment("sea-vibespro", "off", "baseline-end") as dep:
         seconds = ["--seconds", str(opts.baseline_seconds)]
-        details["pg-txn"] = await _baseline(
+        details["pg-txn"] = await run_baseline(
             bench, "pg-txn", ["--dsn", dep.dsn("sea"), *seconds], label="raw pg-txn, end"
         )
         handler_url = await dep.start_handler("vibespro")
-        details["http-handler"] = await _baseline(
+        details["http-handler"] = await run_baseline(
             bench, "http-handler", ["--url", handler_url, *seconds], label="raw http-handler, end"
         )
     res.sections["baselines_end"] = details
@@ -95,7 +95,7 @@ async def baselines_again(bench: Bench) -> None:
             f"{k} {100 * v:+.0f} %" for k, v in drift.items()))  # fmt: skip
 
 
-async def _baseline(
+async def run_baseline(
     bench: Bench, kind: str, args: list[str], *, label: str | None = None
 ) -> dict[str, Any]:
     """Run one raw baseline worker; its CPU is booked as ``label`` (``raw <kind>``)."""

@@ -173,6 +173,18 @@ def test_sustained_is_judged_against_the_bare_bones_search() -> None:
     assert any("upper bound" in note for note in sustained.notes)
 
 
+def test_the_per_message_drain_is_set_beside_the_bare_bones_drain() -> None:
+    results = _measured()
+    _set(results, ratios.PROTO_DRAIN_KEY, "msg/s", {"raw": 2500.0})
+    rows = _finished(results)
+    floor = rows["ferry.e2e_drain_vs_proto"]
+    assert floor.values == {"on": pytest.approx(0.8), "off": pytest.approx(0.96)}
+    assert floor.target is None  # information beside the target, not a verdict
+    assert any("2,500 msg/s" in note for note in floor.notes)
+    # Without the bare-bones drain (section prototype skipped) there is no such row.
+    assert "ferry.e2e_drain_vs_proto" not in _finished(_measured())
+
+
 def test_cpu_counts_roles_and_servers_not_the_producer_nor_the_sink() -> None:
     rows = _finished(_measured())
     cpu = rows[ratios.CPU_KEY]

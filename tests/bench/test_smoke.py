@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench.ratios import FIGURES, PROTO_SUSTAINED_KEY
+from bench.ratios import FIGURES, PROTO_DRAIN_KEY, PROTO_SUSTAINED_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 200
@@ -80,6 +80,23 @@ def test_every_section_produces_its_figures(run: tuple[Path, dict[str, Any], str
         assert rows[figure.key]["verdict"] in ("met", "MISSED", "n/m"), figure.key
     assert rows["ferry.sustained"]["baseline"] == rows[PROTO_SUSTAINED_KEY]["values"]["raw"]
     assert doc["sections"]["sustained"]["raw"]["steps"]
+
+
+def test_the_bare_bones_drain_sets_the_per_message_floor(
+    run: tuple[Path, dict[str, Any], str],
+) -> None:
+    _, doc, _ = run
+    rows = _rows(doc)
+    floor = doc["sections"]["proto_drain"]
+    # Every event of the backlog processed by the bare-bones pipeline, and every raw POST
+    # to its handler answered 200 (the handler takes Ferry's envelope too).
+    assert floor["processed"] == floor["rows"] == ROWS
+    assert set(floor["post_statuses"]) == {"200"}
+    post, drain = rows["raw.proto_http"]["values"]["raw"], rows[PROTO_DRAIN_KEY]["values"]["raw"]
+    assert post > 0 and drain > 0
+    assert rows[PROTO_DRAIN_KEY]["baseline"] == post
+    ferry = rows["ferry.e2e_drain_1"]["values"]["on"]
+    assert rows["ferry.e2e_drain_vs_proto"]["values"]["on"] == pytest.approx(ferry / drain)
 
 
 def test_statement_profile_counts_the_pipeline_statements(
