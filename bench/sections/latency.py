@@ -72,6 +72,31 @@ def _note_handler_calls(bench: Bench, key: str, dep: Deployment) -> None:
         row.notes.append(note)
 
 
+#: A producer commit lag (p99, ms) this large is named in the latency row's notes.
+LAG_NOTED_MS = 100.0
+
+
+def producer_lag_note(lanes: list[dict[str, Any]], from_insert: list[float]) -> str:
+    """What the row should say when the producer's own commits fell behind schedule.
+
+    Latency counts from each event's due instant (no coordinated omission), so a stall in
+    the producer's transactions (its PostgreSQL commits, the VM) is in the headline p99.
+    The producer reports how far each commit lagged its due instant; when the worst lane's
+    p99 lag is :data:`LAG_NOTED_MS` or more, the note gives it beside the latency from the
+    outbox row's insert (which leaves the producer's own queueing out). Empty otherwise.
+    """
+    lags = [lane.get("commit_lag_ms") or {} for lane in lanes]
+    worst = max(lags, key=lambda lag: float(lag.get("p99", 0.0)), default={})
+    if float(worst.get("p99", 0.0)) < LAG_NOTED_MS:
+        return ""
+    note = (f"the producer's commits lagged their due instants by p99 {worst['p99']:,.0f} ms "
+            f"(max {float(worst.get('max', 0.0)):,.0f} ms)")  # fmt: skip
+    inserted = summarize(from_insert)
+    if from_insert:
+        note += f"; from the outbox insert to processed, p99 {inserted['p99']:,.0f} ms"
+    return note
+
+
 def record_latency(
     bench: Bench, mode: str, series: str, key: str, label: str, step: Step, column: str,
     target: Target | None, spans: int, lane: str = "", book: bool = True,
@@ -90,6 +115,9 @@ def record_latency(
     said = "" if mode == "raw" else f"tracing {mode}: "
     if offered and achieved < SUSTAIN_ACHIEVED * offered:
         row.notes.append(f"{said}the producer achieved only {achieved:,.0f} msg/s")
+    lag_note = producer_lag_note(producer, step.latencies.get("from_insert", []))
+    if lag_note:
+        row.notes.append(f"{said}{lag_note}")
     if step.unprocessed:
         row.notes.append(f"{said}{step.unprocessed:,} events not processed in time")
     if step.started_busy:
