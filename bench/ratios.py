@@ -47,6 +47,11 @@ def latency_book(rate: int) -> str:
     return f"latency {rate:,} msg/s"
 
 
+def proto_book(rate: int) -> str:
+    """The CPU book's label of the bare-bones pipeline's latency step at ``rate``."""
+    return f"bare-bones pipeline {rate:,} msg/s"
+
+
 @dataclass(frozen=True)
 class Figure:
     """One line of issue 29's table, as the row that judges it."""
@@ -210,6 +215,11 @@ def finish_cpu_ratio(
             row.notes.append(f"tracing {mode}: {also:.2f} x the per-message drain's "
                              f"{cpu_per_message(other):,.0f} µs (the measure issue 29 "
                              "started from)")  # fmt: skip
+        proto = books.get((proto_book(rate), "raw"))
+        if proto is not None and cpu_per_message(proto):
+            row.notes.append(f"tracing {mode}: {moderate / cpu_per_message(proto):.2f} x the "
+                             f"bare-bones pipeline's {cpu_per_message(proto):,.0f} µs at "
+                             f"{rate:,} msg/s, counted alike")  # fmt: skip
         results.sections.setdefault("cpu_ratio", {})[mode] = {
             "rate": rate, "us_per_msg_at_rate": round(moderate, 1),
             "us_per_msg_drain": round(drained, 1), "counted": list(CPU_COUNTED),

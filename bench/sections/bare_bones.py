@@ -14,7 +14,7 @@ import nats
 from bench.books import cpu_delta
 from bench.common import say, stream_span
 from bench.procs import PYTHON, spawn
-from bench.ratios import PROTO_DRAIN_KEY
+from bench.ratios import PROTO_DRAIN_KEY, proto_book
 from bench.sections.base import SEA_STREAM, Bench, fill_outbox, wait_for
 from bench.sections.baselines import run_baseline
 from bench.sections.latency import record_latency, sustained
@@ -61,7 +61,7 @@ async def prototype(bench: Bench) -> None:
             record_latency(bench, "raw", f"bare-bones {rate:,} msg/s", f"raw.proto_{rate}",
                             f"bare-bones pipeline latency p50/p95/p99 at {rate:,} msg/s",
                             step, "processed", None, 0,
-                            what=f"bare-bones pipeline {rate:,} msg/s")  # fmt: skip
+                            what=proto_book(rate))  # fmt: skip
         if "sustained" in opts.sections:
             # The baseline of Ferry's sustained rate: the same search, on the same box.
             await sustained(bench, dep, "raw", measure, bare_bones=True)

@@ -173,6 +173,17 @@ def test_sustained_is_judged_against_the_bare_bones_search() -> None:
     assert any("upper bound" in note for note in sustained.notes)
 
 
+def test_the_cpu_at_600_is_also_set_beside_the_bare_bones_pipelines() -> None:
+    results = _measured()
+    _cpu(results, ratios.proto_book(600), "raw", 1000, 2.0)  # twice Ferry's 1,000 µs
+    row = _finished(results)[ratios.CPU_KEY]
+    for mode in ("on", "off"):
+        note = f"tracing {mode}: 0.50 x the bare-bones pipeline's 2,000 µs at 600 msg/s"
+        assert any(n.startswith(note) for n in row.notes), row.notes
+    # The target and verdict stay those of the issue: over the drain making the same calls.
+    assert row.target == ratios.CPU_TARGET and row.values["off"] == pytest.approx(1000 / 800)
+
+
 def test_the_per_message_drain_is_set_beside_the_bare_bones_drain() -> None:
     results = _measured()
     _set(results, ratios.PROTO_DRAIN_KEY, "msg/s", {"raw": 2500.0})
