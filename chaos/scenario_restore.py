@@ -220,10 +220,11 @@ class RestoreRun(RestoreCount):
             drill.settled_kept[durable] = kept_settled
             drill.settled_forgotten[durable] = settled - kept_settled
             drill.effects_forgotten[durable] = len(applied - kept_applied)
-            _, _, dupes = await read_inbox(self._dsn(RESTORED), durable)
+            statuses, _, dupes = await read_inbox(self._dsn(RESTORED), durable)
             drill.inbox_duplicates_before[durable] = dupes
-            drill.settled_duplicates_before[durable] = await duplicates(
-                self._dsn(RESTORED), durable, kept_settled
+            processed = {i for i in kept_settled if statuses.get(i) == "processed"}
+            drill.processed_duplicates_before[durable] = await duplicates(
+                self._dsn(RESTORED), durable, processed
             )
 
     async def _rewind(self, durable: str) -> None:

@@ -135,8 +135,8 @@ class RestoreCount(ScenarioRun):
         table[f"{durable}: effects applied twice"] = len(twice)
         caught = dupes - drill.inbox_duplicates_before.get(durable, 0)
         table[f"{durable}: duplicates caught by the inbox"] = caught
-        rewound, uncounted = await self._rewound_settled(durable, result)
-        table[f"{durable}: rewound, settled at the restore"] = len(rewound)
+        rewound, uncounted = await self._rewound_processed(durable, result)
+        table[f"{durable}: rewound, processed at the restore"] = len(rewound)
         table[f"{durable}:   their copy not counted as a duplicate"] = len(uncounted)
         table[f"{durable}: rewind since (margin s)"] = (
             f"{doc.get('since', '-')} ({doc.get('margin', '-')})"
@@ -159,27 +159,29 @@ class RestoreCount(ScenarioRun):
             )
         if uncounted:
             violations.append(
-                f"{durable}: settled in the restored inbox and rewound, but no duplicate"
+                f"{durable}: processed in the restored inbox and rewound, but no duplicate"
                 f" counted on: {len(uncounted)} ({', '.join(uncounted[:4])})"
             )
 
-    async def _rewound_settled(
+    async def _rewound_processed(
         self, durable: str, result: dict[str, Any]
     ) -> tuple[set[str], list[str]]:
         """The events the rewind of ``durable`` re-delivered that the restored inbox had
-        settled, and those of them whose copy the inbox did not count as a duplicate.
+        processed, and those of them whose copy the inbox did not count as a duplicate.
 
-        Each must be counted: its row is final, so its copy cannot be processed. The other
-        events of the range were not settled at the restore (never delivered, retrying,
-        forgotten): the copy or the original may be the one processed, and an original
-        that ran out of deliveries leaves no duplicate to count, so none is required.
+        Each must be counted: its row is final, so its copy cannot be processed (and a
+        processed event had an envelope, so the rewind never skips it). The other events
+        of the range were not processed at the restore (never delivered, retrying,
+        dead-lettered, forgotten): the copy or the original may be the one processed, an
+        original that ran out of deliveries leaves no duplicate to count, and a malformed
+        one is not re-delivered at all, so none is required of them.
         """
         first, last = result.get("first_seq"), result.get("last_seq")
         if first is None or last is None or self.nc is None:
             return set(), []
         stream = self.world.topo.durables[durable].stream
         in_range = {i for i, _ in await read_stream(self.nc.jetstream(), stream, (first, last))}
-        rewound = in_range & self.drill.settled_kept.get(durable, set())
-        before = self.drill.settled_duplicates_before.get(durable, {})
+        before = self.drill.processed_duplicates_before.get(durable, {})
+        rewound = in_range & set(before)
         now = await duplicates(self._dsn(RESTORED), durable, rewound)
-        return rewound, sorted(i for i in rewound if now.get(i, 0) <= before.get(i, 0))
+        return rewound, sorted(i for i in rewound if now.get(i, 0) <= before[i])

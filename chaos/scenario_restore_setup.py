@@ -76,8 +76,8 @@ class Drill:
     settled_forgotten: dict[str, set[str]] = field(default_factory=dict)
     effects_forgotten: dict[str, int] = field(default_factory=dict)
     inbox_duplicates_before: dict[str, int] = field(default_factory=dict)
-    #: Per durable: duplicates counted on each settled id of the restored inbox, then.
-    settled_duplicates_before: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Per durable: duplicates counted on each processed id of the restored inbox, then.
+    processed_duplicates_before: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Downstream durables (reading the restored context's stream): duplicates per id of
     #: the re-published rows, before the restore.
     downstream_duplicates_before: dict[str, dict[str, int]] = field(default_factory=dict)
