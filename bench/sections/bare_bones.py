@@ -15,8 +15,9 @@ from bench.books import cpu_delta
 from bench.common import say, stream_span
 from bench.procs import PYTHON, spawn
 from bench.ratios import PROTO_DRAIN_KEY, proto_book
-from bench.sections.base import SEA_STREAM, Bench, fill_outbox, wait_for
+from bench.sections.base import SEA_STREAM, Bench, wait_for
 from bench.sections.baselines import run_baseline
+from bench.sections.drains import commit_backlog
 from bench.sections.latency import record_latency, sustained
 from bench.sections.steps import committed, run_step, sea_lane
 from bench.world import Deployment
@@ -95,10 +96,7 @@ async def _floor(bench: Bench, dep: Deployment, url: str) -> None:
     source = await asyncpg.connect(dep.dsn("sea"))
     target = await asyncpg.connect(dep.dsn("vibespro"))
     try:
-        async with source.transaction():
-            await fill_outbox(source, rows, scattered=True)
-            before = bench.servers.book.snapshot()
-            started = time.monotonic()
+        before, started = await commit_backlog(bench, source, rows, "off", scattered=True)
         done = await wait_for("processed", lambda: _proto_processed(target), rows,
                               opts.drain_budget)  # fmt: skip
         cpu = cpu_delta(before, bench.servers.book.snapshot())

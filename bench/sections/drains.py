@@ -57,7 +57,7 @@ async def publisher_drain(bench: Bench, mode: str) -> None:
         try:
             statements0 = await bench.servers.statement_counts()
             batches0 = await dep.batch_counts()
-            before, started = await _commit_backlog(bench, conn, rows, mode)
+            before, started = await commit_backlog(bench, conn, rows, mode)
             budget = bench.options.drain_budget
             await wait_for("published", lambda: _stream_count(js, SEA_STREAM), rows, budget)
             cpu = cpu_delta(before, bench.servers.book.snapshot())
@@ -104,7 +104,7 @@ def _publish_form(bench: Bench) -> str:
     )
 
 
-async def _commit_backlog(
+async def commit_backlog(
     bench: Bench, conn: asyncpg.Connection, rows: int, mode: str, *, scattered: bool = False
 ) -> tuple[dict[str, float], float]:
     """Insert the backlog in one transaction; the CPU book opens just before its commit."""
@@ -169,7 +169,7 @@ async def _e2e_drain(
             statements0 = await bench.servers.statement_counts()
             batches0 = await dep.batch_counts()
             # Every end-to-end drain, ordered or not, drains the same scattered backlog.
-            before, started = await _commit_backlog(bench, sea, rows, mode, scattered=True)
+            before, started = await commit_backlog(bench, sea, rows, mode, scattered=True)
             # The durable's consumers are cheap to poll (a consumer acks after marking the
             # inbox, or after parking); the inbox is counted once they say all is done.
             acked = await wait_for(

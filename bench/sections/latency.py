@@ -91,9 +91,9 @@ def producer_lag_note(lanes: list[dict[str, Any]], from_insert: list[float]) -> 
         return ""
     note = (f"the producer's commits lagged their due instants by p99 {worst['p99']:,.0f} ms "
             f"(max {float(worst.get('max', 0.0)):,.0f} ms)")  # fmt: skip
-    inserted = summarize(from_insert)
     if from_insert:
-        note += f"; from the outbox insert to processed, p99 {inserted['p99']:,.0f} ms"
+        p99 = summarize(from_insert)["p99"]
+        note += f"; from the outbox insert to processed, p99 {p99:,.0f} ms"
     return note
 
 
