@@ -79,7 +79,7 @@ async def run(settings: ConsoleSettings, stop: asyncio.Event) -> int:
         sampler = asyncio.ensure_future(console.sample_forever(stop))
         await stop.wait()
     finally:
-        console.ready = False
+        console.ready, console.stopping = False, True
         await console.jobs.stop(settings.drain_deadline)
         if sampler is not None:
             sampler.cancel()

@@ -52,6 +52,8 @@ HERE = Path(__file__).resolve().parent
 API = "/api/"
 #: Paths served without signing in.
 PUBLIC = ("/login", "/healthz", "/readyz", "/metrics", "/static/")
+#: Paths served while the console starts or stops (its connections not all open).
+ALWAYS = ("/healthz", "/readyz", "/metrics", "/static/")
 _SESSION_KEY = web.RequestKey("session", Session)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -92,14 +94,17 @@ class Console:
             undefined=jinja2.StrictUndefined,
         )
         self.templates.filters.update(views.filters())
+        #: Set once every pool is open and NATS connected; cleared first when stopping.
+        #: Until then every page but health answers 503 (``pools`` is still being filled).
         self.ready = False
+        self.stopping = False
 
     # ------------------------------------------------------------------ app
 
     def app(self) -> web.Application:
         """The aiohttp application."""
         app = web.Application(
-            middlewares=[self._errors, self._security_headers, self._signed_in],
+            middlewares=[self._errors, self._security_headers, self._not_ready, self._signed_in],
             client_max_size=64 * 1024,
         )
         r = app.router
@@ -168,6 +173,22 @@ class Console:
         if not request.path.startswith("/static/"):
             response.headers.setdefault("Cache-Control", "no-store")
         return response
+
+    @web.middleware
+    async def _not_ready(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """While starting or stopping, a page in words (503, with Retry-After), not a 500
+        from a connection that is not there yet (or any more)."""
+        if self.ready or request.path.startswith(ALWAYS):
+            return await handler(request)
+        state = self._state()
+        response = self.error_page(
+            request, f"the console is {state}: try again in a few seconds", 503
+        )
+        response.headers["Retry-After"] = "2"
+        return response
+
+    def _state(self) -> str:
+        return "stopping" if self.stopping else "starting"
 
     @web.middleware
     async def _signed_in(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -246,10 +267,14 @@ class Console:
         return web.json_response({"status": "ok"})
 
     async def readyz(self, _: web.Request) -> web.Response:
-        failing = [] if self.ready else ["starting"]
+        if not self.ready:
+            # Start-up is still opening (and adding) pools; stopping is closing them.
+            failing = [self._state()]
+            return web.json_response({"ready": False, "failing": failing}, status=503)
+        failing = []
         if self.nc is None or not self.nc.is_connected:
             failing.append("nats")
-        for name, pool in self.pools.items():
+        for name, pool in list(self.pools.items()):
             try:
                 async with pool.acquire(timeout=2) as conn:
                     await conn.fetchval("SELECT 1")
