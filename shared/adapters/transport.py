@@ -81,8 +81,11 @@ class NatsTransport(EventTransport):
     async def fetch(self, durable: str, batch: int, timeout: float) -> list[Delivery]:
         sub = self._subs.get(durable)
         if sub is None:
-            sub = await self.js.pull_subscribe_bind(durable=durable, stream=self.stream)
-            self._subs[durable] = sub
+            bound = await self.js.pull_subscribe_bind(durable=durable, stream=self.stream)
+            # A concurrent fetch may have bound the durable while we awaited: keep one.
+            sub = self._subs.setdefault(durable, bound)
+            if sub is not bound:
+                await bound.unsubscribe()
         try:
             msgs = await sub.fetch(batch, timeout=timeout)
         except (NatsTimeout, TimeoutError):  # nats-py raises either when nothing is pending
@@ -91,6 +94,7 @@ class NatsTransport(EventTransport):
 
     async def close(self) -> None:
         """Unsubscribe every durable's pull subscription (the consumers stay)."""
-        for sub in self._subs.values():
+        # Taken out first: a fetch binding a new durable may add one while we await.
+        subs, self._subs = list(self._subs.values()), {}
+        for sub in subs:
             await sub.unsubscribe()
-        self._subs.clear()

@@ -17,7 +17,8 @@ CHECK_TIMEOUT = 2.0
 async def run_checks(checks: dict[str, ReadinessCheck]) -> dict[str, bool]:
     """Every check's verdict; an async one that errs or outlasts CHECK_TIMEOUT is False."""
     results: dict[str, bool] = {}
-    for name, check in checks.items():
+    # A snapshot: the checks are awaited, and the caller's dict may change meanwhile.
+    for name, check in list(checks.items()):
         try:
             outcome = check()
             if inspect.isawaitable(outcome):
@@ -42,7 +43,7 @@ def postgres_probes(pools: Any) -> Callable[[], Awaitable[bool]]:
     """Readiness of every pool in the mapping ``pools`` (dlq roles: one per database)."""
 
     async def probe() -> bool:
-        for pool in pools.values():
+        for pool in list(pools.values()):  # the caller's mapping, probed across awaits
             if not await postgres_probe(pool)():
                 return False
         return True
