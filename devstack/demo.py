@@ -5,8 +5,11 @@ events are poison (the handler answers 422), 1 % are rejected (422) until a "fix
 seconds later — dead-lettered, then replayed: automatically in sea-vibespro, by an
 operator in mediation — and 3 % fail once (503, then succeed), so the dead-letter,
 replay and retry paths all run. Module F's handler emits an event of its own
-for every event it ingests, feeding lane F→G. At the end every event a durable should
-receive is looked up in that durable's inbox: processed, dead-lettered, or **lost**.
+for every event it ingests, feeding lane F→G. Then the operator's act: mediation's held
+rejects replayed, the poison heads that still hold an ordered lane's key discarded, and
+every parked key released. At the end every event a durable should receive is placed
+by the one definition of where an event is (:mod:`devstack.demo_reckoning`): processed,
+dead-lettered (and why), parked, retrying, in flight, not published, or **lost**.
 """
 
 from __future__ import annotations
@@ -15,10 +18,10 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,6 +30,7 @@ from typing import Any
 import asyncpg
 
 from devstack import demo_dlq
+from devstack.demo_reckoning import Reckoning, reckon, summary
 from shared.adapters.nats import NatsAuth
 from shared.adapters.postgres import Conn
 from shared.adapters.producer import record_event
@@ -60,7 +64,7 @@ def payload_for(event_type: str, version: int, key: str, rng: random.Random) -> 
         "config_publish_requested": {"config_id": key, "revision": rng.randint(1, 99)},
         "replay_requested": {"opportunity_key": key},
     }
-    payload = payloads[event_type]
+    payload: dict[str, Any] = payloads[event_type]
     if event_type == "vibe_created" and version == 2:
         payload["owner_id"] = f"owner-{key}"
     roll = rng.random()
@@ -77,22 +81,37 @@ def payload_for(event_type: str, version: int, key: str, rng: random.Random) -> 
 
 async def record_raw_invalid(
     conn: Conn, aggregate: str, key: str, event_type: str, version: int
-) -> None:
+) -> uuid.UUID:
     """A non-Python producer's plain SQL insert whose payload breaks the event's schema.
 
     Nothing checks it on the way in; the consumer validates it against the manifests,
     and dead-letters it as SCHEMA_INVALID (held: the same bytes can never pass).
     """
+    event_id = uuid.uuid4()
     await conn.execute(
         "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type,"
         " event_version, payload) VALUES ($1, $2, $3, $4, $5, $6::jsonb)",
-        uuid.uuid4(),
+        event_id,
         aggregate,
         key,
         event_type,
         version,
         json.dumps({"unexpected": key}),
     )
+    return event_id
+
+
+_COUNTS = """
+SELECT (SELECT count(*) FROM outbox_events WHERE occurred_at >= $1) AS outbox,
+       (SELECT count(*) FROM outbox_events WHERE occurred_at >= $1
+          AND published_at IS NOT NULL) AS published,
+       (SELECT count(*) FROM inbox_messages WHERE received_at >= $1
+          AND status = 'processed') AS processed,
+       (SELECT count(*) FROM inbox_messages WHERE received_at >= $1
+          AND status = 'failed') AS failed,
+       (SELECT coalesce(sum(duplicates), 0) FROM inbox_messages
+          WHERE received_at >= $1) AS duplicates
+"""
 
 
 @dataclass
@@ -106,6 +125,10 @@ class Demo:
     nats_auth: NatsAuth | None = None
     pools: dict[str, asyncpg.Pool] = field(default_factory=dict)
     produced: int = 0
+    #: Events made to fail for good on purpose (poison, bad schema): expected dead letters.
+    injected: set[uuid.UUID] = field(default_factory=set)
+    #: When this run began: the reckoning counts the events that occurred since.
+    since: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def database(self, context: str) -> str:
         for topology in self.topologies:
@@ -138,64 +161,38 @@ class Demo:
                 key,
             )
             if rng.random() < RAW_INVALID_SHARE:
-                await record_raw_invalid(conn, aggregate, key, event_type, version)
+                self.injected.add(
+                    await record_raw_invalid(conn, aggregate, key, event_type, version)
+                )
             else:
-                await record_event(
+                payload = payload_for(event_type, version, key, rng)
+                event_id = await record_event(
                     conn,
                     aggregate_type=aggregate,
                     aggregate_id=key,
                     event_type=event_type,
                     event_version=version,
-                    payload=payload_for(event_type, version, key, rng),
+                    payload=payload,
                 )
+                if payload.get("_ferry_test", {}).get("poison"):
+                    self.injected.add(event_id)
         self.produced += 1
 
     async def counts(self) -> dict[str, int]:
-        """Published, processed, dead-lettered, duplicates and backlogs over all databases."""
+        """Published, processed, dead-lettered, duplicates and backlogs over all databases,
+        of this run's events (the stack's data outlives a run: ``.var/``)."""
         totals = dict.fromkeys(("outbox", "published", "processed", "failed", "duplicates"), 0)
         for pool in self.pools.values():
-            row = await pool.fetchrow(
-                "SELECT (SELECT count(*) FROM outbox_events) AS outbox,"
-                " (SELECT count(*) FROM outbox_events WHERE published_at IS NOT NULL) AS published,"
-                " (SELECT count(*) FROM inbox_messages WHERE status = 'processed') AS processed,"
-                " (SELECT count(*) FROM inbox_messages WHERE status = 'failed') AS failed,"
-                " (SELECT coalesce(sum(duplicates), 0) FROM inbox_messages) AS duplicates"
-            )
+            row = await pool.fetchrow(_COUNTS, self.since)
             assert row is not None
             for name in totals:
                 totals[name] += int(row[name])
         return totals
 
-    async def reckoning(self) -> tuple[int, int, list[float]]:
-        """(expected deliveries, lost, end-to-end latencies in ms) over every durable."""
-        expected = lost = 0
-        latencies: list[float] = []
-        for topology in self.topologies:
-            for name, durable in topology.durables.items():
-                source = topology.contexts[topology.context_of_stream(durable.stream)].database
-                target = topology.contexts[durable.target].database
-                sent = {
-                    r["id"]: r["occurred_at"]
-                    for r in await self.pools[source].fetch(
-                        "SELECT id, occurred_at FROM outbox_events"
-                    )
-                }
-                done = {
-                    r["message_id"]: (r["status"], r["processed_at"])
-                    for r in await self.pools[target].fetch(
-                        "SELECT message_id, status, processed_at FROM inbox_messages"
-                        " WHERE durable = $1 AND status IN ('processed', 'failed')",
-                        name,
-                    )
-                }
-                expected += len(sent)
-                lost += sum(1 for mid in sent if mid not in done)
-                latencies += [
-                    (done[mid][1] - at).total_seconds() * 1000
-                    for mid, at in sent.items()
-                    if mid in done and done[mid][0] == "processed"
-                ]
-        return expected, lost, latencies
+    async def reckoning(self) -> Reckoning:
+        """Where every event of this run a durable should receive is (see
+        :mod:`.demo_reckoning`)."""
+        return await reckon(self.pools, self.topologies, self.injected, since=self.since)
 
 
 def _line(elapsed: float, produced: int, c: dict[str, int]) -> str:
@@ -207,8 +204,10 @@ def _line(elapsed: float, produced: int, c: dict[str, int]) -> str:
 
 
 async def drive(demo: Demo, *, rate: float, seconds: float, settle: float, seed: int) -> int:
-    """Produce at ``rate`` for ``seconds``, wait for the platform to settle, print the summary."""
+    """Produce at ``rate`` for ``seconds``, let the platform settle, play the operator,
+    wait for every parked key to be released, print the summary."""
     rng = random.Random(seed)
+    demo.since = datetime.now(UTC)
     start = time.monotonic()
     next_report = start
     while (now := time.monotonic()) - start < seconds:
@@ -219,23 +218,51 @@ async def drive(demo: Demo, *, rate: float, seconds: float, settle: float, seed:
             print(_line(now - start, demo.produced, await demo.counts()), end="", flush=True)
             next_report = now + 1.0
         await asyncio.sleep(0.01)
-    deadline = time.monotonic() + settle
-    expected, lost, latencies = await demo.reckoning()
-    while lost and time.monotonic() < deadline:
-        print(
-            _line(time.monotonic() - start, demo.produced, await demo.counts()), end="", flush=True
-        )
-        await asyncio.sleep(1.0)
-        expected, lost, latencies = await demo.reckoning()
-    counts = await demo.counts()
-    print(_line(time.monotonic() - start, demo.produced, counts))
-    code = summary(demo.produced, counts, expected, lost, latencies)
+    # What the platform does by itself: deliveries, retries, automatic replays.
+    await wait_until(demo, start, settle, lambda r: r.unsettled == 0)
+    print(_line(time.monotonic() - start, demo.produced, await demo.counts()))
     await dead_letter_act(demo, settle)
+    # The operator watches until every parked key went on: a poison head replayed after the
+    # fix fails and is held again, and is discarded then.
+    done = await wait_until(
+        demo, start, settle, lambda r: r.unsettled == 0 and not r.parked, operator=True
+    )
+    code = summary(demo.produced, await demo.counts(), done)
+    demo_dlq.print_table(await demo_dlq.tally(demo.topologies, demo.pools, demo.since))
     return code
 
 
+async def wait_until(
+    demo: Demo,
+    start: float,
+    seconds: float,
+    settled: Callable[[Reckoning], bool],
+    *,
+    operator: bool = False,
+) -> Reckoning:
+    """Reckon every second until ``settled`` (or ``seconds`` pass); the last reckoning.
+    ``operator``: discard, each round, what holds an ordered key (:func:`discard_heads`)."""
+    deadline = time.monotonic() + seconds
+    reckoning = await demo.reckoning()
+    while not settled(reckoning) and time.monotonic() < deadline:
+        if operator and reckoning.parked:
+            await discard_heads(demo)
+        print(
+            _line(time.monotonic() - start, demo.produced, await demo.counts())
+            + f" parked {reckoning.parked:4} in flight {reckoning.unsettled:4}",
+            end="",
+            flush=True,
+        )
+        await asyncio.sleep(1.0)
+        reckoning = await demo.reckoning()
+    return reckoning
+
+
 async def dead_letter_act(demo: Demo, seconds: float) -> None:
-    """Let automatic replays run, replay mediation's rejects as an operator, print a table."""
+    """The operator's act, after the handler bug's fix: automatic replays (sea-vibespro)
+    settle; mediation's held rejects are replayed once; the heads that fail again (poison)
+    or can never pass (bad schema) and still hold an ordered lane's key are discarded, so
+    the events behind them go on."""
     mediation = [t for t in demo.topologies if t.name == "mediation"]
     if demo.nats_url and mediation:
         replayed = await demo_dlq.operator_replay(
@@ -243,26 +270,17 @@ async def dead_letter_act(demo: Demo, seconds: float) -> None:
         )
         print(f"\noperator (ferry dlq replay) replayed {replayed} held mediation dead letter(s)")
     await demo_dlq.settle(demo.topologies, demo.pools, seconds=seconds)
-    demo_dlq.print_table(await demo_dlq.tally(demo.topologies, demo.pools))
+    await discard_heads(demo)
 
 
-def summary(produced: int, c: dict[str, int], expected: int, lost: int, lat: list[float]) -> int:
-    """Print the reckoning; exit code 1 when anything was lost."""
-    quantiles = statistics.quantiles(lat, n=100) if len(lat) >= 2 else [0.0] * 99
-    print("\nFerry demo summary")
-    print(f"  produced by commands     {produced}")
-    print(f"  events in all outboxes   {c['outbox']} (includes module F's follow-up events)")
-    print(f"  published                {c['published']}")
-    print(f"  deliveries expected      {expected}")
-    print(f"  processed                {c['processed']}")
-    print(f"  dead-lettered            {c['failed']} (poison, bad schema, not yet replayed)")
-    print(f"  duplicates skipped       {c['duplicates']}")
-    print(f"  lost                     {lost}")
-    print(
-        f"  end-to-end latency ms    p50 {quantiles[49]:.1f}  p95 {quantiles[94]:.1f}  "
-        f"p99 {quantiles[98]:.1f}  (occurred_at in source → processed_at in target)"
-    )
-    return 0 if lost == 0 else 1
+async def discard_heads(demo: Demo) -> None:
+    """Discard the dead letters that still hold an ordered key after the fix and their
+    replay (poison, bad schema), as an operator would: their keys' events go on."""
+    for durable, message_id in await demo_dlq.discard_holding_heads(demo.topologies, demo.pools):
+        print(
+            f"\noperator (ferry dlq discard) discarded {durable} {message_id}: it still held "
+            "its key after the fix; the events behind it go on"
+        )
 
 
 def run_demo(env: dict[str, str], argv: list[str]) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -20,8 +21,17 @@ import asyncpg
 from shared.adapters import dead_letters as store
 from shared.adapters.nats import NatsAuth, connect_nats
 from shared.contracts.topology import Topology
+from shared.ops.dlq_change import change_status
 
 ACTOR = "demo-operator"
+# Dead letters that hold their key (on_dead_letter: hold) and wait for an operator still:
+# what `ferry parked list` shows as held heads.
+_HOLDING = """
+SELECT d.durable, d.message_id, d.reason_code
+FROM dead_letters d JOIN parked_messages p USING (durable, message_id)
+WHERE d.durable = ANY($1::text[]) AND p.state = 'held' AND d.status IN ('dead', 'held', 'parked')
+ORDER BY d.durable, p.stream_seq
+"""
 
 
 def _databases(topology: Topology) -> dict[str, list[str]]:
@@ -67,8 +77,41 @@ async def operator_replay(
     return replayed
 
 
-async def tally(topologies: list[Topology], pools: dict[str, asyncpg.Pool]) -> dict[str, Any]:
-    """Dead letters per topology by (reason, status), replays and actions recorded."""
+async def discard_holding_heads(
+    topologies: list[Topology], pools: dict[str, asyncpg.Pool]
+) -> list[tuple[str, str]]:
+    """Discard every dead letter that still holds an ``ordering: key`` durable's key after
+    the fix and its replay (``ferry dlq discard``, audited): its later events go on. The
+    (durable, message id) of each."""
+    gone: list[tuple[str, str]] = []
+    for topology in topologies:
+        ordered = {n for n, d in topology.durables.items() if d.ordering == "key"}
+        for database, durables in _databases(topology).items():
+            names = sorted(ordered.intersection(durables))
+            if not names:
+                continue
+            async with pools[database].acquire() as conn:
+                for row in await conn.fetch(_HOLDING, names):
+                    why = "bad schema" if row["reason_code"] == "SCHEMA_INVALID" else "poison"
+                    done, _ = await change_status(
+                        conn,
+                        topology.durable(row["durable"]),
+                        row["durable"],
+                        row["message_id"],
+                        "discarded",
+                        actor=ACTOR,
+                        reason=f"demo: {why}, fails after the fix; its key's events go on",
+                    )
+                    if done:
+                        gone.append((row["durable"], str(row["message_id"])))
+    return gone
+
+
+async def tally(
+    topologies: list[Topology], pools: dict[str, asyncpg.Pool], since: datetime
+) -> dict[str, Any]:
+    """Dead letters first recorded since ``since`` (this run's) per topology by (reason,
+    status), their replays and the actions recorded on them."""
     out: dict[str, Any] = {}
     for topology in topologies:
         by: Counter[tuple[str, str]] = Counter()
@@ -76,16 +119,19 @@ async def tally(topologies: list[Topology], pools: dict[str, asyncpg.Pool]) -> d
         for database, durables in _databases(topology).items():
             rows = await pools[database].fetch(
                 "SELECT reason_code, status, replay_attempts FROM dead_letters"
-                " WHERE durable = ANY($1::text[])",
+                " WHERE durable = ANY($1::text[]) AND first_dead_lettered_at >= $2",
                 durables,
+                since,
             )
             for r in rows:
                 by[(r["reason_code"], r["status"])] += 1
                 replays += r["replay_attempts"]
             actions += int(
                 await pools[database].fetchval(
-                    "SELECT count(*) FROM dead_letter_actions WHERE durable = ANY($1::text[])",
+                    "SELECT count(*) FROM dead_letter_actions WHERE durable = ANY($1::text[])"
+                    " AND at >= $2",
                     durables,
+                    since,
                 )
             )
         out[topology.name] = {"by": by, "replays": replays, "actions": actions}

@@ -110,13 +110,29 @@ FROM parked_messages WHERE durable = $1 AND ordering_key = $2
 ORDER BY stream_seq LIMIT $3
 """
 
+# The inbox rows of released events that waited behind a held head keep its id (held_by,
+# migration 0015): the KPI job gives their latency apart from the pipeline's own.
 _RELEASE = """
 WITH gone AS (
   DELETE FROM parked_messages WHERE durable = $1 AND message_id = ANY($2::uuid[])
-  RETURNING ordering_key
+  RETURNING message_id, held_head
+), waited AS (
+  UPDATE inbox_messages i SET held_by = g.held_head
+  FROM gone g
+  WHERE g.held_head IS NOT NULL AND i.durable = $1 AND i.message_id = g.message_id
 )
 SELECT count(*) FROM parked_messages
 WHERE durable = $1 AND ordering_key = $3 AND NOT (message_id = ANY($2::uuid[]))
+"""
+
+# The events behind a held head of the given keys wait for an operator: each remembers the
+# first held head it waited behind (after a park, or when a head is held).
+_MARK_HELD = """
+UPDATE parked_messages p SET held_head = h.message_id
+FROM parked_messages h
+WHERE h.durable = $1 AND h.ordering_key = ANY($2::text[]) AND h.state = 'held'
+  AND p.durable = $1 AND p.ordering_key = h.ordering_key AND p.stream_seq > h.stream_seq
+  AND p.held_head IS NULL
 """
 
 _RETRY_HEAD = """
@@ -124,6 +140,7 @@ UPDATE parked_messages
 SET state = $3, attempts = $4, next_attempt_at = clock_timestamp() + $5 * interval '1 second',
     reason = $6
 WHERE durable = $1 AND message_id = $2
+RETURNING ordering_key
 """
 
 # Claimed in the inbox but never handed to the handler (parked behind a failed event):
@@ -205,6 +222,7 @@ async def park(conn: Conn, durable: str, entries: Sequence[ParkedEntry]) -> None
         [max(e.delay, 0.0) for e in entries],
         [REPLAYED if e.replay else e.reason for e in entries],
     )
+    await conn.execute(_MARK_HELD, durable, sorted({e.ordering_key for e in entries}))
 
 
 async def blocked_keys(conn: Conn, durable: str, partition: int) -> set[str]:
@@ -264,7 +282,11 @@ async def retry_head(
     reason: str,
 ) -> None:
     """The head failed again (``retrying`` after ``delay``) or was dead-lettered (``held``)."""
-    await conn.execute(_RETRY_HEAD, durable, message_id, state, attempts, max(delay, 0.0), reason)
+    key = await conn.fetchval(
+        _RETRY_HEAD, durable, message_id, state, attempts, max(delay, 0.0), reason
+    )
+    if state == "held" and key is not None:
+        await conn.execute(_MARK_HELD, durable, [key])
 
 
 async def unclaim(conn: Conn, durable: str, owner: str, message_ids: Sequence[UUID]) -> None:

@@ -9,13 +9,14 @@ import asyncio
 import getpass
 import socket
 import sys
+import uuid
 from typing import Any
 
 from shared.adapters import dead_letters as store
 from shared.adapters import parking
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import connect
-from shared.contracts.topology import Topology
+from shared.contracts.topology import DurableSpec, Topology
 from shared.domain.errors import ConfigurationError
 from shared.ops.dlq_find import find_dead_letters, parse_uuid, query_from_args, row_line
 from shared.runtime.settings import CommonSettings
@@ -139,26 +140,40 @@ async def set_dead_letter_status(
 ) -> tuple[bool, str | None]:
     """Park or discard one dead letter (``ferry dlq park|discard``, the console), audited:
     (whether it changed, the ordering key released when a held head was discarded)."""
-    durable = row["durable"]
-    spec = topology.durable(durable)
+    spec = topology.durable(row["durable"])
     conn = await connect(settings.dsn(topology.context(spec.target).database))
     try:
-        done = await store.set_status(
-            conn,
-            durable=durable,
-            message_id=row["message_id"],
-            status=status,  # type: ignore[arg-type]
-            actor=actor,
-            reason=reason,
+        return await change_status(
+            conn, spec, row["durable"], row["message_id"], status, actor=actor, reason=reason
         )
-        released = None
-        if done and status == "discarded" and spec.ordering == "key":
-            # Its key's later events wait behind it no longer.
-            released = await parking.discard_held(
-                conn, durable, row["message_id"], actor=actor, reason=reason
-            )
     finally:
         await conn.close()
+
+
+async def change_status(
+    conn: Any,
+    spec: DurableSpec,
+    durable: str,
+    message_id: uuid.UUID,
+    status: str,
+    *,
+    actor: str,
+    reason: str,
+) -> tuple[bool, str | None]:
+    """Park or discard one dead letter on ``conn`` (its database), audited; a discarded
+    held head of an ``ordering: key`` durable releases its key: (changed, key released)."""
+    done = await store.set_status(
+        conn,
+        durable=durable,
+        message_id=message_id,
+        status=status,  # type: ignore[arg-type]
+        actor=actor,
+        reason=reason,
+    )
+    released = None
+    if done and status == "discarded" and spec.ordering == "key":
+        # Its key's later events wait behind it no longer.
+        released = await parking.discard_held(conn, durable, message_id, actor=actor, reason=reason)
     return done, released
 
 

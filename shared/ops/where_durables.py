@@ -5,6 +5,7 @@ place in its key's parked queue (see :mod:`shared.ops.where`)."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from nats.aio.client import Client as NATS
@@ -20,6 +21,7 @@ from shared.domain.ordering import (
     partition_of,
     split_partition,
 )
+from shared.domain.whereabouts import DEAD_LETTER_MEANING, Place, Trail, place_of
 from shared.ops.where_stream import subject_of
 from shared.runtime.settings import CommonSettings
 
@@ -77,8 +79,54 @@ async def durables(
         entry["handler_calls"] = [
             c for c in rows["calls"].get(database, []) if c["handler"] == spec.target
         ]
+        entry["place"] = place(doc["outbox"], stored, spec, entry)
         out.append(entry)
     return out
+
+
+#: Seconds after its publication within which an event nothing accounts for yet is still
+#: in flight, not lost (the KPI job's FERRY_KPI_GRACE plays the same part).
+GRACE = 60.0
+
+
+def place(
+    outbox: dict[str, Any] | None,
+    stored: dict[str, Any] | None,
+    spec: DurableSpec,
+    entry: dict[str, Any],
+) -> dict[str, Any]:
+    """Where the event is for this durable (:mod:`shared.domain.whereabouts`, the one
+    definition the demo, the KPI job and the console share), with what names it."""
+    inbox, dead = entry["inbox"], entry["dead_letter"]
+    parked = (entry["ordering"] or {}).get("parked")
+    published_at = None if outbox is None else outbox.get("published_at")
+    in_stream = stored is not None and stored["stream"] == spec.stream
+    age = None
+    if isinstance(published_at, datetime):
+        age = (datetime.now(UTC) - published_at).total_seconds()
+    trail = Trail(
+        # Not in this topology's outboxes: published by another producer, if it is anywhere.
+        published=outbox is None or published_at is not None,
+        inbox_status=None if inbox is None else inbox["status"],
+        retried=inbox is not None and (bool(inbox["retry_history"]) or inbox["attempts"] > 1),
+        dead_letter_status=None if dead is None else dead["status"],
+        parked_state=None if parked is None else parked["state"],
+        in_stream=in_stream,
+        past_grace=age is None or age > GRACE,
+    )
+    where = place_of(trail)
+    doc: dict[str, Any] = {"place": where.value}
+    if where is Place.DEAD_LETTERED and dead is not None:
+        doc["dead_letter_status"] = dead["status"]
+        doc["meaning"] = DEAD_LETTER_MEANING.get(dead["status"], dead["status"])
+    elif where is Place.PARKED and parked is not None:
+        head = parked if parked["is_head"] else parked["head"]
+        doc["head"] = None if parked["is_head"] else head["message_id"]
+        doc["behind_held_head"] = not parked["is_head"] and head["state"] == "held"
+        doc["parked_state"] = parked["state"]
+    elif where is Place.PROCESSED and inbox is not None and inbox.get("held_by"):
+        doc["waited_behind_held_head"] = str(inbox["held_by"])
+    return doc
 
 
 def _consumer_of(

@@ -68,7 +68,7 @@ def _render_stream(stored: dict[str, Any] | None) -> list[str]:
 
 
 def _render_durable(message_id: str, entry: dict[str, Any]) -> list[str]:
-    lines = [f"durable  {entry['durable']} (→ {entry['target']})"]
+    lines = [f"durable  {entry['durable']} (→ {entry['target']}): {_place(entry['place'])}"]
     if "delivery" in entry:
         delivery = entry["delivery"]
         via = delivery.get("consumer")
@@ -99,6 +99,21 @@ def _render_durable(message_id: str, entry: dict[str, Any]) -> list[str]:
         )
     lines += _render_dead(entry["dead_letter"])
     return lines
+
+
+def _place(place: dict[str, Any]) -> str:
+    """The event's place for one durable, in words (shared.domain.whereabouts)."""
+    text = str(place["place"]).upper()
+    if "meaning" in place:
+        text += f" ({place['dead_letter_status']}: {place['meaning']})"
+    if place.get("head"):
+        held = "held " if place.get("behind_held_head") else ""
+        text += f" behind the {held}head {place['head']}"
+    elif "parked_state" in place:
+        text += f" (the head of its key, {place['parked_state']})"
+    if place.get("waited_behind_held_head"):
+        text += f" (after waiting behind the held head {place['waited_behind_held_head']})"
+    return text
 
 
 def _render_ordering(durable: str, message_id: str, ordering: dict[str, Any]) -> list[str]:

@@ -26,7 +26,7 @@ FROM outbox_events o WHERE id = $1
 _INBOX = """
 SELECT durable, subject, status, attempts, received_at, processed_at, last_error,
        handler_status, reason_code, duplicates, retry_history, dlq_metadata, stream_seq,
-       traceparent, lease_owner, lease_until, updated_at
+       traceparent, lease_owner, lease_until, updated_at, held_by
 FROM inbox_messages WHERE message_id = $1 ORDER BY durable
 """
 

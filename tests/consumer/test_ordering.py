@@ -167,6 +167,22 @@ async def test_a_held_dead_letter_parks_its_key_until_replayed(
         await until(lambda: consumer.stats.processed == 8, "consumer.stats.processed == 8", 30)
     assert applied_order(handler) == order
     assert await parked_rows(env) == []
+    # The events that waited behind the held head say so on their inbox rows (the KPI job
+    # gives their latency apart); the head (a replay) and the free key's events do not.
+    conn = await asyncpg.connect(env.dsn("sea"))
+    try:
+        rows = await conn.fetch(
+            "SELECT message_id::text AS id, held_by::text AS held_by FROM inbox_messages"
+            " WHERE durable = $1",
+            DURABLE,
+        )
+    finally:
+        await conn.close()
+    held_by = {r["id"]: r["held_by"] for r in rows}
+    assert {m: held_by[m] for m in order["held"]} == {
+        m: (None if m == head else head) for m in order["held"]
+    }
+    assert all(held_by[m] is None for m in order["free"])
 
 
 async def test_discarding_a_held_head_lets_the_rest_of_its_key_go(

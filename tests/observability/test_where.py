@@ -333,6 +333,7 @@ async def test_where_shows_an_ordered_events_key_partition_and_what_it_waits_beh
     }
     assert hop["delivery"]["consumer"] == f"{DURABLE}_p1"
     assert hop["delivery"]["state"] == "acknowledged"
+    assert hop["place"] == {"place": "processed"}
     assert hops[MIRROR]["ordering"] is None
     assert hops[MIRROR]["delivery"]["consumer"] == MIRROR
     assert hops[MIRROR]["delivery"]["state"] == "pending (not delivered yet)"
@@ -355,7 +356,15 @@ async def test_where_shows_an_ordered_events_key_partition_and_what_it_waits_beh
     assert parked["head"]["message_id"] == head
     assert (parked["head"]["state"], parked["head"]["attempts"]) == ("held", 4)
     assert parked["head"]["reason"] == "HANDLER_REJECTED scripted 422"
+    # Parked, never lost: named with the held head it waits behind.
+    assert hop["place"] == {
+        "place": "parked",
+        "head": head,
+        "behind_held_head": True,
+        "parked_state": "queued",
+    }
     text = render(doc)
+    assert f"{DURABLE} (→ sea): PARKED behind the held head {head}" in text
     assert (
         f"waits behind 1 parked event(s) of its key (1 behind it); the head {head} is held x4"
         in text
@@ -369,6 +378,18 @@ async def test_where_shows_an_ordered_events_key_partition_and_what_it_waits_beh
     assert (parked["state"], parked["is_head"], parked["head"]) == ("held", True, None)
     assert (parked["before"], parked["after"]) == (0, 2)
     assert "the head of its key: 2 parked event(s) wait behind it" in render(doc)
+    assert "PARKED (the head of its key, held)" in render(doc)
+    # Each event behind it remembers the held head (copied to its inbox row on release).
+    conn = await asyncpg.connect(env.dsn("sea"))
+    try:
+        marks = await conn.fetch(
+            "SELECT message_id::text AS id, held_head::text AS head FROM parked_messages"
+            " WHERE durable = $1",
+            DURABLE,
+        )
+    finally:
+        await conn.close()
+    assert {r["id"]: r["head"] for r in marks} == {head: None, waiting: head, last: head}
 
     # Not parked itself, but its key is: the key's head and how many are parked.
     doc = await journey(settings, topology, uuid.UUID(arriving))
