@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from shared.ops.where_render import place_text
+
 from .overview import THRESHOLDS, Overview
 from .svg import sparkline
 
@@ -74,7 +76,9 @@ class Samples:
 def filters() -> dict[str, Any]:
     """The templates' filters, by name."""
     return {"when": when, "age": age, "num": num, "pct": pct, "short": short,
-            "q": lambda value: quote(str(value), safe="")}  # fmt: skip
+            "q": lambda value: quote(str(value), safe=""),
+            # Where the event is for a durable, as `ferry where` says it (whereabouts).
+            "place": place_text}  # fmt: skip
 
 
 def timeline(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:

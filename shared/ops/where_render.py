@@ -68,7 +68,7 @@ def _render_stream(stored: dict[str, Any] | None) -> list[str]:
 
 
 def _render_durable(message_id: str, entry: dict[str, Any]) -> list[str]:
-    lines = [f"durable  {entry['durable']} (→ {entry['target']}): {_place(entry['place'])}"]
+    lines = [f"durable  {entry['durable']} (→ {entry['target']}): {place_text(entry['place'])}"]
     if "delivery" in entry:
         delivery = entry["delivery"]
         via = delivery.get("consumer")
@@ -101,7 +101,7 @@ def _render_durable(message_id: str, entry: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _place(place: dict[str, Any]) -> str:
+def place_text(place: dict[str, Any]) -> str:
     """The event's place for one durable, in words (shared.domain.whereabouts)."""
     text = str(place["place"]).upper()
     if "meaning" in place:

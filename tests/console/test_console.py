@@ -125,6 +125,12 @@ async def test_sign_in_roles_csrf_bad_input_and_audit(stack: Stack) -> None:
             assert resp.status == 403
             assert "viewer is read-only" in html.unescape(await resp.text())
         assert (await dead_letter_statuses(stack.env))[target] == "held"
+        # Each durable's hop names where the event is, as `ferry where` does.
+        _, page = await _get(ops, f"{url}/event/{target}")
+        held = "DEAD-LETTERED (held: held for an operator)"
+        assert f'class="place place-dead-lettered">{held}' in page
+        _, page = await _get(ops, f"{url}/event/{stack.fine[0]}")
+        assert 'class="place place-processed">PROCESSED<' in page
 
         # An operator's park goes through the CLI's function: audited with who and why.
         _, page = await _get(ops, f"{url}/failures/entry/{DURABLE}/{target}")
