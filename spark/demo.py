@@ -47,13 +47,38 @@ def show_kpi_report(env: dict[str, str], *, since: datetime, topologies: Sequenc
     print(result.stdout.rstrip())
     meaning = MEANINGS.get(result.returncode, "unexpected exit")
     print(f"\nkpi-spark-job exit {result.returncode}: {meaning} (Spark's log: {log})")
+    pages = [
+        Path(line.removeprefix("report: "))
+        for line in result.stdout.splitlines()
+        if line.startswith("report: ")
+    ]
     if result.returncode == EXIT_SLO_BREACH:
         print(
             "  The demo injects poison and temporarily rejected events on purpose, so the "
-            "dead-letter\n  rate target (< 0.1 %) is expected to be missed; lost events and "
-            "latency are the ones to watch."
+            "dead-letter\n  rate target (< 0.1 %) is expected to be missed. Events parked "
+            "behind a held dead letter\n  count as parked, never as lost; events processed "
+            "after a replay of their dead letter\n  (or released from behind a held head) "
+            "have their latency apart from the pipeline's own."
         )
-    for line in result.stdout.splitlines():
-        if line.startswith("report: "):
-            print(f"  open {line.removeprefix('report: ')} for the tables and plots")
+        others = unexpected_misses(pages)
+        if others:
+            print(f"  Also missed, and not by design: {', '.join(others)} (findings above).")
+        elif others is not None:
+            print("  Every other target was met: nothing lost, the pipeline's own latency "
+                  "within its target.")  # fmt: skip
+    for page in pages:
+        print(f"  open {page} for the tables and plots")
     return result.returncode
+
+
+def unexpected_misses(pages: Sequence[Path]) -> list[str] | None:
+    """The gating targets the reports beside ``pages`` missed other than the dead-letter
+    rate the demo breaks on purpose; None when a report cannot be read."""
+    names: set[str] = set()
+    for page in pages:
+        try:
+            doc = json.loads(page.with_name("report.json").read_text())
+        except (OSError, ValueError):
+            return None
+        names |= {f["name"] for f in doc.get("findings", {}).get("gate", [])}
+    return sorted(names - {"dlq"}) if pages else None

@@ -5,7 +5,7 @@ code   meaning
 =====  ==============================================================================
 0      every verdict passed (or there was no new complete window)
 1      a PRD-022 target was missed (delivery, duplicates, dead letters, p99, lost events)
-2      configuration error: settings, topology, command line
+2      configuration error: settings, topology, command line, a grant the login lacks
 3      a database is unreachable (or refused the login)
 4      an INFRA-005 P0 alert fired (lag, dead-letter spike, success ratio); targets met
 10     no usable Java (17 or later) to run Spark
@@ -54,6 +54,7 @@ __all__ = [
     "EXIT_SLO_BREACH",
     "EXIT_SPARK",
     "MEANINGS",
+    "AccessDenied",
     "DatabaseUnreachable",
     "JavaMissing",
     "JdbcDriverMissing",
@@ -80,6 +81,12 @@ class JdbcDriverMissing(JobError):
     """The PostgreSQL JDBC driver jar is absent or is not the driver."""
 
     exit_code = EXIT_NO_JDBC_DRIVER
+
+
+class AccessDenied(JobError):
+    """The job's login lacks a grant it needs (``ferry db-roles`` gives them)."""
+
+    exit_code = EXIT_CONFIG
 
 
 class DatabaseUnreachable(JobError):

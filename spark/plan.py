@@ -108,6 +108,14 @@ class Plan:
             out.setdefault(target.database, []).append(target.durable)
         return out
 
+    def parking_databases(self) -> dict[str, list[str]]:
+        """Database → its ``ordering: key`` durables (only they park messages)."""
+        out: dict[str, list[str]] = {}
+        for target in self.targets.values():
+            if self.topology.durables[target.durable].ordering == "key":
+                out.setdefault(target.database, []).append(target.durable)
+        return out
+
     def databases(self) -> list[str]:
         """Every database the job reads, in a stable order."""
         names = {s.database for s in self.sources} | set(self.inbox_databases())

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from spark.kpis import Row
 from spark.plan import ALL_SUBJECTS
-from spark.report_model import Report, jsonable
+from spark.report_model import Report, jsonable, waited_rows
 from spark.report_plots import range_text
-from spark.report_text import critical_first, describe, marked, ms, pct
+from spark.report_text import critical_first, describe, marked, ms, open_line, pct
 from spark.verdicts import Finding
 
 #: Rows of the per-window table shown in the HTML report before it is folded away.
@@ -37,6 +37,9 @@ _HTML_COLUMNS = (
     ("handler_409", "409s", str),
     ("retries", "retries", str),
     ("lost_candidates", "lost", str),
+    ("parked", "parked", str),
+    ("retrying", "retrying", str),
+    ("in_flight", "in flight", str),
     ("delivery_rate", "delivery %", lambda v: pct(v, 3)),
     ("duplicate_rate", "duplicate %", lambda v: pct(v, 3)),
     ("dlq_rate", "DLQ %", lambda v: pct(v, 3)),
@@ -44,6 +47,8 @@ _HTML_COLUMNS = (
     ("latency_p50_ms", "p50 ms", ms),
     ("latency_p95_ms", "p95 ms", ms),
     ("latency_p99_ms", "p99 ms", ms),
+    ("waited", "waited", str),
+    ("waited_latency_p99_ms", "waited p99 ms", ms),
     ("lag_p50_ms", "lag p50 ms", ms),
 )
 
@@ -99,11 +104,31 @@ def _reasons_html(reasons: list[Row]) -> str:
     )
 
 
+def _waited_html(report: Report) -> str:
+    rows = critical_first(waited_rows(report.totals), report.critical)
+    if not rows:
+        return ""
+    body = "".join(
+        f"<tr>{_cell(r['context'], 'k')}{_cell(marked(r['durable'], report.critical), 'k')}"
+        f"{_cell(str(r['waited']))}{_cell(ms(r['waited_latency_p99_ms']))}"
+        f"{_cell(ms(r['waited_latency_max_ms']))}</tr>"
+        for r in rows
+    )
+    return (
+        "<h2>Waited for an operator</h2><p>Processed after an operator's move: replayed "
+        "after a dead letter, or released from behind a held head. Their latency is the "
+        "operator's: it is not in the p50/p95/p99 columns (the pipeline's own) and is not "
+        "judged.</p><table><tr><th>context</th><th>durable</th><th>events</th>"
+        f"<th>p99 ms</th><th>max ms</th></tr>{body}</table>"
+    )
+
+
 def render_html(report: Report, latency_png: Path, windows_png: Path) -> str:
     """The standalone HTML report (plots embedded)."""
     high = report.critical
     per_window = [r for r in report.windows if r["subject"] == ALL_SUBJECTS]
     folded = len(per_window) > HTML_WINDOW_ROWS
+    not_final = open_line(report)
     lost = "".join(
         f"<li>{html.escape(json.dumps(jsonable(item)))}</li>" for item in report.lost_listed[:100]
     )
@@ -125,6 +150,10 @@ def render_html(report: Report, latency_png: Path, windows_png: Path) -> str:
         if high
         else "",
         _html_table(critical_first(report.totals, high), with_window=False, critical=high),
+        "<p>Latency p50/p95/p99: the pipeline's own (events that waited for an operator "
+        "apart, below). Parked, retrying and in flight: not final yet, never lost.</p>",
+        f"<p>{html.escape(not_final)}</p>" if not_final else "",
+        _waited_html(report),
         "<h2>Latency distribution</h2>",
         _img(latency_png),
         "<h2>KPIs per window</h2>",
@@ -135,7 +164,8 @@ def render_html(report: Report, latency_png: Path, windows_png: Path) -> str:
         "</details>" if folded else "",
         "<h2>Retries and dead letters by reason</h2>",
         _reasons_html(report.reasons),
-        f"<h2>Lost candidates ({report.lost_count})</h2><ul>{lost}</ul>"
+        f"<h2>Lost ({report.lost_count})</h2><p>Published before the grace period and no "
+        f"inbox row, dead letter or parked row accounts for them.</p><ul>{lost}</ul>"
         if report.lost_count
         else "",
         "</body></html>",

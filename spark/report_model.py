@@ -8,7 +8,11 @@ from datetime import datetime
 from typing import Any
 
 from spark.kpis import Row
+from spark.plan import ALL_SUBJECTS
 from spark.verdicts import AlertRules, Finding, Targets
+
+#: Places of expected deliveries that are not final yet (none of them lost), as counted.
+OPEN_PLACES = (("parked", "parked"), ("retrying", "retrying"), ("in_flight", "in flight"))
 
 
 @dataclass
@@ -73,6 +77,8 @@ class Report:
                     "alerts": [f.as_dict() for f in self.alerts],
                 },
                 "lost_candidates": {"count": self.lost_count, "listed": self.lost_listed},
+                "not_final": open_counts(self.totals),
+                "waited_for_operator": waited_rows(self.totals),
                 "totals": self.totals,
                 "windows": self.windows,
                 "reasons": self.reasons,
@@ -80,6 +86,30 @@ class Report:
             }
         )
         return doc
+
+
+def open_counts(totals: list[Row]) -> dict[str, int]:
+    """Expected deliveries not final yet, by place (parked, retrying, in_flight), over the
+    durables' roll-up totals."""
+    rolled = [r for r in totals if r["subject"] == ALL_SUBJECTS]
+    return {column: sum(int(r.get(column) or 0) for r in rolled) for column, _ in OPEN_PLACES}
+
+
+def waited_rows(totals: list[Row]) -> list[dict[str, Any]]:
+    """Per durable (roll-up totals): the processed events that waited for an operator
+    (replayed after a dead letter, or released from behind a held head) and their
+    latency, which the pipeline's own latency columns leave out."""
+    return [
+        {
+            "context": r["context"],
+            "durable": r["durable"],
+            "waited": r["waited"],
+            "waited_latency_p99_ms": r["waited_latency_p99_ms"],
+            "waited_latency_max_ms": r["waited_latency_max_ms"],
+        }
+        for r in totals
+        if r["subject"] == ALL_SUBJECTS and r.get("waited")
+    ]
 
 
 def vars_of(obj: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from spark.kpis import Row
 from spark.plan import ALL_SUBJECTS
-from spark.report_model import Report
+from spark.report_model import OPEN_PLACES, Report, open_counts, waited_rows
 from spark.verdicts import Finding
 
 
@@ -22,7 +22,7 @@ def ms(value: float | None) -> str:
 
 _COLUMNS_RIGHT = (
     ("produced", 9), ("deliv%", 8), ("dup%", 7), ("dlq%", 7), ("p50ms", 8), ("p95ms", 8),
-    ("p99ms", 8), ("lost", 5),
+    ("p99ms", 8), ("lost", 5), ("parked", 6),
 )  # fmt: skip
 
 
@@ -36,7 +36,7 @@ def _text_table(rows: list[Row], critical: Sequence[str] = ()) -> list[str]:
         values = (
             str(row["produced"]), pct(row["delivery_rate"], 2), pct(row["duplicate_rate"], 2),
             pct(row["dlq_rate"], 2), ms(row["latency_p50_ms"]), ms(row["latency_p95_ms"]),
-            ms(row["latency_p99_ms"]), str(row["lost_candidates"]),
+            ms(row["latency_p99_ms"]), str(row["lost_candidates"]), str(row["parked"]),
         )  # fmt: skip
         name = marked(row["durable"], critical)
         line = f"{row['context']:<10} {name:<{durable}} {row['subject']:<{width}}"
@@ -91,6 +91,33 @@ def describe(f: Finding) -> str:
     return f"  {when:<19} {where}: {f.name} = {f.value:.6g} (threshold {f.threshold:.6g})"
 
 
+def waited_lines(report: Report) -> list[str]:
+    """The latency of events that waited for an operator, apart from the pipeline's own."""
+    rows = critical_first(waited_rows(report.totals), report.critical)
+    if not rows:
+        return []
+    lines = ["waited for an operator (replayed, or behind a held head): latency apart, not judged"]
+    for r in rows:
+        lines.append(
+            f"  {r['context']}/{marked(r['durable'], report.critical)}: {r['waited']} events,"
+            f" p99 {ms(r['waited_latency_p99_ms'])} ms, max {ms(r['waited_latency_max_ms'])} ms"
+        )
+    return lines
+
+
+def open_line(report: Report) -> str:
+    """Expected deliveries not final yet (none of them lost), or "" when there are none."""
+    counts = open_counts(report.totals)
+    shown = [f"{counts[column]} {label}" for column, label in OPEN_PLACES if counts[column]]
+    return f"not final yet (not lost): {' · '.join(shown)}" if shown else ""
+
+
+def _apart(lines: list[str]) -> list[str]:
+    """``lines`` after a blank line, or nothing when they are empty."""
+    shown = [line for line in lines if line]
+    return ["", *shown] if shown else []
+
+
 def text_summary(report: Report, report_dir: Path | None) -> str:
     """The terminal summary: the verdict, run totals per durable and subject, findings."""
     span = (
@@ -110,6 +137,7 @@ def text_summary(report: Report, report_dir: Path | None) -> str:
     if report.totals:
         rows = critical_first(summary_rows(report.totals), report.critical)
         lines += ["", *_text_table(rows, report.critical)]
+        lines += _apart(waited_lines(report)) + _apart([open_line(report)])
     for title, findings in (
         ("targets missed (gate)", summary_findings(report.gate_findings)),
         ("INFRA-005 alerts", summary_findings(report.alerts)),

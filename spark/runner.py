@@ -2,8 +2,8 @@
 
 check      every database answers and has its tables; take the run lock
 range      the new complete windows (watermark) or the explicit --since/--until range
-read       Spark JDBC, partitioned: outboxes of the producing contexts, inboxes and
-           dead letters of the durables' target contexts
+read       Spark JDBC, partitioned: outboxes of the producing contexts, inboxes, dead
+           letters and parked messages of the durables' target contexts
 compute    expected deliveries joined across databases → KPI counts and percentiles
 judge      PRD-022 targets per window and run total; INFRA-005 alerts per window
 write      the windows' rows, the run, the watermark: one transaction (idempotent)
@@ -62,8 +62,9 @@ from spark.verdicts import (
 from spark.windows import RangeRequest, RunRange, decide_range, parse_instant
 
 T = TypeVar("T")
-#: Up to this many dead letters are broadcast to the join (tens of MB at most).
-BROADCAST_DEAD_LETTERS = 200_000
+#: Up to this many dead letters (parked messages) are broadcast to the join (tens of MB
+#: at most).
+BROADCAST_DEAD_LETTERS = BROADCAST_PARKED = 200_000
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,10 @@ def preflight(settings: KpiSettings, topology: Path) -> None:
             try:
                 if database in plan.databases():
                     await store.require_tables(conn, database, store.SOURCE_TABLES)
+                    await store.require_columns(conn, database, store.SOURCE_COLUMNS)
                 if database == kpi_database:
                     await store.require_tables(conn, database, store.KPI_TABLES)
+                    await store.require_columns(conn, database, store.KPI_COLUMNS)
             finally:
                 await conn.close()
 
@@ -157,7 +160,7 @@ class _Run:
         self.conns: dict[str, asyncpg.Connection] = {}
         #: Seconds spent per phase (in the JSON report: where a run's time goes).
         self.timings: dict[str, float] = {}
-        self.dead_letter_rows = 0
+        self.dead_letter_rows = self.parked_rows = 0
         self._lap = time.monotonic()
 
     def lap(self, phase: str) -> None:
@@ -199,8 +202,10 @@ class _Run:
                 self.conns[database] = self.sync(store.connect(dsn, database, timeout=timeout))
         for database in self.plan.databases():
             self.sync(store.require_tables(self.conns[database], database, store.SOURCE_TABLES))
-        self.sync(store.require_tables(self.conns[self.kpi_database], self.kpi_database,
-                                       store.KPI_TABLES))  # fmt: skip
+            self.sync(store.require_columns(self.conns[database], database, store.SOURCE_COLUMNS))
+        kpi_conn = self.conns[self.kpi_database]
+        self.sync(store.require_tables(kpi_conn, self.kpi_database, store.KPI_TABLES))
+        self.sync(store.require_columns(kpi_conn, self.kpi_database, store.KPI_COLUMNS))
 
     def _range(self, kpi_store: store.KpiStore) -> RunRange | None:
         watermark = self.sync(kpi_store.watermark())
@@ -272,6 +277,19 @@ class _Run:
             sources.union_all(self.spark, dead, sources.DEAD_LETTER_SCHEMA),
         )
 
+    def _read_parked(self) -> DataFrame:
+        """What the ``ordering: key`` durables hold parked now (no other durable parks)."""
+        frames = []
+        self.parked_rows = 0
+        for database, durables in self.plan.parking_databases().items():
+            count = self.sync(store.parked_count(self.conns[database], database, durables))
+            self.parked_rows += count
+            if count:
+                target = jdbc_target(self.settings.dsn(database))
+                query = sources.parked_query(database, durables)
+                frames.append(sources.read_jdbc(self.spark, target, query, settings=self.settings))
+        return sources.union_all(self.spark, frames, sources.PARKED_SCHEMA)
+
     def _compute(self, rng: RunRange) -> Computed:
         try:
             return self._compute_spark(rng)
@@ -287,11 +305,13 @@ class _Run:
                 [vars_tuple(r) for r in self.plan.routes(kinds)], ROUTE_SCHEMA
             )
             inbox, dead_letters = self._read_inboxes(rng)
+            parked = self._read_parked()
             lost_before = self.as_of - timedelta(seconds=self.settings.kpi_grace)
             facts = event_facts(
-                outbox, routes, inbox, dead_letters,
+                outbox, routes, inbox, dead_letters, parked,
                 window_seconds=self.window, lost_before=lost_before,
                 broadcast_dead_letters=self.dead_letter_rows <= BROADCAST_DEAD_LETTERS,
+                broadcast_parked=self.parked_rows <= BROADCAST_PARKED,
             ).persist()  # fmt: skip
             try:
                 return self._aggregate(facts, sum(int(r["count"]) for r in per_kind))

@@ -1,4 +1,4 @@
-"""Spark JDBC reads of outbox, inbox and dead letters, split into partitions.
+"""Spark JDBC reads of outbox, inbox, dead letters and parked messages, split into partitions.
 
 Each read is a sub-query limited to the run's range (so PostgreSQL filters, not Spark)
 and, when the range holds enough rows, is split on a numeric column into up to
@@ -20,7 +20,7 @@ from spark.jdbc import JdbcTarget, sql_literal
 from spark.plan import Source
 from spark.settings import KpiSettings
 from spark.store import Span
-from spark.transforms import DEAD_LETTER_SCHEMA, INBOX_SCHEMA, OUTBOX_SCHEMA
+from spark.transforms import DEAD_LETTER_SCHEMA, INBOX_SCHEMA, OUTBOX_SCHEMA, PARKED_SCHEMA
 
 #: The inbox copies occurred_at from the envelope (microseconds, like the outbox); the
 #: second of slack only guards against a producer in another language rounding it.
@@ -58,7 +58,8 @@ def inbox_query(database: str, durables: list[str], start: datetime, end: dateti
     return (
         f"SELECT {sql_literal(database)} AS database, durable, message_id::text AS message_id,"
         " status, received_at, processed_at, attempts, handler_status, duplicates, reason_code,"
-        " retry_history::text AS retry_history, stream_seq FROM inbox_messages"
+        " retry_history::text AS retry_history, held_by::text AS held_by, stream_seq"
+        " FROM inbox_messages"
         f" WHERE durable IN ({_names(durables)}) AND ("
         f"(occurred_at >= {_ts(low)} AND occurred_at < {_ts(high)})"
         f" OR (occurred_at IS NULL AND received_at >= {_ts(start - CLOCK_SLACK)}))"
@@ -72,6 +73,18 @@ def dead_letter_query(database: str, durables: list[str], start: datetime) -> st
         " reason_code AS dl_reason, status AS dl_status FROM dead_letters"
         f" WHERE durable IN ({_names(durables)})"
         f" AND dead_lettered_at >= {_ts(start - CLOCK_SLACK)}"
+    )
+
+
+def parked_query(database: str, durables: list[str]) -> str:
+    """The messages ``durables`` hold parked now (``ordering: key`` durables only park).
+
+    Not limited to the range: a parked row is the present state of its event, and the
+    left join keeps only the events of the range."""
+    return (
+        f"SELECT {sql_literal(database)} AS database, durable, message_id::text AS message_id,"
+        " state AS parked_state FROM parked_messages"
+        f" WHERE durable IN ({_names(durables)})"
     )
 
 
@@ -140,10 +153,12 @@ __all__ = [
     "DEAD_LETTER_SCHEMA",
     "INBOX_SCHEMA",
     "OUTBOX_SCHEMA",
+    "PARKED_SCHEMA",
     "dead_letter_query",
     "empty",
     "inbox_query",
     "outbox_query",
+    "parked_query",
     "partitions_for",
     "read_jdbc",
     "union_all",

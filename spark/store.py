@@ -18,13 +18,23 @@ from typing import Any
 import asyncpg
 
 from shared.adapters.postgres import redact
-from spark.errors import DatabaseUnreachable, RunLocked, SchemaMissing
+from spark.errors import AccessDenied, DatabaseUnreachable, RunLocked, SchemaMissing
 from spark.kpis import REASON_COLUMNS, WINDOW_COLUMNS, Row
 from spark.verdicts import HistoryPoint
 
 #: Tables the job reads in every database it reads, and writes in the KPI database.
-SOURCE_TABLES = ("outbox_events", "inbox_messages", "dead_letters")
+SOURCE_TABLES = ("outbox_events", "inbox_messages", "dead_letters", "parked_messages")
 KPI_TABLES = ("kpi_windows", "kpi_reasons", "kpi_watermarks", "kpi_runs")
+#: Columns later migrations added to those tables (a database migrated before them would
+#: fail the reads or the writes half-way): table → columns.
+#: 0015_waited_for_operator.sql and 0016_kpi_places.sql.
+SOURCE_COLUMNS: dict[str, tuple[str, ...]] = {"inbox_messages": ("held_by",)}
+KPI_COLUMNS: dict[str, tuple[str, ...]] = {
+    "kpi_windows": (
+        "parked", "retrying", "in_flight", "waited", "waited_latency_p99_ms",
+        "waited_latency_max_ms",
+    ),
+}  # fmt: skip
 #: First key of the run lock (pg_advisory_lock(int, int)); the second hashes the topology.
 LOCK_CLASS = 0x4B5049  # "KPI"
 
@@ -50,8 +60,29 @@ async def require_tables(conn: asyncpg.Connection, database: str, tables: tuple[
     missing = [t for t in tables if await conn.fetchval("SELECT to_regclass($1)", t) is None]
     if missing:
         raise SchemaMissing(
-            f"database {database!r} lacks {', '.join(missing)}: run `ferry migrate` "
-            "(migrations 0001-0004)"
+            f"database {database!r} lacks {', '.join(missing)}: run `ferry migrate`"
+        )
+
+
+_HAS_COLUMN = """
+SELECT EXISTS (SELECT 1 FROM pg_attribute
+               WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)
+"""
+
+
+async def require_columns(
+    conn: asyncpg.Connection, database: str, columns: dict[str, tuple[str, ...]]
+) -> None:
+    """Raise :class:`SchemaMissing` naming every ``table.column`` of ``columns`` that is absent."""
+    missing = [
+        f"{table}.{column}"
+        for table, names in columns.items()
+        for column in names
+        if not await conn.fetchval(_HAS_COLUMN, table, column)
+    ]
+    if missing:
+        raise SchemaMissing(
+            f"database {database!r} lacks {', '.join(missing)}: run `ferry migrate`"
         )
 
 
@@ -99,6 +130,20 @@ async def dead_letter_count(conn: asyncpg.Connection, durables: list[str], since
         durables,
         since,
     )
+    return int(value or 0)
+
+
+async def parked_count(conn: asyncpg.Connection, database: str, durables: list[str]) -> int:
+    """Messages ``durables`` hold parked now (skips an empty Spark read)."""
+    try:
+        value = await conn.fetchval(
+            "SELECT count(*) FROM parked_messages WHERE durable = ANY($1::text[])", durables
+        )
+    except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+        raise AccessDenied(
+            f"database {database!r}: the job's login may not read parked_messages ({exc}); "
+            "its grants come from `ferry db-roles`"
+        ) from None
     return int(value or 0)
 
 

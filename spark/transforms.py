@@ -6,13 +6,21 @@ outbox        context, message_id, event_type, event_version, occurred_at, publi
 routes        context, event_type, event_version, subject, durable, target_context,
               target_database                       (:meth:`spark.plan.Plan.routes`)
 inbox         database, durable, message_id, status, received_at, processed_at, attempts,
-              handler_status, duplicates, reason_code, retry_history (JSON text)
+              handler_status, duplicates, reason_code, retry_history (JSON text),
+              held_by (the held head it waited behind, migration 0015)
 dead_letters  database, durable, message_id, dl_reason, dl_status
+parked        database, durable, message_id, parked_state (``parked_messages.state``)
 
 :func:`event_facts` joins them into one row per *expected delivery* (an outbox event and
 a durable that should receive it; events nobody subscribes to get durable ``-``). The
 cross-database join happens here: the outbox comes from the source context's database,
-inbox and dead letters from the database of the durable's target context.
+inbox, dead letters and parked messages from the database of the durable's target context.
+
+Each expected delivery gets its ``place`` by the rules of
+:func:`shared.domain.whereabouts.place_of` (the one definition; a test holds the two equal
+on every combination of the facts), with no look at the stream (``in_stream=None``),
+``past_grace = published_at <= lost_before`` and ``retried`` = its inbox row's
+retry_history has an entry or its attempts exceed 1.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from shared.domain.whereabouts import Place
 from spark.plan import ALL_SUBJECTS, NO_DURABLE
 
 OUTBOX_SCHEMA = StructType(
@@ -67,6 +76,7 @@ INBOX_SCHEMA = StructType(
         StructField("duplicates", IntegerType(), True),
         StructField("reason_code", StringType(), True),
         StructField("retry_history", StringType(), True),
+        StructField("held_by", StringType(), True),
     ]
 )
 DEAD_LETTER_SCHEMA = StructType(
@@ -76,6 +86,14 @@ DEAD_LETTER_SCHEMA = StructType(
         StructField("message_id", StringType(), False),
         StructField("dl_reason", StringType(), True),
         StructField("dl_status", StringType(), True),
+    ]
+)
+PARKED_SCHEMA = StructType(
+    [
+        StructField("database", StringType(), False),
+        StructField("durable", StringType(), False),
+        StructField("message_id", StringType(), False),
+        StructField("parked_state", StringType(), False),
     ]
 )
 #: One entry of inbox_messages.retry_history, as the consumer appends it.
@@ -105,8 +123,13 @@ COUNT_COLUMNS = (
     "retries",
     "attempts",
     "lost_candidates",
+    "parked",
+    "retrying",
+    "in_flight",
+    "waited",
 )
-#: Measured columns (null without data).
+#: Measured columns (null without data). ``latency_*``: the pipeline's own (processed
+#: events that did not wait for an operator); ``waited_latency_*``: those that did.
 MEASURE_COLUMNS = (
     "latency_p50_ms",
     "latency_p95_ms",
@@ -114,6 +137,8 @@ MEASURE_COLUMNS = (
     "latency_max_ms",
     "lag_p50_ms",
     "lag_max_ms",
+    "waited_latency_p99_ms",
+    "waited_latency_max_ms",
 )
 PERCENTILES = (0.5, 0.95, 0.99)
 KEY_COLUMNS = ("context", "durable", "subject", "target_context")
@@ -129,52 +154,84 @@ def event_facts(
     routes: DataFrame,
     inbox: DataFrame,
     dead_letters: DataFrame,
+    parked: DataFrame,
     *,
     window_seconds: int,
     lost_before: datetime,
     broadcast_dead_letters: bool = True,
+    broadcast_parked: bool = True,
 ) -> DataFrame:
-    """One row per expected delivery with what became of it.
+    """One row per expected delivery with what became of it, and its ``place``.
 
-    ``lost_before``: an event published at or before it and neither processed nor
-    dead-lettered by its durable is a lost candidate (``as_of - grace``).
-    ``broadcast_dead_letters``: they are few (the caller counted them), so ship them to
-    every task instead of shuffling the facts for a join (Spark cannot size a JDBC read).
+    ``lost_before``: an event published at or before it is past the grace period
+    (``as_of - grace``): with no inbox row, dead letter or parked row it is lost.
+    ``broadcast_dead_letters``, ``broadcast_parked``: they are few (the caller counted
+    them), so ship them to every task instead of shuffling the facts for a join (Spark
+    cannot size a JDBC read).
     """
     size = window_seconds * 1_000_000
-    dead = dead_letters.withColumnRenamed("database", "target_database")
+    on = ["target_database", "durable", "message_id"]
+    dead = dead_letters.withColumnRenamed("database", "target_database").withColumn(
+        "has_dead_letter", F.lit(True)
+    )
+    held = parked.withColumnRenamed("database", "target_database")
     keyed = outbox.join(
         F.broadcast(routes), ["context", "event_type", "event_version"], "inner"
     ).withColumn(
         "window_start", F.expr(f"timestamp_micros((unix_micros(occurred_at) div {size}) * {size})")
     )
-    joined = keyed.join(
-        inbox.withColumnRenamed("database", "target_database"),
-        ["target_database", "durable", "message_id"],
-        "left",
-    ).join(
-        F.broadcast(dead) if broadcast_dead_letters else dead,
-        ["target_database", "durable", "message_id"],
-        "left",
+    joined = (
+        keyed.join(inbox.withColumnRenamed("database", "target_database"), on, "left")
+        .join(F.broadcast(dead) if broadcast_dead_letters else dead, on, "left")
+        .join(F.broadcast(held) if broadcast_parked else held, on, "left")
     )
     return _derive(joined, lost_before)
 
 
-def _derive(joined: DataFrame, lost_before: datetime) -> DataFrame:
-    subscribed = F.col("durable") != F.lit(NO_DURABLE)
-    published = F.col("published_at").isNotNull()
-    processed = F.coalesce(F.col("status") == F.lit("processed"), F.lit(False))
-    dead = (
-        F.col("dl_reason").isNotNull()
-        | F.col("dl_status").isNotNull()
-        | F.coalesce(F.col("status") == F.lit("failed"), F.lit(False))
+def _is(column: str, value: str) -> Column:
+    """``column = value``, false (never null) where the column is null."""
+    return F.coalesce(F.col(column) == F.lit(value), F.lit(False))
+
+
+def place_column(*, retried: Column, past_grace: Column) -> Column:
+    """:func:`shared.domain.whereabouts.place_of` as a column, ``in_stream=None``.
+
+    Null for events nobody subscribes to (no delivery is expected). The rules, first
+    match wins, in place_of's order; the stream rules fall away since nobody looked.
+    """
+    status = F.col("status")
+    received = status.isNotNull()
+    dead = F.coalesce(F.col("has_dead_letter"), F.lit(False)) | _is("status", "failed")
+    return (
+        F.when(F.col("durable") == F.lit(NO_DURABLE), F.lit(None).cast(StringType()))
+        .when(_is("status", "processed"), F.lit(Place.PROCESSED.value))
+        .when(dead, F.lit(Place.DEAD_LETTERED.value))
+        .when(F.col("parked_state").isNotNull(), F.lit(Place.PARKED.value))
+        .when(received & (retried | _is("status", "retrying")), F.lit(Place.RETRYING.value))
+        .when(received, F.lit(Place.IN_FLIGHT.value))
+        .when(F.col("published_at").isNull(), F.lit(Place.NOT_PUBLISHED.value))
+        .when(~past_grace, F.lit(Place.IN_FLIGHT.value))
+        .otherwise(F.lit(Place.LOST.value))
     )
+
+
+def _derive(joined: DataFrame, lost_before: datetime) -> DataFrame:
+    published = F.col("published_at").isNotNull()
+    processed = _is("status", "processed")
+    has_dead_letter = F.coalesce(F.col("has_dead_letter"), F.lit(False))
+    dead = has_dead_letter | _is("status", "failed")
     # Counting entries does not need a parse (from_json on every row would double the cost
     # of the facts); only reason_counts parses, and only the rows that had retries.
     n_entries = F.coalesce(F.json_array_length(F.col("retry_history")), F.lit(0))
     # The last entry of a dead-lettered row records the dead-lettering, not a retry.
     final_entry = F.when((F.col("status") == F.lit("failed")) & (n_entries > 0), 1).otherwise(0)
-    return joined.select(
+    retried = (n_entries > 0) | F.coalesce(F.col("attempts") > F.lit(1), F.lit(False))
+    past_grace = F.coalesce(F.col("published_at") <= F.lit(lost_before), F.lit(False))
+    # Processed after an operator's move: dead-lettered then replayed, or released from
+    # behind a held head. Its latency is the operator's, not the pipeline's.
+    waited = processed & (has_dead_letter | F.col("held_by").isNotNull())
+    place = F.col("place")
+    return joined.withColumn("place", place_column(retried=retried, past_grace=past_grace)).select(
         "window_start",
         *KEY_COLUMNS,
         "message_id",
@@ -183,6 +240,7 @@ def _derive(joined: DataFrame, lost_before: datetime) -> DataFrame:
         "received_at",
         "processed_at",
         "status",
+        "place",
         published.alias("is_published"),
         F.col("status").isNotNull().alias("is_received"),
         processed.alias("is_processed"),
@@ -195,18 +253,21 @@ def _derive(joined: DataFrame, lost_before: datetime) -> DataFrame:
         F.coalesce(
             F.col("dl_reason"), F.when(F.col("status") == F.lit("failed"), F.col("reason_code"))
         ).alias("dead_letter_reason"),
-        F.when(processed, _ms_between("processed_at", "occurred_at")).alias("latency_ms"),
+        waited.alias("is_waited"),
+        F.when(processed & ~waited, _ms_between("processed_at", "occurred_at")).alias("latency_ms"),
+        F.when(waited, _ms_between("processed_at", "occurred_at")).alias("waited_latency_ms"),
         F.when(
             published & F.col("received_at").isNotNull(), _ms_between("received_at", "published_at")
         ).alias("lag_ms"),
-        (
-            subscribed
-            & published
-            & (F.col("published_at") <= F.lit(lost_before))
-            & ~processed
-            & ~dead
-        ).alias("is_lost"),
+        _place_is(place, Place.LOST).alias("is_lost"),
+        _place_is(place, Place.PARKED).alias("is_parked"),
+        _place_is(place, Place.RETRYING).alias("is_retrying"),
+        _place_is(place, Place.IN_FLIGHT).alias("is_in_flight"),
     )
+
+
+def _place_is(place: Column, wanted: Place) -> Column:
+    return F.coalesce(place == F.lit(wanted.value), F.lit(False))
 
 
 def with_rollup(facts: DataFrame) -> DataFrame:
@@ -225,6 +286,10 @@ _COUNT_OF = {
     "is_dead": "dead_lettered",
     "is_409": "handler_409",
     "is_lost": "lost_candidates",
+    "is_parked": "parked",
+    "is_retrying": "retrying",
+    "is_in_flight": "in_flight",
+    "is_waited": "waited",
 }
 
 
@@ -232,6 +297,12 @@ def _percentiles(column: str, *, exact: bool) -> Column:
     if exact:
         return F.percentile(F.col(column), list(PERCENTILES))
     return F.percentile_approx(F.col(column), list(PERCENTILES), 10_000)
+
+
+def _percentile(column: str, q: float, *, exact: bool) -> Column:
+    if exact:
+        return F.percentile(F.col(column), q)
+    return F.percentile_approx(F.col(column), q, 10_000).cast("double")
 
 
 def _aggregations(*, exact: bool) -> list[Column]:
@@ -246,12 +317,16 @@ def _aggregations(*, exact: bool) -> list[Column]:
         F.sum("retries").cast(LongType()).alias("retries"),
         F.sum("attempts").cast(LongType()).alias("attempts"),
         _count("is_lost"),
+        _count("is_parked"),
+        _count("is_retrying"),
+        _count("is_in_flight"),
+        _count("is_waited"),
         _percentiles("latency_ms", exact=exact).alias("latency_q"),
         F.max("latency_ms").alias("latency_max_ms"),
-        F.percentile(F.col("lag_ms"), 0.5).alias("lag_p50_ms")
-        if exact
-        else F.percentile_approx(F.col("lag_ms"), 0.5, 10_000).cast("double").alias("lag_p50_ms"),
+        _percentile("lag_ms", 0.5, exact=exact).alias("lag_p50_ms"),
         F.max("lag_ms").alias("lag_max_ms"),
+        _percentile("waited_latency_ms", 0.99, exact=exact).alias("waited_latency_p99_ms"),
+        F.max("waited_latency_ms").alias("waited_latency_max_ms"),
     ]
 
 
@@ -266,6 +341,8 @@ def _flatten(aggregated: DataFrame, keys: list[str]) -> DataFrame:
         "latency_max_ms",
         F.col("lag_p50_ms").cast("double").alias("lag_p50_ms"),
         "lag_max_ms",
+        F.col("waited_latency_p99_ms").cast("double").alias("waited_latency_p99_ms"),
+        "waited_latency_max_ms",
     )
 
 
@@ -323,21 +400,23 @@ def reason_counts(facts: DataFrame) -> DataFrame:
 
 
 def latency_histogram(facts: DataFrame) -> DataFrame:
-    """Processed deliveries per (context, durable, bin).
+    """The pipeline's own processed deliveries (not those that waited for an operator)
+    per (context, durable, bin).
 
     Bin b covers [10^(b/10), 10^((b+1)/10)) ms; everything outside the range is clipped in.
     """
     raw = F.floor(F.log10(F.greatest(F.col("latency_ms"), F.lit(1e-9))) * HIST_BINS_PER_DECADE)
     binned = F.least(F.greatest(raw, F.lit(HIST_MIN_BIN)), F.lit(HIST_MAX_BIN)).cast("int")
     return (
-        facts.where(F.col("is_processed"))
+        facts.where(F.col("is_processed") & ~F.col("is_waited"))
         .groupBy("context", "durable", binned.alias("bin"))
         .agg(F.count(F.lit(1)).cast(LongType()).alias("count"))
     )
 
 
 def lost_list(facts: DataFrame, limit: int) -> DataFrame:
-    """The first ``limit`` lost candidates, oldest publication first."""
+    """The first ``limit`` lost deliveries (place ``lost`` only: nothing parked, retrying or
+    in flight), oldest publication first."""
     return (
         facts.where(F.col("is_lost"))
         .select(

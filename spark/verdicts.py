@@ -3,11 +3,13 @@
 PRD-022 targets, per row (a window row, or a run total):
 
 ==============  =============================================  =====================
-``lost``        lost candidates                                 must be 0 (always checked)
+``lost``        lost deliveries (place ``lost``: never a        must be 0 (always checked)
+                parked, retrying or in-flight one)
 ``delivery``    delivery rate                                   >= 99.99 %
 ``duplicates``  duplicate-processing rate                       <= 0 %
 ``dlq``         dead-letter rate                                < 0.1 %
-``latency``     end-to-end latency p99                          < 500 ms
+``latency``     end-to-end latency p99, the pipeline's own      < 500 ms
+                (events that waited for an operator apart)
 ==============  =============================================  =====================
 
 Rows with fewer events than ``min_events`` get no rate verdicts; rows of events nobody

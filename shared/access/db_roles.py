@@ -28,7 +28,8 @@ dlq-router-{topology}       each target database: the rows of its topology's dur
 dlq-replayer-{topology}     the same rows: read and update (it never inserts an inbox row
                             or a dead letter), ``dead_letter_actions`` (insert)
 kpi-spark-job-{topology}    every database of the topology: read ``outbox_events``, its
-                            durables' ``inbox_messages``/``dead_letters``; write its own
+                            durables' ``inbox_messages``/``dead_letters`` (and the
+                            ``ordering: key`` ones' ``parked_messages``); write its own
                             ``kpi_*`` result tables
 retention-{topology}        ``ferry purge``: read and DELETE ``outbox_events`` in its
                             contexts' databases and its durables' ``inbox_messages``
@@ -220,12 +221,16 @@ def role_access(identity: Identity, topology: Topology) -> list[RoleAccess]:
         return _console_access(identity, topology, by_db)
     # kpi-spark-job: read the sources, write its results, in every database.
     out = []
+    ordered = {name for name, spec in topology.durables.items() if spec.ordering == "key"}
     for database in topology.databases():
         rows = tuple(by_db.get(database, []))
+        # The ordered durables' parked events: parked, never lost (shared.domain.whereabouts).
+        keyed = tuple(name for name in rows if name in ordered)
         tables = (
             TableAccess("outbox_events", ("SELECT",)),
             TableAccess("inbox_messages", ("SELECT",), rows),
             TableAccess("dead_letters", ("SELECT",), rows),
+            *((TableAccess("parked_messages", ("SELECT",), keyed),) if keyed else ()),
             *(TableAccess(t, ("SELECT", "INSERT", "UPDATE", "DELETE")) for t in KPI_TABLES),
         )
         out.append(RoleAccess(identity, database, tables))

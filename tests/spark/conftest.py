@@ -134,12 +134,18 @@ class KpiWorld:
         asyncio.run(go())
 
 
-def make_world(tmp_path: Path, pg: PostgresServer, *, only_model_published: bool) -> KpiWorld:
-    """Fresh, migrated databases for the sea-vibespro topology."""
+def make_world(
+    tmp_path: Path, pg: PostgresServer, *, only_model_published: bool, keyed: bool = False
+) -> KpiWorld:
+    """Fresh, migrated databases for the sea-vibespro topology (``keyed``: vibespro__from_sea
+    declared ``ordering: key`` with ``on_dead_letter: hold``, so it parks, and the job reads
+    its parked messages)."""
     doc = sea_vibespro_doc("k" + uuid.uuid4().hex[:10])
     if only_model_published:
         # vibespro subscribes to model_published only, so other SEA events have no durable.
         doc["durables"]["vibespro__from_sea"]["filter_subjects"] = ["sea.event.model_published.>"]
+    if keyed:
+        doc["durables"]["vibespro__from_sea"].update(ordering="key", on_dead_letter="hold")
     world = KpiWorld(tmp_path, pg, doc)
 
     async def migrate() -> None:

@@ -24,7 +24,36 @@ import numpy as np
 from shared.adapters.producer import record_event
 from tests.spark.conftest import KpiWorld
 
-Kind = Literal["processed", "dead", "unreceived", "stuck", "unpublished"]
+#: processed     processed at once (the pipeline's own latency)
+#: dead          dead-lettered (its dead letter held)
+#: unreceived    published, and no record of it anywhere: lost
+#: stuck         received, a delivery failed, not final: retrying (not lost)
+#: inflight      received, being handled, nothing failed yet: in flight (not lost)
+#: parked        received and parked behind its key's held head (ordering: key): parked
+#: held          the held head itself: dead-lettered, its dead letter and parked row held
+#: waited        processed after waiting behind a held head (inbox held_by set)
+#: replayed      dead-lettered, replayed, then processed (its dead letter replayed)
+#: unpublished   still in the outbox
+Kind = Literal[
+    "processed", "dead", "unreceived", "stuck", "inflight", "parked", "held", "waited",
+    "replayed", "unpublished",
+]  # fmt: skip
+#: Kinds with an inbox row, processed ones, dead-lettered ones, and those whose latency
+#: is an operator's (waited for one), not the pipeline's own.
+RECEIVED = ("processed", "dead", "stuck", "inflight", "parked", "held", "waited", "replayed")
+PROCESSED = ("processed", "waited", "replayed")
+DEAD = ("dead", "held", "replayed")
+WAITED = ("waited", "replayed")
+#: The place a kind is counted in besides processed and dead-lettered (lost: if subscribed).
+PLACE_COLUMN = {"unreceived": "lost_candidates", "parked": "parked", "stuck": "retrying",
+                "inflight": "in_flight"}  # fmt: skip
+#: Inbox status of each received kind.
+INBOX_STATUS = {
+    "processed": "processed", "waited": "processed", "replayed": "processed", "dead": "failed",
+    "held": "failed", "stuck": "retrying", "inflight": "processing", "parked": "received",
+}  # fmt: skip
+#: The id of the held head the "waited" events waited behind.
+HELD_HEAD = uuid.UUID(int=42)
 #: Who receives what in the test topology (vibespro takes model_published only).
 DURABLE_OF = {
     ("sea", "model_published"): "vibespro__from_sea",
@@ -53,6 +82,11 @@ class Fate:
         if self.lag_ms is not None:
             return self.lag_ms
         return self.latency_ms / 4 if self.latency_ms is not None else 10.0
+
+    def attempts(self) -> int:
+        """Deliveries the inbox row counts (a parked event was never handed over)."""
+        extra = {"stuck": 0, "parked": 0, "inflight": 1 - len(self.retries)}
+        return len(self.retries) + extra.get(self.kind, 1)
 
 
 @dataclass
@@ -84,7 +118,8 @@ def processed(latency: float, **kw: Any) -> Fate:
 
 
 def standard_events() -> list[Ev]:
-    """The main dataset: every fate, an empty window, a p99 breach, a lost event."""
+    """The main dataset: the fates of an ``ordering: none`` durable, an empty window, a p99
+    breach, a lost event."""
     latencies = [12.5, 20, 31, 44, 47, 58, 60, 75, 81, 99, 110, 130, 150, 170, 199, 420]
     events = []
     for i, latency in enumerate(latencies):
@@ -121,6 +156,27 @@ def standard_events() -> list[Ev]:
     return events
 
 
+def operator_events() -> list[Ev]:
+    """An ``ordering: key`` durable under ``on_dead_letter: hold`` (issue 42): a held head
+    with events parked behind it, events processed after waiting for an operator, one
+    retrying, one in flight, and one truly lost; the rest clean and fast."""
+    published = ("sea", "model_published", 1)
+    events = clean_events(window=0, count=6)
+    events += [
+        Ev(0, 100, *published, Fate("held", retries=("HTTP_503",), dead_reason="HANDLER_REJECTED")),
+        *(Ev(0, 101 + i, *published, Fate("parked")) for i in range(5)),
+        Ev(0, 200, *published, Fate("waited", latency_ms=90_000.0)),
+        Ev(0, 201, *published, Fate("waited", latency_ms=60_000.0)),
+        Ev(0, 202, *published, Fate("replayed", latency_ms=150_000.0, retries=("HTTP_500",),
+                                    dead_reason="HANDLER_REJECTED")),
+        Ev(0, 300, *published, Fate("stuck", retries=("HTTP_503", "HTTP_503"))),
+        Ev(0, 301, *published, Fate("inflight")),
+        Ev(0, 400, *published, Fate("unreceived")),
+        Ev(0, 500, "vibespro", "vibe_created", 1, processed(8)),
+    ]  # fmt: skip
+    return events
+
+
 def clean_events(window: int = 0, count: int = 10) -> list[Ev]:
     """Events that all went well (fast, processed once)."""
     return [Ev(window, 5 + i, "sea", "model_published", 1, processed(10 + i)) for i in range(count)]
@@ -137,8 +193,14 @@ def _entry(attempt: int, at: datetime, reason: str, status: int | None) -> dict[
 _INBOX = """
 INSERT INTO inbox_messages (message_id, durable, subject, received_at, processed_at, attempts,
   last_error, status, event_type, event_version, occurred_at, stream_seq, handler_status,
-  reason_code, duplicates, retry_history, dlq_metadata)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16::jsonb, $17::jsonb)
+  reason_code, duplicates, retry_history, dlq_metadata, held_by)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16::jsonb, $17::jsonb,
+  $18)
+"""
+_PARKED = """
+INSERT INTO parked_messages (durable, ordering_key, stream_seq, message_id, delivered_seq,
+  subject, data, state, reason)
+VALUES ($1, 'key-1', $2, $3, $2, $4, '\\x7b7d'::bytea, $5, $6)
 """
 _DEAD_LETTER = """
 INSERT INTO dead_letters (durable, message_id, stream, stream_seq, original_subject, event_type,
@@ -154,22 +216,26 @@ def _inbox_args(ev: Ev, occurred: datetime, seq: int) -> tuple[Any, ...]:
     received = published + timedelta(milliseconds=f.lag())
     history = [_entry(n + 1, received + timedelta(seconds=n), r, 503)
                for n, r in enumerate(f.retries)]  # fmt: skip
-    attempts = len(f.retries) + (0 if f.kind == "stuck" else 1)
-    processed_at, status, handler, reason = None, "retrying", 503, (f.retries or (None,))[-1]
+    attempts = f.attempts()
+    status = INBOX_STATUS[f.kind]
+    processed_at, handler, reason = None, 503, (f.retries or (None,))[-1]
     dlq: dict[str, Any] | None = None
-    if f.kind == "processed":
+    if status == "processed":
         assert f.latency_ms is not None
         processed_at = occurred + timedelta(milliseconds=f.latency_ms)
-        status, handler = "processed", f.handler_status
-    elif f.kind == "dead":
-        status, handler, reason = "failed", 422, f.dead_reason
+        handler = f.handler_status
+    elif status == "failed":
+        handler, reason = 422, f.dead_reason
         history.append(_entry(attempts, received + timedelta(seconds=attempts), str(reason), 422))
         dlq = {"reason": reason, "replay_attempts": 0}
+    elif f.kind in ("inflight", "parked"):
+        handler, reason = None, None
     return (
         ev.id, ev.durable, ev.subject, received, processed_at, attempts,
-        None if status == "processed" else "failed", status, ev.event_type, ev.version,
-        occurred, seq, handler, reason, f.duplicates, json.dumps(history),
-        None if dlq is None else json.dumps(dlq),
+        None if status in ("processed", "processing", "received") else "failed", status,
+        ev.event_type, ev.version, occurred, seq, handler, reason, f.duplicates,
+        json.dumps(history), None if dlq is None else json.dumps(dlq),
+        HELD_HEAD if f.kind == "waited" else None,
     )  # fmt: skip
 
 
@@ -215,19 +281,26 @@ async def _write(world: KpiWorld, events: list[Ev], base: datetime, window_secon
             )
         seqs: dict[str, int] = defaultdict(int)
         for ev in events:
-            if ev.durable == "-" or ev.fate.kind in ("unreceived", "unpublished"):
+            if ev.durable == "-" or ev.fate.kind not in RECEIVED:
                 continue
             seqs[ev.durable] += 1
             target = conns[TARGET_OF[ev.durable]]
             occurred = ev.occurred(base, window_seconds)
             await target.execute(_INBOX, *_inbox_args(ev, occurred, seqs[ev.durable]))
-            if ev.fate.kind == "dead":
+            if ev.fate.kind in DEAD:
                 at = occurred + timedelta(seconds=30)
+                status = "replayed" if ev.fate.kind == "replayed" else "held"
                 await target.execute(
                     _DEAD_LETTER, ev.durable, ev.id, f"{ev.context.upper()}_EVENTS",
                     seqs[ev.durable], ev.subject, ev.event_type, ev.version, ev.fate.dead_reason,
                     "handler said no", len(ev.fate.retries) + 1, json.dumps({"reason": "x"}),
-                    f"{TARGET_OF[ev.durable]}.dlq.{ev.durable}", "consumer", at, "held",
+                    f"{TARGET_OF[ev.durable]}.dlq.{ev.durable}", "consumer", at, status,
+                )  # fmt: skip
+            if ev.fate.kind in ("parked", "held"):
+                state = "held" if ev.fate.kind == "held" else "queued"
+                await target.execute(
+                    _PARKED, ev.durable, seqs[ev.durable], ev.id, ev.subject, state,
+                    ev.fate.dead_reason,
                 )  # fmt: skip
     finally:
         for conn in conns.values():
@@ -248,28 +321,39 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def _expect_group(evs: list[Ev]) -> dict[str, Any]:
     kinds = [e.fate.kind for e in evs]
-    done = [e for e in evs if e.fate.kind == "processed"]
-    latencies = [float(e.fate.latency_ms) for e in done if e.fate.latency_ms is not None]
-    received = [e for e in evs if e.fate.kind in ("processed", "dead", "stuck")]
+    done = [e for e in evs if e.fate.kind in PROCESSED]
+    own = [float(e.fate.latency_ms) for e in done
+           if e.fate.kind not in WAITED and e.fate.latency_ms is not None]  # fmt: skip
+    waited = [float(e.fate.latency_ms) for e in done
+              if e.fate.kind in WAITED and e.fate.latency_ms is not None]  # fmt: skip
+    received = [e for e in evs if e.fate.kind in RECEIVED]
     lags = [e.fate.lag() for e in received]
     subscribed = all(e.durable != "-" for e in evs)
+    places = dict.fromkeys(PLACE_COLUMN.values(), 0)
+    if subscribed:
+        for kind in kinds:
+            if kind in PLACE_COLUMN:
+                places[PLACE_COLUMN[kind]] += 1
     return {
         "produced": len(evs),
         "published": sum(k != "unpublished" for k in kinds),
         "received": len(received),
         "processed": len(done),
-        "dead_lettered": kinds.count("dead"),
+        "dead_lettered": sum(k in DEAD for k in kinds),
         "handler_409": sum(e.fate.handler_status == 409 for e in done),
         "duplicate_deliveries": sum(e.fate.duplicates for e in evs),
         "retries": sum(len(e.fate.retries) for e in received),
-        "attempts": sum(len(e.fate.retries) + (e.fate.kind != "stuck") for e in received),
-        "lost_candidates": sum(k in ("unreceived", "stuck") for k in kinds) if subscribed else 0,
-        "latency_p50_ms": _percentile(latencies, 0.5),
-        "latency_p95_ms": _percentile(latencies, 0.95),
-        "latency_p99_ms": _percentile(latencies, 0.99),
-        "latency_max_ms": max(latencies) if latencies else None,
+        "attempts": sum(e.fate.attempts() for e in received),
+        **places,
+        "waited": len(waited),
+        "latency_p50_ms": _percentile(own, 0.5),
+        "latency_p95_ms": _percentile(own, 0.95),
+        "latency_p99_ms": _percentile(own, 0.99),
+        "latency_max_ms": max(own) if own else None,
         "lag_p50_ms": _percentile(lags, 0.5),
         "lag_max_ms": max(lags) if lags else None,
+        "waited_latency_p99_ms": _percentile(waited, 0.99),
+        "waited_latency_max_ms": max(waited) if waited else None,
     }
 
 
