@@ -218,18 +218,26 @@ async def drive(demo: Demo, *, rate: float, seconds: float, settle: float, seed:
             print(_line(now - start, demo.produced, await demo.counts()), end="", flush=True)
             next_report = now + 1.0
         await asyncio.sleep(0.01)
+    produced_until = time.monotonic()
     # What the platform does by itself: deliveries, retries, automatic replays.
     await wait_until(demo, start, settle, lambda r: r.unsettled == 0)
     print(_line(time.monotonic() - start, demo.produced, await demo.counts()))
-    await dead_letter_act(demo, settle)
-    # The operator watches until every parked key went on: a poison head replayed after the
-    # fix fails and is held again, and is discarded then.
-    done = await wait_until(
-        demo, start, settle, lambda r: r.unsettled == 0 and not r.parked, operator=True
-    )
+    # The operator, after the fix (the last rejected event's REJECT_FOR is over): replays
+    # what waits for them, discards the poison heads that hold an ordered key, and watches
+    # until every key went on and every event the fix mended was processed (automatic
+    # replays included). A replay before the fix would fail and pass for poison.
+    fixed_at = produced_until + REJECT_FOR + 0.5
+    await asyncio.sleep(max(0.0, fixed_at - time.monotonic()))
+    await operator_round(demo)
+    await demo_dlq.settle(demo.topologies, demo.pools, seconds=settle)
+    done = await wait_until(demo, start, settle, _finished, operator=True)
     code = summary(demo.produced, await demo.counts(), done)
     demo_dlq.print_table(await demo_dlq.tally(demo.topologies, demo.pools, demo.since))
     return code
+
+
+def _finished(r: Reckoning) -> bool:
+    return r.unsettled == 0 and not r.parked and not r.mendable
 
 
 async def wait_until(
@@ -241,12 +249,12 @@ async def wait_until(
     operator: bool = False,
 ) -> Reckoning:
     """Reckon every second until ``settled`` (or ``seconds`` pass); the last reckoning.
-    ``operator``: discard, each round, what holds an ordered key (:func:`discard_heads`)."""
+    ``operator``: play an :func:`operator_round` each time round."""
     deadline = time.monotonic() + seconds
     reckoning = await demo.reckoning()
     while not settled(reckoning) and time.monotonic() < deadline:
-        if operator and reckoning.parked:
-            await discard_heads(demo)
+        if operator:
+            await operator_round(demo)
         print(
             _line(time.monotonic() - start, demo.produced, await demo.counts())
             + f" parked {reckoning.parked:4} in flight {reckoning.unsettled:4}",
@@ -258,28 +266,27 @@ async def wait_until(
     return reckoning
 
 
-async def dead_letter_act(demo: Demo, seconds: float) -> None:
-    """The operator's act, after the handler bug's fix: automatic replays (sea-vibespro)
-    settle; mediation's held rejects are replayed once; the heads that fail again (poison)
-    or can never pass (bad schema) and still hold an ordered lane's key are discarded, so
-    the events behind them go on."""
-    mediation = [t for t in demo.topologies if t.name == "mediation"]
-    if demo.nats_url and mediation:
-        replayed = await demo_dlq.operator_replay(
-            demo.nats_url, mediation[0], demo.pools, demo.nats_auth
-        )
-        print(f"\noperator (ferry dlq replay) replayed {replayed} held mediation dead letter(s)")
-    await demo_dlq.settle(demo.topologies, demo.pools, seconds=seconds)
-    await discard_heads(demo)
-
-
-async def discard_heads(demo: Demo) -> None:
-    """Discard the dead letters that still hold an ordered key after the fix and their
-    replay (poison, bad schema), as an operator would: their keys' events go on."""
+async def operator_round(demo: Demo) -> None:
+    """What an operator does after the handler bug's fix, as often as needed: replay once
+    each held reject of an operator-replay topology (mediation) that was not replayed yet;
+    discard each dead letter that still holds an ordered lane's key once its replay failed
+    too (poison) or it can never pass (bad schema), so the events behind it go on."""
+    if demo.nats_url:
+        for topology in demo.topologies:
+            if not any(d.replay == "operator" for d in topology.durables.values()):
+                continue
+            replayed = await demo_dlq.operator_replay(
+                demo.nats_url, topology, demo.pools, demo.nats_auth
+            )
+            if replayed:
+                print(
+                    f"\noperator (ferry dlq replay) replayed {replayed} held {topology.name} "
+                    "dead letter(s): the handler bug is fixed"
+                )
     for durable, message_id in await demo_dlq.discard_holding_heads(demo.topologies, demo.pools):
         print(
             f"\noperator (ferry dlq discard) discarded {durable} {message_id}: it still held "
-            "its key after the fix; the events behind it go on"
+            "its key after the fix and its replay; the events behind it go on"
         )
 
 

@@ -25,11 +25,13 @@ from shared.ops.dlq_change import change_status
 
 ACTOR = "demo-operator"
 # Dead letters that hold their key (on_dead_letter: hold) and wait for an operator still:
-# what `ferry parked list` shows as held heads.
+# what `ferry parked list` shows as held heads; a handler's reject only once its replay
+# after the fix failed too (poison), anything else (bad schema) at once.
 _HOLDING = """
 SELECT d.durable, d.message_id, d.reason_code
 FROM dead_letters d JOIN parked_messages p USING (durable, message_id)
 WHERE d.durable = ANY($1::text[]) AND p.state = 'held' AND d.status IN ('dead', 'held', 'parked')
+  AND (d.reason_code <> 'HANDLER_REJECTED' OR d.replay_attempts > 0 OR d.generation > 1)
 ORDER BY d.durable, p.stream_seq
 """
 
@@ -47,31 +49,37 @@ async def operator_replay(
     pools: dict[str, asyncpg.Pool],
     auth: NatsAuth | None = None,
 ) -> int:
-    """Replay every held, handler-rejected dead letter of ``topology`` once; how many."""
+    """Replay once every held, handler-rejected dead letter of ``topology`` that was never
+    replayed (the bug is fixed now; one that fails again is poison); how many."""
+    due: list[tuple[str, dict[str, Any]]] = []
+    for database, durables in _databases(topology).items():
+        async with pools[database].acquire() as conn:
+            rows = await store.find(
+                conn,
+                store.Query(durables=durables, statuses=["held"], reasons=["HANDLER_REJECTED"]),
+            )
+        due += [(database, r) for r in rows if r["replay_attempts"] == 0 and r["generation"] == 1]
+    if not due:
+        return 0
     nc = await connect_nats([nats_url], name="demo-operator", auth=auth, give_up_after=10)
     replayed = 0
     try:
-        for database, durables in _databases(topology).items():
+        for database, row in due:
             async with pools[database].acquire() as conn:
-                rows = await store.find(
-                    conn,
-                    store.Query(durables=durables, statuses=["held"], reasons=["HANDLER_REJECTED"]),
-                )
-                for row in rows:
-                    try:
-                        await store.replay(
-                            conn,
-                            nc.jetstream(),
-                            durable=row["durable"],
-                            message_id=row["message_id"],
-                            actor=ACTOR,
-                            reason="demo: the handler bug was fixed",
-                            automatic=False,
-                            topology=topology,
-                        )
-                    except store.NotReplayable:
-                        continue
-                    replayed += 1
+                try:
+                    await store.replay(
+                        conn,
+                        nc.jetstream(),
+                        durable=row["durable"],
+                        message_id=row["message_id"],
+                        actor=ACTOR,
+                        reason="demo: the handler bug was fixed",
+                        automatic=False,
+                        topology=topology,
+                    )
+                except store.NotReplayable:
+                    continue
+            replayed += 1
     finally:
         await nc.close()
     return replayed

@@ -22,6 +22,8 @@ from shared.domain.whereabouts import DEAD_LETTER_MEANING, PLACES, Place, Trail,
 
 #: Seconds after publication within which an event nothing accounts for is still in flight.
 GRACE = 10.0
+#: Dead-letter statuses a replay can still end in processing.
+MENDABLE = frozenset({"dead", "replaying", "held"})
 
 _OUTBOX = "SELECT id, occurred_at, published_at FROM outbox_events WHERE occurred_at >= $1"
 _INBOX = """
@@ -53,6 +55,9 @@ class Reckoning:
     #: Dead-lettered deliveries by (reason, dead-letter status, injected on purpose).
     dead: Counter[tuple[str, str, bool]] = field(default_factory=Counter)
     behind_held: int = 0
+    #: Dead letters of events the demo did not make fail for good (rejected until the fix)
+    #: that a replay will still mend: waiting for an automatic replay, replaying, or held.
+    mendable: int = 0
     #: Milliseconds from occurred_at to processed_at: the pipeline's own, and the events
     #: that waited for an operator (replayed, or parked behind a held head).
     own_ms: list[float] = field(default_factory=list)
@@ -128,6 +133,8 @@ def _place_one(
         reason = "UNKNOWN" if dl is None else dl["reason_code"]
         status = "failed" if dl is None else dl["status"]
         out.dead[(reason, status, mid in injected)] += 1
+        if mid not in injected and status in MENDABLE:
+            out.mendable += 1
     elif place is Place.PARKED and park is not None and park["held_head"] is not None:
         out.behind_held += 1
     elif place is Place.LOST:
