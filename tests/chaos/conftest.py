@@ -18,13 +18,16 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from toxiproxy import Toxiproxy
 from toxiproxy.proxy import Proxy
 
+from chaos.engine.config import RunConfig
+from chaos.engine.scenario_result import ScenarioResult
 from chaos.launcher import CHOICE_ENV, running_toxiproxy
+from chaos.registry import run_scenario
 from chaos.toxiproxy_server import serve_in_thread
 
 #: Every socket operation in these tests gives up after this many seconds.
@@ -189,20 +192,27 @@ def recv_until_closed(sock: socket.socket) -> tuple[bytes, int]:
         parts.append(data)
 
 
+ResultT = TypeVar("ResultT")
+
+
+async def run_as(config: RunConfig, name: str | None, kind: type[ResultT]) -> ResultT:
+    """Run scenario ``name`` (None: the ordinary run) at CI size through the registry, as the
+    command does (its files written); its result, of the type ``kind`` it must be."""
+    result = await run_scenario(config, name, "ci")
+    assert isinstance(result, kind), result
+    return result
+
+
 async def told_scenario(run_dir: Path, name: str, seed: int) -> tuple[Any, dict[str, Any], str]:
     """Run chaos scenario ``name`` at CI size in ``run_dir``: (its ScenarioResult, its table
     as written to ``scenario.json``, the story a failed assertion prints: the seed and how
     to run it again, the table, the progress lines)."""
-    from chaos.run import RunConfig
-    from chaos.scenario_report import render_table
-    from chaos.scenarios import run_scenario
-
     progress: list[str] = []
     config = RunConfig(seed=seed, run_dir=run_dir, echo=progress.append)
-    result = await run_scenario(config, name, "ci")
+    result = await run_as(config, name, ScenarioResult)
     story = (
         f"\nseed {seed} (re-run: python -m chaos.run --scenario {name} --seed {seed})\n\n"
-        + render_table(result)
+        + result.render()
         + "\n\nProgress\n"
         + "\n".join(progress)
     )

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from chaos.run import RunConfig, render_timeline, run_chaos
+from chaos.engine.config import RunConfig
+from chaos.scenarios.fault_schedule.result import RunResult, render_timeline
+from tests.chaos.conftest import run_as
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +30,7 @@ SEED = int(os.environ.get("FERRY_CHAOS_SEED", "20261121"))
 async def test_ci_schedule_loses_nothing_and_applies_nothing_twice(tmp_path: Path) -> None:
     progress: list[str] = []
     config = RunConfig(schedule="ci", seed=SEED, run_dir=tmp_path / "run", echo=progress.append)
-    result = await run_chaos(config)
+    result = await run_as(config, None, RunResult)
     story = (
         f"\nseed {SEED} (re-run: FERRY_CHAOS_SEED={SEED}, or python -m chaos.run --seed {SEED})"
         f"\n\n{result.summary}\n\nFault timeline\n{render_timeline(result.timeline)}"

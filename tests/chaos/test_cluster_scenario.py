@@ -1,6 +1,6 @@
 """The cluster scenario (issue 28) at CI size: the pipeline on a 3-node JetStream cluster.
 
-The run (:mod:`chaos.scenario_cluster`, plan ``cluster-ci``): streams at 3 replicas on three
+The run (:mod:`chaos.scenarios.cluster.run`, plan ``cluster-ci``): streams at 3 replicas on three
 nats-server nodes whose routes go through proxies, every role on the seed list, the
 workload of the ordinary run; meanwhile the node leading SEA_EVENTS is SIGKILLed and
 restarted on its store, then the (new) leader is cut from the other two nodes, both
@@ -19,15 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from chaos.run import CLUSTER_CHOICES, RunConfig
-from chaos.scenario_cluster import (
-    CLUSTER_SCENARIOS,
-    SIZES,
-    ClusterSize,
-    cluster_plan,
-    render_cluster_table,
-    run_cluster_scenario,
-)
+from chaos.engine.config import RunConfig
+from chaos.registry import SCENARIOS
+from chaos.scenarios.cluster.plan import CLUSTER_SCENARIOS, SIZES, ClusterSize, cluster_plan
+from chaos.scenarios.cluster.result import ClusterResult
+from tests.chaos.conftest import run_as
 
 SEED = int(os.environ.get("FERRY_CHAOS_SEED", "20261126"))
 
@@ -51,10 +47,10 @@ async def test_leader_kill_and_partition_lose_no_acknowledged_publish(tmp_path: 
     config = RunConfig(
         seed=SEED, run_dir=tmp_path / "run", seconds=40.0, events=300, echo=progress.append
     )
-    result = await run_cluster_scenario(config, "cluster-ci", "ci")
+    result = await run_as(config, "cluster-ci", ClusterResult)
     story = (
         f"\nseed {SEED} (re-run: python -m chaos.run --scenario cluster-ci --seed {SEED})\n\n"
-        + render_cluster_table(result)
+        + result.render()
         + "\n\nProgress\n"
         + "\n".join(progress)
     )
@@ -80,4 +76,4 @@ async def test_leader_kill_and_partition_lose_no_acknowledged_publish(tmp_path: 
 
 
 def test_chaos_run_offers_every_cluster_scenario() -> None:
-    assert set(CLUSTER_CHOICES) == set(CLUSTER_SCENARIOS)
+    assert set(CLUSTER_SCENARIOS) <= set(SCENARIOS)

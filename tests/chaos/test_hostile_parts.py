@@ -18,10 +18,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from chaos.hostile_handler import Decider, make_app, read_log
-from chaos.hostile_payloads import LIMITS, WIDE_CHARS, catalogue, size_cases, train
-from chaos.roles import Exit, Role
-from chaos.scenario_faults import exit_causes
+from chaos.engine.roles import Exit, Role, exit_causes
+from chaos.scenarios.hostile_handler.front import Decider, make_app, read_log
+from chaos.scenarios.hostile_payloads.cases import LIMITS, WIDE_CHARS, catalogue, size_cases, train
 from shared.domain.batch_call import (
     BATCH_HEADER,
     batch_answer_document,

@@ -1,6 +1,6 @@
 """The ordering chaos scenario (issue 23) at CI size, and the parts its verdict rests on.
 
-The run (:mod:`chaos.scenario_ordering`): two ``ordering: key`` durables (one ``hold``, one
+The run (:mod:`chaos.scenarios.ordering.play`): two ``ordering: key`` durables (one ``hold``, one
 ``skip``) on partitioned streams, consumer replicas grown from 2 to 3 and shrunk to 1
 amid SIGKILLs of consumers and publishers and a NATS restart, transient failures, dead
 letters, the operator's replays and discards. Then, per key, the effects the handler
@@ -21,15 +21,15 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chaos.ordering_accounting import inversions
-from chaos.ordering_workload import CLASSES, ordering_key_of, plan_ordered
-from chaos.run import RunConfig
-from chaos.scenario_ordering import HOLD, PARTITIONS, SKIP, ordering_tuning
-from chaos.scenario_report import render_table
-from chaos.scenarios import run_scenario
-from chaos.world import chaos_topology_doc
+from chaos.engine.config import RunConfig
+from chaos.engine.scenario_result import ScenarioResult
+from chaos.engine.tuning import chaos_topology_doc
+from chaos.scenarios.ordering.accounting import inversions
+from chaos.scenarios.ordering.play import HOLD, PARTITIONS, SKIP, ordering_tuning
+from chaos.scenarios.ordering.workload import CLASSES, ordering_key_of, plan_ordered
 from shared.contracts.lint import require_clean_topology
 from shared.contracts.loading import load_topology
+from tests.chaos.conftest import run_as
 
 SEED = int(os.environ.get("FERRY_CHAOS_SEED", "20261126"))
 
@@ -82,10 +82,10 @@ async def test_per_key_order_holds_through_kills_restarts_scaling_and_dead_lette
 ) -> None:
     progress: list[str] = []
     config = RunConfig(seed=SEED, run_dir=tmp_path / "run", echo=progress.append)
-    result = await run_scenario(config, "ordering", "ci")
+    result = await run_as(config, "ordering", ScenarioResult)
     story = (
         f"\nseed {SEED} (re-run: python -m chaos.run --scenario ordering --seed {SEED})\n\n"
-        + render_table(result)
+        + result.render()
         + "\n\nProgress\n"
         + "\n".join(progress)
     )

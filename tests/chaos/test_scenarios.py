@@ -1,6 +1,6 @@
 """The three ISSUE 22 scenarios at CI size: real servers, every role as a process.
 
-Each runs its world (:mod:`chaos.scenarios`), then counts every committed event against
+Each runs its world (:mod:`chaos.engine.scenario`), then counts every committed event against
 the intent ledger and the handlers' effects ledger. The invariants, for all three:
 every committed event processed, dead-lettered with a reason code or set aside by the
 publisher (and its aggregate's later rows held behind it) — none stuck, none lost;
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos.hostile_handler import RETRY_AFTER_KINDS, STATUSES
-from chaos.run import RunConfig
-from chaos.scenario_report import ScenarioResult, render_table
-from chaos.scenarios import run_scenario
+from chaos.engine.config import RunConfig
+from chaos.engine.scenario_result import ScenarioResult
+from chaos.scenarios.hostile_handler.front import RETRY_AFTER_KINDS, STATUSES
+from tests.chaos.conftest import run_as
 
 pytestmark = pytest.mark.integration
 
@@ -32,10 +32,10 @@ SEED = int(os.environ.get("FERRY_CHAOS_SEED", "20261125"))
 async def _run(tmp_path: Path, scenario: str) -> tuple[ScenarioResult, str]:
     progress: list[str] = []
     config = RunConfig(seed=SEED, run_dir=tmp_path / "run", echo=progress.append)
-    result = await run_scenario(config, scenario, "ci")
+    result = await run_as(config, scenario, ScenarioResult)
     story = (
         f"\nseed {SEED} (re-run: python -m chaos.run --scenario {scenario} --seed {SEED})\n\n"
-        + render_table(result)
+        + result.render()
         + "\n\nProgress\n"
         + "\n".join(progress)
     )

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from chaos.accounting import explained
-from chaos.faults import FaultRecord
-from chaos.schedule import (
+from chaos.engine.accounting import explained
+from chaos.engine.faults import FaultRecord
+from chaos.engine.schedule import (
     FAULT_KINDS,
     FaultSpecError,
     Targets,
