@@ -37,12 +37,11 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from services.inbox_consumer.deciding import Decider, refused
+from services.inbox_consumer.deciding import Decider, Unexpected, refused
 from services.inbox_consumer.delivery import CONSUMER_ERROR, Delivery
-from services.inbox_consumer.dispatch import BatchOutcome
 from shared.domain.ack import DeadLetter, Decision, HandlerFailure, HandlerResponse, decide
 from shared.domain.batch_call import (
     MALFORMED_KIND,
@@ -51,6 +50,7 @@ from shared.domain.batch_call import (
     batch_document,
     batch_headers,
 )
+from shared.domain.ports import BatchOutcome
 from shared.waits import sleep_unless
 
 log = logging.getLogger("ferry.inbox_consumer")
@@ -84,10 +84,6 @@ def split_calls(sizes: Sequence[int], count: int, budget: int) -> list[list[int]
 def event_bytes(delivery: Delivery) -> int:
     """What ``delivery`` is counted in a call's budget."""
     return len(delivery.msg.data) + EVENT_OVERHEAD
-
-
-#: Reports an unexpected exception for a delivery (the consumer logs and counts it).
-Unexpected = Callable[[str, BaseException, Delivery | None], None]
 
 
 class BatchCaller:

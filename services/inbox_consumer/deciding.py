@@ -11,22 +11,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from services.inbox_consumer.delivery import Delivery
-from services.inbox_consumer.dispatch import HttpHandler
+from services.inbox_consumer.delivery import CONSUMER_ERROR, Delivery
 from services.inbox_consumer.keepalive import KeepAlive
 from services.inbox_consumer.metrics import ConsumerMetrics
+from services.inbox_consumer.spans import log_fields
 from services.inbox_consumer.stats import ConsumerStats
+from shared import telemetry
 from shared.contracts.events import AcceptedEvents
 from shared.contracts.topology import DurableSpec
 from shared.domain.ack import DeadLetter, Decision, HandlerResponse, RetryPolicy, decide
 from shared.domain.envelope import Envelope
 from shared.domain.handler_call import request_body, request_headers
+from shared.domain.ports import HandlerPort
 from shared.waits import sleep_unless
 
 log = logging.getLogger("ferry.inbox_consumer")
+
+#: Reports an unexpected exception for a delivery (the settler logs and counts it).
+Unexpected = Callable[[str, BaseException, Delivery | None], None]
+#: Pauses (s) while the handler refuses our credentials, by default.
+AUTH_RETRY = (1.0, 30.0)
 
 
 class Decider:
@@ -37,22 +44,38 @@ class Decider:
         *,
         durable: str,
         spec: DurableSpec,
-        handler: HttpHandler,
+        handler: HandlerPort,
         policy: RetryPolicy,
         accepted: frozenset[tuple[str, int]] | None,
         concurrency: int,
         keeper: KeepAlive,
         stats: ConsumerStats,
         metrics: ConsumerMetrics,
+        unexpected: Unexpected,
+        auth_retry: tuple[float, float] = AUTH_RETRY,
     ) -> None:
         self.durable, self.spec, self.handler, self.policy = durable, spec, handler, policy
         self.accepted, self.keeper, self.stats, self.metrics = accepted, keeper, stats, metrics
-        self.concurrency = concurrency
+        self.concurrency, self.unexpected = concurrency, unexpected
         self.slots = asyncio.Semaphore(concurrency)
         #: Pauses (s) while the handler refuses our credentials, doubling up to the second.
-        self.auth_retry = (1.0, 30.0)
-        #: Set when the role stops: ends a hold on refused credentials.
+        self.auth_retry = auth_retry
+        #: Set when the role stops (the run loop hands its stop event over): ends a hold
+        #: on refused credentials.
         self.stop = asyncio.Event()
+
+    async def traced(self, delivery: Delivery) -> tuple[Decision, int | None]:
+        """:meth:`decide` inside the delivery's span (the handler call is its child).
+
+        Whatever it raises for this one message becomes its dead letter (CONSUMER_ERROR,
+        replayable once the cause is fixed); the rest of the batch goes on.
+        """
+        with telemetry.current(delivery.span), log_fields(delivery):
+            try:
+                return await self.decide(delivery)
+            except Exception as exc:
+                self.unexpected("decide", exc, delivery)
+                return DeadLetter(CONSUMER_ERROR, f"{type(exc).__name__}: {exc}"[:500]), None
 
     async def decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
         """What to do with a claimed delivery, and the handler status if it was called."""

@@ -27,8 +27,9 @@ from typing import Any
 import aiohttp
 
 from shared.domain.ack import HandlerFailure, HandlerResponse, Outcome, body_retryable
-from shared.domain.batch_call import ANSWER_LIMIT, BatchAnswer, MalformedAnswer, read_batch_answer
+from shared.domain.batch_call import ANSWER_LIMIT, read_batch_answer
 from shared.domain.envelope import wire_json
+from shared.domain.ports import BatchOutcome as BatchOutcome
 from shared.domain.retry_after import parse_retry_after
 from shared.domain.signing import sign
 
@@ -41,13 +42,9 @@ BODY_READ_LIMIT = 4 * DETAIL_LIMIT
 #: Message ids remembered as already warned about an invalid Retry-After.
 WARNED_LIMIT = 4096
 
-#: What a batch call came to: per-event results, an unreadable answer, or one outcome
-#: for every event (a non-200 answer, a timeout, no connection).
-BatchOutcome = BatchAnswer | MalformedAnswer | HandlerResponse | HandlerFailure
-
 
 class HttpHandler:
-    """Calls one handler URL."""
+    """Calls one handler URL (the HTTP adapter of :class:`shared.domain.ports.HandlerPort`)."""
 
     def __init__(
         self,

@@ -34,12 +34,20 @@ T = TypeVar("T")
 class Holder:
     """Runs database work through ``pool`` until it is done, refused, or ``stop`` is set."""
 
-    def __init__(self, pool: asyncpg.Pool, *, first_pause: float, longest_pause: float) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        first_pause: float,
+        longest_pause: float,
+        on_failure: Callable[[], None] = lambda: None,
+    ) -> None:
         self.pool = pool
         self.first_pause, self.longest_pause = first_pause, longest_pause
+        #: Set when the role stops (the run loop hands its stop event over).
         self.stop = asyncio.Event()
         #: Called on every failed try (the consumer counts them).
-        self.on_failure: Callable[[], None] = lambda: None
+        self.on_failure = on_failure
 
     async def run(self, what: str, work: Callable[[Conn], Awaitable[T]]) -> T | None:
         """``work``'s result; None when stopping with the database still away."""

@@ -15,8 +15,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 
-from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
+
+from shared.domain.ports import MessageInHand
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -26,7 +27,7 @@ class KeepAlive:
 
     def __init__(self, every: float) -> None:
         self.every = every
-        self._held: dict[int, Msg] = {}
+        self._held: dict[int, MessageInHand] = {}
         #: Heartbeats sent (tests and logs read it).
         self.beats = 0
         #: Set when the partition these messages belong to was lost (its lease fenced):
@@ -36,18 +37,18 @@ class KeepAlive:
     def __len__(self) -> int:
         return len(self._held)
 
-    def hold(self, msgs: Iterable[Msg]) -> None:
+    def hold(self, msgs: Iterable[MessageInHand]) -> None:
         """Keep ``msgs`` alive until released."""
         for msg in msgs:
             self._held[id(msg)] = msg
 
-    def release(self, msgs: Iterable[Msg]) -> None:
+    def release(self, msgs: Iterable[MessageInHand]) -> None:
         """Stop beating ``msgs`` (settled, or about to be)."""
         for msg in msgs:
             self._held.pop(id(msg), None)
 
     @contextlib.contextmanager
-    def paused(self, msg: Msg) -> Iterator[None]:
+    def paused(self, msg: MessageInHand) -> Iterator[None]:
         """Leave ``msg`` alone for a while (a handler call on a durable without heartbeats)."""
         held = self._held.pop(id(msg), None) is not None
         try:

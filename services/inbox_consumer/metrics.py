@@ -182,12 +182,12 @@ class ConsumerMetrics:
         """A message whose settlement failed at ``stage`` (it was nak'ed or dead-lettered)."""
         self._errors.labels(self.durable, stage).inc()
 
-    def watch(self, consumer: Any) -> None:
-        """Export ``consumer.stats`` and refresh backlog and lag from its pool and js."""
+    def watch(self, stats: Any, pool: Any, js: Any) -> None:
+        """Export ``stats`` and refresh backlog and lag from ``pool`` and ``js``."""
         durable, stream = self.durable, self.stream
-        self.role.add_collector(lambda: consumer_families(durable, stream, consumer.stats))
-        self.role.add_refresher("inbox", lambda: self._refresh_inbox(consumer.pool))
-        self.role.add_refresher("jetstream", lambda: self._refresh_lag(consumer.js))
+        self.role.add_collector(lambda: consumer_families(durable, stream, stats))
+        self.role.add_refresher("inbox", lambda: self._refresh_inbox(pool))
+        self.role.add_refresher("jetstream", lambda: self._refresh_lag(js))
 
     def watch_parking(self, pool: Any) -> None:
         """Refresh the parked keys and messages of an ``ordering: key`` durable."""

@@ -24,12 +24,14 @@ run in parallel up to the durable's concurrency.
   so a call holds at most one event per key and each key parks or goes on by its own
   event's result.
 
-The pieces live beside this module: :mod:`services.inbox_consumer.ordering_turns` (the
-turns), :mod:`services.inbox_consumer.ordering_base` (what both paths share: the
-sequencer's state, ordering keys, one event's decision and the settling of a failed one)
-and :mod:`services.inbox_consumer.ordering_drain` (the drainer and :class:`ParkedMsg`);
-this module holds :class:`Sequencer` and its JetStream path (fetched batches: turns,
-claims, parking).
+The pieces are composed, not inherited (the composition root,
+:mod:`services.inbox_consumer.wiring`, hands each its collaborators):
+:mod:`services.inbox_consumer.ordering_turns` (the turns),
+:mod:`services.inbox_consumer.ordering_base` (:class:`KeyOrder`, what both paths share:
+the partition's state, ordering keys, one event's decision and the settling of a failed
+one), :mod:`services.inbox_consumer.ordering_drain` (:class:`Drainer` and
+:class:`ParkedMsg`); this module holds :class:`Sequencer`, the JetStream path (fetched
+batches: turns, claims, parking), handed the partition's :class:`KeyOrder` and drainer.
 
 Parked state lives in the inbox database, so it survives restarts and kills; a consumer
 that starts on a partition reloads its blocked keys before it fetches anything.
@@ -41,22 +43,47 @@ import asyncio
 import uuid
 from typing import Any
 
+from services.inbox_consumer.claiming import Claimer
 from services.inbox_consumer.delivery import Delivery
 from services.inbox_consumer.ordering_base import KEY_MISSING as KEY_MISSING
+from services.inbox_consumer.ordering_base import KeyOrder as KeyOrder
 from services.inbox_consumer.ordering_drain import DRAIN_IDLE as DRAIN_IDLE
 from services.inbox_consumer.ordering_drain import DRAIN_RETRY as DRAIN_RETRY
+from services.inbox_consumer.ordering_drain import Drainer as Drainer
 from services.inbox_consumer.ordering_drain import ParkedMsg as ParkedMsg
-from services.inbox_consumer.ordering_drain import SequencerDrain
 from services.inbox_consumer.ordering_turns import KeyTurns as KeyTurns
 from services.inbox_consumer.ordering_turns import Turn as Turn
+from services.inbox_consumer.pipeline import Unordered
 from services.inbox_consumer.settlement import Decided
 from shared.adapters import parking
 from shared.adapters.postgres import Conn
 from shared.domain.ack import Ack
 
 
-class Sequencer(SequencerDrain):
-    """Ordering for one partition of one durable (see the module doc)."""
+class Sequencer:
+    """Ordering for one partition of one durable (see the module doc): the JetStream path,
+    beside the partition's drainer."""
+
+    def __init__(
+        self,
+        order: KeyOrder,
+        *,
+        drainer: Drainer,
+        claimer: Claimer,
+        unordered: Unordered,
+        owner: str,
+    ) -> None:
+        self.order, self.drainer, self.claimer = order, drainer, claimer
+        self.unordered, self.owner = unordered, owner
+        self.durable, self.partition = order.durable, order.partition
+
+    async def load(self) -> None:
+        """Reload the partition's blocked keys (before the first fetch)."""
+        await self.order.load()
+
+    async def drain(self, stop: asyncio.Event) -> None:
+        """Run the drainer until ``stop``."""
+        await self.drainer.drain(stop)
 
     # -- the JetStream path --------------------------------------------------------
 
@@ -64,18 +91,19 @@ class Sequencer(SequencerDrain):
         """A fetched batch (unique ids, stream order). Turns are taken before any await."""
         keyed: dict[str, list[Delivery]] = {}
         loose: list[Delivery] = []
+        order = self.order
         for delivery in sorted(deliveries, key=lambda d: d.stream_seq):
-            key = self.key_of(delivery)
+            key = order.key_of(delivery)
             if key is None:
                 loose.append(delivery)
             else:
                 keyed.setdefault(key, []).append(delivery)
-        turns = {key: self.turns.take(key) for key in keyed}
+        turns = {key: order.turns.take(key) for key in keyed}
         try:
             if loose:  # malformed or keyless: dead letters, in no key's order
-                await self.consumer.process_unordered(loose)
-            wanted = [d for key, group in keyed.items() if key not in self.blocked for d in group]
-            claim = await self.consumer.claim_holding(wanted) if wanted else None
+                await self.unordered.process(loose)
+            wanted = [d for key, group in keyed.items() if key not in order.blocked for d in group]
+            claim = await self.claimer.claim(wanted) if wanted else None
             if wanted and claim is None:
                 return  # stopping: the claim nak'ed them
             acks: list[Decided] = []
@@ -86,7 +114,7 @@ class Sequencer(SequencerDrain):
                 )
             )
             if acks:
-                await self.consumer.settler.settle(acks)
+                await order.settler.settle(acks)
         finally:
             for turn in turns.values():
                 turn.abandon()
@@ -99,9 +127,10 @@ class Sequencer(SequencerDrain):
         claim: Any,
         acks: list[Decided],
     ) -> None:
+        order = self.order
         async with turn:
             claimed = set(claim.claimed) if claim is not None else set()
-            if key in self.blocked:
+            if key in order.blocked:
                 await self._park(key, group, claimed=claimed)
                 return
             for index, delivery in enumerate(group):
@@ -118,11 +147,11 @@ class Sequencer(SequencerDrain):
                     wait = claim.leased[mid] + 1.0
                     await self._park(key, group[index:], claimed=claimed, delay=wait)
                     return
-                decision, status = await self._decide(delivery)
+                decision, status = await order.decide(delivery)
                 if isinstance(decision, Ack):
                     acks.append((delivery, (decision, status)))
                     continue
-                stop = await self._failed(key, delivery, decision, status)
+                stop = await order.failed(key, delivery, decision, status)
                 if stop is None:
                     continue  # skipped past a dead letter
                 state, delay, reason = stop
@@ -140,16 +169,17 @@ class Sequencer(SequencerDrain):
     async def _final(self, key: str, rest: list[Delivery], claimed: set[uuid.UUID]) -> bool:
         """``rest[0]`` is final already: a duplicate, acked (False: go on); or a dead letter
         holding its key, ``rest`` parked behind it (True: stop here; also when stopping)."""
-        held = await self._holds_its_key(rest[0].message_id)
+        order = self.order
+        held = await order.holds_its_key(rest[0].message_id)
         if held is None:  # stopping: left to JetStream's redelivery
             for d in rest:
-                await self.consumer.settler.nak(d.msg, 0.0)
+                await order.replies.nak(d.msg, 0.0)
             return True
         if held:
             await self._park(key, rest, claimed=claimed, state="held", reason="dead letter held")
             return True
-        self.consumer.stats.duplicates += 1
-        await self.consumer.settler.ack(rest[0].msg)
+        order.stats.duplicates += 1
+        await order.replies.ack(rest[0].msg)
         return False
 
     async def _park(
@@ -182,7 +212,7 @@ class Sequencer(SequencerDrain):
             for index, d in enumerate(group)
         ]
         untouched = [d.message_id for d in group if d.message_id in claimed]
-        owner = self.consumer.owner
+        owner, order = self.owner, self.order
 
         async def write(conn: Conn) -> bool:
             async with conn.transaction():
@@ -190,15 +220,15 @@ class Sequencer(SequencerDrain):
                 await parking.unclaim(conn, self.durable, owner, untouched)
             return True
 
-        done = await self.consumer.holder.run(f"park {len(entries)} of a key", write)
+        done = await order.holder.run(f"park {len(entries)} of a key", write)
         if done is None:  # stopping: left to JetStream's redelivery
             for d in group:
                 if not d.msg.is_acked:
-                    await self.consumer.settler.nak(d.msg, 0.0)
+                    await order.replies.nak(d.msg, 0.0)
             return
-        self.blocked.add(key)
-        self.consumer.stats.parked += len(entries)
+        order.blocked.add(key)
+        order.stats.parked += len(entries)
         for d in group:
             if not d.msg.is_acked:
-                await self.consumer.settler.ack(d.msg)
-        self.wake.set()
+                await order.replies.ack(d.msg)
+        order.wake.set()

@@ -1,6 +1,9 @@
-"""What both paths of a :class:`~services.inbox_consumer.ordering.Sequencer` share: its
-state, each delivery's ordering key, the reload of the blocked keys, one event's decision
-and the settling of a failed one (see :mod:`services.inbox_consumer.ordering`)."""
+"""What both paths of an ``ordering: key`` durable share (:class:`KeyOrder`): the
+partition's state, each delivery's ordering key, the reload of the blocked keys, one
+event's decision and the settling of a failed one. The JetStream path
+(:class:`~services.inbox_consumer.ordering.Sequencer`) and the drainer
+(:class:`~services.inbox_consumer.ordering_drain.Drainer`) are each handed the one
+:class:`KeyOrder` of their partition (see :mod:`services.inbox_consumer.ordering`)."""
 
 from __future__ import annotations
 
@@ -8,19 +11,24 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from services.inbox_consumer.batching import BatchCaller, BatchGatherer
+import asyncpg
+
+from services.inbox_consumer.batching import BatchGatherer
+from services.inbox_consumer.deciding import Decider
 from services.inbox_consumer.delivery import Delivery
+from services.inbox_consumer.holding import Holder
 from services.inbox_consumer.ordering_turns import KeyTurns
+from services.inbox_consumer.replies import Replies
+from services.inbox_consumer.settlement import Settler
+from services.inbox_consumer.stats import ConsumerStats
 from shared.adapters import parking
 from shared.adapters.postgres import Conn
-from shared.domain.ack import DeadLetter, Decision, Nak
+from shared.contracts.topology import DurableSpec
+from shared.domain.ack import DeadLetter, Decision, Nak, RetryPolicy
 from shared.domain.errors import PoisonError
 from shared.domain.ordering import OrderingKeyError, ordering_key
-
-if TYPE_CHECKING:
-    from services.inbox_consumer.consumer import InboxConsumer
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -28,33 +36,39 @@ log = logging.getLogger("ferry.inbox_consumer")
 KEY_MISSING = "ORDERING_KEY_MISSING"
 
 
-class SequencerBase:
-    """The state, keys and decisions of a :class:`~services.inbox_consumer.ordering.Sequencer`
-    (the JetStream path and the drainer use them alike)."""
+class KeyOrder:
+    """One partition's key state, keys and decisions (both paths use them alike)."""
 
     def __init__(
         self,
-        consumer: InboxConsumer,
         *,
+        pool: asyncpg.Pool,
+        holder: Holder,
+        decider: Decider,
+        gatherer: BatchGatherer | None,
+        settler: Settler,
+        replies: Replies,
+        stats: ConsumerStats,
+        durable: str,
+        spec: DurableSpec,
+        policy: RetryPolicy,
         partition: int,
         key_fields: Mapping[tuple[str, int], str | None],
     ) -> None:
-        self.consumer, self.partition, self.key_fields = consumer, partition, key_fields
-        self.durable = consumer.durable
+        self.pool, self.holder, self.decider, self.settler = pool, holder, decider, settler
+        self.replies = replies
+        self.stats, self.durable, self.spec, self.policy = stats, durable, spec, policy
+        self.partition, self.key_fields = partition, key_fields
         self.turns = KeyTurns()
         #: Keys with parked messages (loaded at start, kept under the keys' turns).
         self.blocked: set[str] = set()
+        #: Set when a key is parked: the drainer looks at once.
         self.wake = asyncio.Event()
-        self.hold = consumer.spec.on_dead_letter == "hold"
+        self.hold = spec.on_dead_letter == "hold"
         #: ``handler.batch`` >= 2: the events of different keys that ask for a decision
         #: together share a batch call (:class:`.batching.BatchGatherer`); None: one call
         #: per event.
-        self.gatherer: BatchGatherer | None = None
-        if consumer.spec.handler.batch > 1:
-            caller = BatchCaller(
-                consumer.decider, size=consumer.spec.handler.batch, unexpected=consumer.unexpected
-            )
-            self.gatherer = BatchGatherer(caller)
+        self.gatherer = gatherer
 
     # -- keys -------------------------------------------------------------------------
 
@@ -77,7 +91,7 @@ class SequencerBase:
     async def load(self) -> None:
         """Reload the partition's blocked keys (before the first fetch)."""
         conn: Conn
-        async with self.consumer.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             self.blocked = await parking.blocked_keys(conn, self.durable, self.partition)
         if self.blocked:
             log.info("%d keys of partition %d are parked", len(self.blocked), self.partition)
@@ -85,24 +99,24 @@ class SequencerBase:
 
     # -- one event's decision (both paths) -------------------------------------------
 
-    async def _decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
+    async def decide(self, delivery: Delivery) -> tuple[Decision, int | None]:
         """One event's decision, awaited in its key's turn: a call of its own, or a place
         in a batch call beside other keys' events (``handler.batch`` >= 2)."""
         if self.gatherer is None:
-            return await self.consumer.traced_decide(delivery)
+            return await self.decider.traced(delivery)
         return await self.gatherer.decide(delivery)
 
-    async def _failed(
+    async def failed(
         self, key: str, delivery: Delivery, decision: Decision, status: int | None
     ) -> tuple[str, float, str] | None:
         """Settle a failed event in the inbox (and the dead-letter stream); the head state
         its key parks with, or None when the key goes on (a dead letter skipped)."""
-        settler = self.consumer.settler
+        settler = self.settler
         if isinstance(decision, Nak):
             await settler.record_retry(delivery, decision, status)
             return "retrying", decision.delay, decision.reason
         assert isinstance(decision, DeadLetter)
-        ordering: dict[str, Any] = {"key": key, "policy": self.consumer.spec.on_dead_letter}
+        ordering: dict[str, Any] = {"key": key, "policy": self.spec.on_dead_letter}
         if self.hold:
             ordering["held"] = True
         else:
@@ -113,18 +127,18 @@ class SequencerBase:
             delivery, decision, status, ordering=ordering, term=not self.hold
         )
         if not written:
-            return "retrying", self.consumer.policy.delay(delivery.attempt), "dead letter unwritten"
+            return "retrying", self.policy.delay(delivery.attempt), "dead letter unwritten"
         if self.hold:
             return "held", 0.0, decision.reason_code
         return None
 
-    async def _holds_its_key(self, message_id: uuid.UUID) -> bool | None:
+    async def holds_its_key(self, message_id: uuid.UUID) -> bool | None:
         """Whether a message already final is a dead letter that holds its key (None:
         stopping). Under ``hold`` a dead letter is recorded, then its key parked: a consumer
         killed in between leaves it unparked and unacked, and the key must wait behind it
         when it comes back, not go on."""
         if not self.hold:
             return False
-        return await self.consumer.holder.run(
+        return await self.holder.run(
             "read a dead letter", lambda c: parking.holds_its_key(c, self.durable, message_id)
         )

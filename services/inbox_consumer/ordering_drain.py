@@ -12,13 +12,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.inbox_consumer.claiming import Claimer
+from services.inbox_consumer.deciding import Unexpected
 from services.inbox_consumer.delivery import Delivery, parse_delivery
-from services.inbox_consumer.ordering_base import SequencerBase
+from services.inbox_consumer.metrics import ConsumerMetrics
+from services.inbox_consumer.ordering_base import KeyOrder
 from services.inbox_consumer.ordering_turns import Turn
 from services.inbox_consumer.settlement import Decided
 from shared.adapters import parking
 from shared.adapters.postgres import DATABASE_ERRORS, Conn
 from shared.domain.ack import Ack
+from shared.domain.ports import InboxStore
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -80,26 +84,40 @@ class _Stopping(Exception):
     """The consumer is stopping while the database is away: leave the rest unsettled."""
 
 
-class SequencerDrain(SequencerBase):
-    """The drainer of a :class:`~services.inbox_consumer.ordering.Sequencer`."""
+class Drainer:
+    """The drainer of one partition of an ordered durable, beside its
+    :class:`~services.inbox_consumer.ordering.Sequencer` (the same :class:`KeyOrder`)."""
 
-    # -- the drainer ----------------------------------------------------------------
+    def __init__(
+        self,
+        order: KeyOrder,
+        *,
+        claimer: Claimer,
+        store: InboxStore[Conn],
+        metrics: ConsumerMetrics,
+        owner: str,
+        max_message_bytes: int,
+        unexpected: Unexpected,
+    ) -> None:
+        self.order, self.claimer, self.store, self.metrics = order, claimer, store, metrics
+        self.owner, self.max_message_bytes, self.unexpected = owner, max_message_bytes, unexpected
+        self.durable, self.partition = order.durable, order.partition
 
     async def drain(self, stop: asyncio.Event) -> None:
         """Try blocked keys' heads as they fall due, until ``stop``."""
         while not stop.is_set():
-            self.wake.clear()
+            self.order.wake.clear()
             try:
                 pause = await self._drain_round()
             except DATABASE_ERRORS as exc:
                 log.warning("parked messages unreachable: %s", exc)
                 pause = DRAIN_RETRY
             except Exception as exc:
-                self.consumer.unexpected("drain", exc)
+                self.unexpected("drain", exc, None)
                 pause = DRAIN_RETRY
             if pause > 0:
                 with contextlib.suppress(TimeoutError):
-                    waking = asyncio.ensure_future(self.wake.wait())
+                    waking = asyncio.ensure_future(self.order.wake.wait())
                     stopping = asyncio.ensure_future(stop.wait())
                     try:
                         await asyncio.wait(
@@ -111,16 +129,17 @@ class SequencerDrain(SequencerBase):
 
     async def _drain_round(self) -> float:
         """One pass over the due keys; the pause before the next."""
-        limit = max(self.consumer.decider.concurrency * 2, 8)
+        order = self.order
+        limit = max(order.decider.concurrency * 2, 8)
         conn: Conn
-        async with self.consumer.pool.acquire() as conn:
+        async with order.pool.acquire() as conn:
             keys = await parking.ready_keys(conn, self.durable, self.partition, limit)
             if not keys:
                 due = await parking.next_due(conn, self.durable, self.partition)
                 if due is None:
                     return DRAIN_IDLE
                 return min(max(due, 0.05), DRAIN_IDLE)
-        await asyncio.gather(*(self._drain_key(key, self.turns.take(key)) for key in keys))
+        await asyncio.gather(*(self._drain_key(key, order.turns.take(key)) for key in keys))
         return 0.0
 
     async def _drain_key(self, key: str, turn: Turn) -> None:
@@ -131,20 +150,20 @@ class SequencerDrain(SequencerBase):
             return
 
     async def _drain_key_in_turn(self, key: str) -> None:
-        consumer = self.consumer
+        order = self.order
         conn: Conn
-        async with consumer.pool.acquire() as conn:
-            rows = await parking.key_rows(conn, self.durable, key, consumer.spec.batch_size)
+        async with order.pool.acquire() as conn:
+            rows = await parking.key_rows(conn, self.durable, key, order.spec.batch_size)
         if not rows:
-            self.blocked.discard(key)
+            order.blocked.discard(key)
             return
         if rows[0].state == "held" or not rows[0].due:
             return
         deliveries = [
-            parse_delivery(ParkedMsg.of(row, consumer.spec.stream), consumer.max_message_bytes)  # type: ignore[arg-type]
+            parse_delivery(ParkedMsg.of(row, order.spec.stream), self.max_message_bytes)  # type: ignore[arg-type]
             for row in rows
         ]
-        claim = await consumer.claim_holding(deliveries)
+        claim = await self.claimer.claim(deliveries)
         if claim is None:
             raise _Stopping
         acks: list[Decided] = []
@@ -154,9 +173,9 @@ class SequencerDrain(SequencerBase):
             claimed = set(claim.claimed)
             rest = [d.message_id for d in deliveries[stopped_at + 1 :] if d.message_id in claimed]
             if rest:
-                await consumer.holder.run(
+                await order.holder.run(
                     "give back claims",
-                    lambda c: parking.unclaim(c, self.durable, consumer.owner, rest),
+                    lambda c: parking.unclaim(c, self.durable, self.owner, rest),
                 )
         await self._release(key, acks, done)
 
@@ -170,29 +189,29 @@ class SequencerDrain(SequencerBase):
         done: list[uuid.UUID],
     ) -> int | None:
         """Hand ``key``'s parked messages over in order; the index it stopped at, if any."""
-        consumer = self.consumer
+        order = self.order
         for index, (row, delivery) in enumerate(zip(rows, deliveries, strict=True)):
             mid = delivery.message_id
             if mid in claim.final:
-                held = await self._holds_its_key(mid)
+                held = await order.holds_its_key(mid)
                 if held is None:
                     raise _Stopping
                 if held:  # dead-lettered here before a kill, never marked held: hold now
                     await self._retry_row(row, "held", row.attempts, 0.0, "dead letter held")
                     return index
-                consumer.stats.duplicates += 1
+                order.stats.duplicates += 1
                 done.append(mid)
                 continue
             if mid in claim.leased:
                 wait = claim.leased[mid] + 1.0
                 await self._retry_row(row, row.state, row.attempts, wait, "leased elsewhere")
                 return index
-            decision, status = await self._decide(delivery)
+            decision, status = await order.decide(delivery)
             if isinstance(decision, Ack):
                 acks.append((delivery, (decision, status)))
                 done.append(mid)
                 continue
-            stop = await self._failed(key, delivery, decision, status)
+            stop = await order.failed(key, delivery, decision, status)
             if stop is None:
                 done.append(mid)
                 continue
@@ -204,7 +223,7 @@ class SequencerDrain(SequencerBase):
     async def _retry_row(
         self, row: parking.ParkedRow, state: str, attempts: int, delay: float, reason: str
     ) -> None:
-        await self.consumer.holder.run(
+        await self.order.holder.run(
             "park the head again",
             lambda c: parking.retry_head(
                 c, self.durable, row.message_id, state=state, attempts=attempts, delay=delay,
@@ -216,21 +235,21 @@ class SequencerDrain(SequencerBase):
         """Mark the processed ones and delete every settled row of ``key``, atomically."""
         if not done:
             return
-        consumer = self.consumer
+        order = self.order
         processed = {d.message_id: s or 200 for d, (_, s) in acks}
 
         async def write(conn: Conn) -> int:
             async with conn.transaction():
                 if processed:
-                    await consumer.store.mark_processed(conn, self.durable, processed)
+                    await self.store.mark_processed(conn, self.durable, processed)
                 return await parking.release(conn, self.durable, key, done)
 
-        left = await consumer.holder.run(f"release {len(done)} parked", write)
+        left = await order.holder.run(f"release {len(done)} parked", write)
         if left is None:
             raise _Stopping
         for delivery, _ in acks:
-            consumer.stats.processed += 1
-            consumer.metrics.processed(delivery.occurred_at)
-        consumer.stats.released += len(done)
+            order.stats.processed += 1
+            self.metrics.processed(delivery.occurred_at)
+        order.stats.released += len(done)
         if left == 0:
-            self.blocked.discard(key)
+            order.blocked.discard(key)

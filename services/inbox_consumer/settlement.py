@@ -4,27 +4,25 @@ Processed rows are marked in one statement and then acked; retries are recorded 
 lease released) and nak'ed with an explicit delay; the last failed delivery is recorded
 and nak'ed so JetStream gives up on it (the dlq-router records the exhaustion); dead
 letters are published (deduplicated per durable and id), marked failed, and terminated.
-A dead letter that cannot be written is nak'ed and tried again.
+A dead letter that cannot be written is nak'ed and tried again. The replies to JetStream
+go through the delivery port (:mod:`.replies`), never to a NATS message directly.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import uuid
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
-from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
 from services.inbox_consumer.delivery import EXHAUSTED, Delivery
 from services.inbox_consumer.holding import Holder
-from services.inbox_consumer.keepalive import KeepAlive
 from services.inbox_consumer.metrics import ConsumerMetrics
+from services.inbox_consumer.replies import Replies
 from services.inbox_consumer.spans import settling
 from services.inbox_consumer.stats import ConsumerStats
 from shared.adapters import dead_letters, inbox
@@ -32,14 +30,12 @@ from shared.adapters.postgres import DATABASE_ERRORS, Conn
 from shared.contracts.topology import DurableSpec
 from shared.domain.ack import Ack, DeadLetter, Decision, Nak, RetryPolicy
 from shared.domain.envelope import format_timestamp
-from shared.domain.ports import InboxClaim, InboxStore
+from shared.domain.ports import InboxStore
 
 log = logging.getLogger("ferry.inbox_consumer")
 
 #: Most of a raw (unparseable) body a dead-letter record keeps.
 RECORD_BODY_LIMIT = 64 * 1024
-#: Delay before a copy that lost the race for an id is offered again.
-CONTENDED_DELAY = 1.0
 #: Failures that leave a dead letter unwritten: the message is nak'ed and tried again.
 #: Any NATS error: no stream leader (NoStreamResponseError, APIError) while NATS
 #: restarts, a timeout, a closed connection.
@@ -61,25 +57,14 @@ class Settler:
         durable: str,
         spec: DurableSpec,
         policy: RetryPolicy,
-        keeper: KeepAlive,
+        replies: Replies,
         holder: Holder,
         stats: ConsumerStats,
         metrics: ConsumerMetrics,
     ) -> None:
         self.pool, self.js, self.store, self.durable, self.spec = pool, js, store, durable, spec
-        self.policy, self.keeper, self.holder = policy, keeper, holder
+        self.policy, self.replies, self.holder = policy, replies, holder
         self.stats, self.metrics = stats, metrics
-
-    async def settle_unclaimed(
-        self, unique: Mapping[uuid.UUID, Delivery], claim: InboxClaim
-    ) -> None:
-        """Ack the duplicates (final already); nak the copies another delivery leases."""
-        for mid in claim.final:
-            self.stats.duplicates += 1
-            await self.ack(unique[mid].msg)
-        for mid, lease_left in claim.leased.items():
-            self.stats.contended += 1
-            await self.nak(unique[mid].msg, lease_left + CONTENDED_DELAY)
 
     async def settle(self, results: list[Decided]) -> None:
         """Carry out each decision; one that raises is nak'ed, the rest go on."""
@@ -92,7 +77,7 @@ class Settler:
             except Exception as exc:
                 self.unexpected("settle", exc, delivery)
                 if not delivery.msg.is_acked:
-                    await self.nak(delivery.msg, self.policy.delay(delivery.attempt))
+                    await self.replies.nak(delivery.msg, self.policy.delay(delivery.attempt))
 
     async def _mark_processed(self, processed: dict[uuid.UUID, int]) -> bool:
         async def mark(conn: Conn) -> bool:
@@ -112,7 +97,7 @@ class Settler:
             if isinstance(decision, Ack):
                 if delivery.message_id in processed:
                     self.stats.processed += 1
-                    await self.ack(delivery.msg)
+                    await self.replies.ack(delivery.msg)
                     self.metrics.processed(delivery.occurred_at)
             elif isinstance(decision, Nak):
                 await self._retry(delivery, decision, status)
@@ -121,7 +106,7 @@ class Settler:
 
     async def _retry(self, delivery: Delivery, decision: Nak, status: int | None) -> None:
         await self.record_retry(delivery, decision, status)
-        await self.nak(delivery.msg, decision.delay)
+        await self.replies.nak(delivery.msg, decision.delay)
 
     async def record_retry(self, delivery: Delivery, decision: Nak, status: int | None) -> None:
         """Count and record a failed attempt in the inbox (the lease released); the caller
@@ -170,7 +155,7 @@ class Settler:
             await self._exhausted(delivery, decision, status, entry)
             return
         if not await self.write_dead_letter(delivery, decision, status):
-            await self.nak(delivery.msg, self.policy.delay(delivery.attempt))
+            await self.replies.nak(delivery.msg, self.policy.delay(delivery.attempt))
 
     async def write_dead_letter(
         self,
@@ -224,9 +209,10 @@ class Settler:
         )
         # term, not ack: JetStream will not redeliver it, and its MSG_TERMINATED advisory
         # reaches the dlq-router, which finds the record and leaves it alone.
-        self.keeper.release([delivery.msg])
         if term:
-            await quiet(delivery.msg.term())
+            await self.replies.term(delivery.msg)
+        else:
+            self.replies.let_go(delivery.msg)
         return True
 
     async def _exhausted(
@@ -245,7 +231,7 @@ class Settler:
             "deliveries exhausted; the dlq-router records it",
             extra={"durable": self.durable, "message_id": str(delivery.message_id)},
         )
-        await self.nak(delivery.msg, 0.0)
+        await self.replies.nak(delivery.msg, 0.0)
 
     def _failure(
         self,
@@ -278,16 +264,6 @@ class Settler:
             history_entry=entry,
             ordering=ordering,
         )
-
-    async def ack(self, msg: Msg) -> None:
-        """Ack ``msg`` (no longer kept alive)."""
-        self.keeper.release([msg])
-        await quiet(msg.ack())
-
-    async def nak(self, msg: Msg, delay: float) -> None:
-        """Nak ``msg`` for redelivery after ``delay`` seconds (no longer kept alive)."""
-        self.keeper.release([msg])
-        await quiet(msg.nak(delay=delay if math.isfinite(delay) and delay > 0 else 0.0))
 
     def _ids(self, delivery: Delivery) -> dict[str, str]:
         return {"durable": self.durable, "message_id": str(delivery.message_id)}
@@ -328,11 +304,3 @@ def history_entry(
         "reason": reason,
         "detail": detail[:500],
     }
-
-
-async def quiet(ack: Any) -> None:
-    """Send an ack/nak/in_progress; a lost one only causes a redelivery the inbox absorbs."""
-    try:
-        await ack
-    except (NatsError, OSError) as exc:
-        log.warning("could not send ack/nak: %s", exc)

@@ -8,7 +8,8 @@ every implementation a fixture lists — the suite a second backend (or a fake) 
 Stores take the caller's connection (``ConnT``) on every call, because their guarantees
 are transactional: a claim holds its locks until the caller's transaction ends, and the
 producer writes its outbox row inside the caller's own transaction. Only the standard
-library here, so the domain can name the ports without knowing a driver.
+library (and the domain's own values) here, so the domain can name the ports without
+knowing a driver.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 from uuid import UUID
+
+from shared.domain.ack import HandlerFailure, HandlerResponse, Outcome
+from shared.domain.batch_call import BatchAnswer, MalformedAnswer
 
 #: The connection (transaction handle) a store works on; asyncpg's for PostgreSQL.
 ConnT_contra = TypeVar("ConnT_contra", contravariant=True)
@@ -299,6 +303,34 @@ class Delivery(Protocol):
         ...
 
 
+class MessageInHand(Protocol):
+    """A fetched message as the consumer answers for it (the delivery port of its settle
+    stage): a JetStream message, or a parked copy its drainer hands over.
+
+    Exactly one of ``ack``, ``nak`` or ``term`` ends it (``is_acked`` is then True);
+    ``in_progress`` until then resets the redelivery clock (ack_wait) without ending it.
+    """
+
+    @property
+    def is_acked(self) -> bool: ...
+
+    async def ack(self) -> None:
+        """Done: never delivered to this durable again."""
+        ...
+
+    async def nak(self, delay: float | None = None) -> None:
+        """Not now: delivered again after ``delay`` seconds."""
+        ...
+
+    async def term(self) -> None:
+        """Never again (dead-lettered): not redelivered."""
+        ...
+
+    async def in_progress(self) -> None:
+        """Still being worked on: not redelivered for another ack_wait."""
+        ...
+
+
 class EventTransport(Protocol):
     """A durable, ordered log of events per stream, read through named durables.
 
@@ -328,4 +360,39 @@ class EventTransport(Protocol):
 
     async def fetch(self, durable: str, batch: int, timeout: float) -> list[Delivery]:
         """Up to ``batch`` deliveries for ``durable``, in stream order; [] if none."""
+        ...
+
+
+# --- event handler --------------------------------------------------------------------
+
+
+#: What a batch call came to: per-event results, an unreadable answer, or one outcome
+#: for every event (a non-200 answer, a timeout, no connection).
+BatchOutcome = BatchAnswer | MalformedAnswer | HandlerResponse | HandlerFailure
+
+
+class HandlerPort(Protocol):
+    """A durable's event handler (PORT-047-005): one event per call, or N in a batch call.
+
+    Contract: **nothing raises** for the handler's sake. Every failure to get an answer
+    (a timeout, no connection) is a :class:`~shared.domain.ack.HandlerFailure`, every
+    answer a :class:`~shared.domain.ack.HandlerResponse`; a batch call's 200 is its
+    per-event results (:class:`~shared.domain.batch_call.BatchAnswer`) or a
+    :class:`~shared.domain.batch_call.MalformedAnswer`. The caller turns each outcome
+    into a decision (:func:`shared.domain.ack.decide`). ``services.inbox_consumer.
+    dispatch.HttpHandler`` is the HTTP adapter.
+    """
+
+    async def handle(self, body: dict[str, Any], headers: dict[str, str]) -> Outcome:
+        """Hand one event (the request body) over; what came of it."""
+        ...
+
+    async def handle_batch(
+        self, body: dict[str, Any], headers: dict[str, str], expected: list[UUID]
+    ) -> BatchOutcome:
+        """Hand a batch document carrying the events ``expected`` over; what came of it."""
+        ...
+
+    async def close(self) -> None:
+        """Release the connections."""
         ...

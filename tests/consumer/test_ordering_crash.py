@@ -18,7 +18,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from devstack.nats import NatsServer
-from services.inbox_consumer.ordering import Sequencer
+from services.inbox_consumer.ordering import Drainer, Sequencer
 from shared.adapters.dead_letters.replay import replay
 from tests.conftest import Env, admin_auth
 from tests.consumer.conftest import DURABLE, RunningConsumer, ScriptedHandler
@@ -38,18 +38,20 @@ async def killed_when(
     monkeypatch: pytest.MonkeyPatch,
     method: str,
 ) -> None:
-    """Run a consumer until it calls ``Sequencer.<method>`` with ``state="held"``, and kill
-    it there: its connections cut at once, nothing more written or acked."""
+    """Run a consumer until it calls ``Sequencer._park`` (the JetStream path) or
+    ``Drainer._retry_row`` (the drainer) with ``state="held"``, and kill it there: its
+    connections cut at once, nothing more written or acked."""
     reached = asyncio.Event()
-    real = getattr(Sequencer, method)
+    owner: type[Any] = Drainer if method == "_retry_row" else Sequencer
+    real = getattr(owner, method)
 
-    async def dies_there(self: Sequencer, *args: Any, **kwargs: Any) -> None:
+    async def dies_there(self: Any, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("state", args[1] if method == "_retry_row" else None) == "held":
             reached.set()
             await asyncio.Event().wait()  # the process dies here
         await real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Sequencer, method, dies_there)
+    monkeypatch.setattr(owner, method, dies_there)
     own = await nats.connect(nats_server.url, **admin_auth(nats_server).options([nats_server.url]))
     first = RunningConsumer(env, own, handler.url)
     await first.__aenter__()
@@ -59,7 +61,7 @@ async def killed_when(
     await own.close()
     await asyncio.wait([first.task], timeout=5)
     await first.http.close()
-    monkeypatch.setattr(Sequencer, method, real)
+    monkeypatch.setattr(owner, method, real)
 
 
 async def held_then_replayed(

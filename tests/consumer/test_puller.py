@@ -14,7 +14,7 @@ import uuid
 import pytest
 from nats.aio.client import Client as NATS
 
-from services.inbox_consumer import consumer as consumer_module
+from services.inbox_consumer import loop as loop_module
 from services.inbox_consumer import puller as puller_module
 from services.inbox_consumer.puller import ConsumerGone, Puller
 from shared.access.streams import provision
@@ -141,9 +141,7 @@ async def _arrived(puller: Puller, count: int) -> bool:
     return puller._queue.qsize() >= count
 
 
-async def test_two_replicas_share_one_durable(
-    env: Env, nc: NATS, handler: ScriptedHandler
-) -> None:
+async def test_two_replicas_share_one_durable(env: Env, nc: NATS, handler: ScriptedHandler) -> None:
     # Two batches of room in max_ack_pending (the ack-pending lint rule), two replicas.
     fast_durable(env, handler.url, batch_size=10, max_ack_pending=20)
     await provision(nc.jetstream(), env.topology, caps=CAPS)
@@ -173,7 +171,7 @@ async def _done(count: int, target: int) -> bool:
 async def test_consumer_reports_a_deleted_durable_and_resumes_when_it_is_back(
     world: Env, nc: NATS, handler: ScriptedHandler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(consumer_module, "GONE_PAUSE", 0.2)
+    monkeypatch.setattr(loop_module, "GONE_PAUSE", 0.2)
     async with RunningConsumer(world, nc, handler.url) as consumer:
         await eventually(lambda: _is(consumer.stats.bound, True), timeout=10, what="bound")
         await nc.jetstream().delete_consumer(STREAM, DURABLE)
