@@ -35,7 +35,7 @@ CONSUMER_DRAIN_SLACK = 5
 FETCH_TIMEOUT = 1
 #: Seconds a demo handler's pod waits after SIGTERM before stopping (endpoints update first).
 PRESTOP_SLEEP = 5
-#: Seconds a demo handler allows calls in flight (services.handlers SHUTDOWN_TIMEOUT).
+#: Seconds a demo handler allows calls in flight (its FERRY_DRAIN_DEADLINE default).
 HANDLER_SHUTDOWN = 8
 #: KEDA: the floor in production (one replica can drain while the other works).
 MIN_REPLICAS = 2

@@ -10,6 +10,7 @@ import asyncio
 import getpass
 import logging
 import sys
+from collections.abc import Iterable
 
 import asyncpg
 from aiohttp import web
@@ -18,9 +19,8 @@ from shared.adapters.postgres import create_pool_when_up
 from shared.contracts.lint import require_clean_topology
 from shared.domain.errors import ConfigurationError
 from shared.runtime.connections import Connected
-from shared.runtime.lifecycle import EXIT_DRAIN_TIMEOUT, EXIT_OK, topology_role_main
+from shared.runtime.lifecycle import serve, topology_role_main
 from shared.runtime.metrics import RoleMetrics
-from shared.waits import within
 
 from .app import Console
 from .auth import Authenticator, hash_password, load_accounts, read_secret_file
@@ -49,7 +49,7 @@ def authenticator(settings: ConsoleSettings) -> Authenticator:
 
 
 async def run(settings: ConsoleSettings, stop: asyncio.Event) -> int:
-    """Serve the console until ``stop``."""
+    """Serve the console until ``stop`` (the one lifecycle: :func:`serve`)."""
     topology = settings.load_topology()
     require_clean_topology(topology, source=settings.topology)
     auth = authenticator(settings)
@@ -57,24 +57,52 @@ async def run(settings: ConsoleSettings, stop: asyncio.Event) -> int:
     nats = Connected()
     metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
     console = Console(settings, topology, pools, lambda: nats.nc, auth, metrics)
+    try:
+        # The console's own server answers /healthz, /readyz (503 "starting" until the
+        # pools and NATS are open, "stopping" once draining) and /metrics.
+        return await serve(
+            settings=settings,
+            work=lambda inner: _serve(console, settings, topology.databases(), nats, inner),
+            checks={},
+            stop=stop,
+            drain_deadline=settings.drain_deadline,
+            metrics=metrics,
+            health_server=False,
+        )
+    finally:
+        console.ready, console.stopping = False, True
+        if nats.nc is not None:
+            await nats.nc.close()
+        for pool in list(pools.values()):
+            await pool.close()
+
+
+async def _serve(
+    console: Console,
+    settings: ConsoleSettings,
+    databases: Iterable[str],
+    nats: Connected,
+    stop: asyncio.Event,
+) -> None:
+    """Listen at once (503 while starting), open the pools and NATS, serve until ``stop``,
+    then refuse new pages, stop the jobs and finish the requests in flight."""
     runner = web.AppRunner(console.app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, settings.console_host, settings.console_port)
-    await site.start()
-    log.info(
-        "console of %s on http://%s:%s/",
-        topology.name,
-        settings.console_host,
-        settings.console_port,
-    )
     sampler: asyncio.Task[None] | None = None
-    code = EXIT_OK
     try:
-        for database in topology.databases():
-            pools[database] = await create_pool_when_up(
+        site = web.TCPSite(runner, settings.console_host, settings.console_port)
+        await site.start()
+        log.info(
+            "console of %s on http://%s:%s/",
+            console.topology.name,
+            settings.console_host,
+            settings.console_port,
+        )
+        for database in databases:
+            console.pools[database] = await create_pool_when_up(
                 settings.dsn(database), max_size=4, stop=stop
             )
-        await nats.open(settings, f"{ROLE}:{topology.name}")
+        await nats.open(settings, f"{ROLE}:{console.topology.name}")
         console.ready = True
         sampler = asyncio.ensure_future(console.sample_forever(stop))
         await stop.wait()
@@ -83,15 +111,7 @@ async def run(settings: ConsoleSettings, stop: asyncio.Event) -> int:
         await console.jobs.stop(settings.drain_deadline)
         if sampler is not None:
             sampler.cancel()
-        try:
-            await within(settings.drain_deadline, runner.cleanup())
-        except TimeoutError:
-            code = EXIT_DRAIN_TIMEOUT
-        if nats.nc is not None:
-            await nats.nc.close()
-        for pool in pools.values():
-            await pool.close()
-    return code
+        await runner.cleanup()
 
 
 def hash_password_main() -> int:

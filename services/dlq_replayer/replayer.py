@@ -24,16 +24,14 @@ from dataclasses import dataclass, field
 from uuid import UUID
 
 import asyncpg
-import nats.errors
-from nats.errors import ConnectionClosedError, NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, NoStreamResponseError
 
 from services.dlq_replayer.metrics import ReplayerMetrics
 from shared.adapters import dead_letters
-from shared.adapters.postgres import DATABASE_ERRORS, Conn
+from shared.adapters.postgres import Conn
+from shared.adapters.transient import TRANSIENT_ERRORS
 from shared.contracts.topology import Topology
+from shared.domain.throttle import Limit, TokenBucket, default_burst
 from shared.runtime.metrics import RoleMetrics
 from shared.waits import sleep_unless
 
@@ -42,23 +40,10 @@ log = logging.getLogger("ferry.dlq_replayer")
 ACTOR = "dlq-replayer"
 #: Seconds after which a replay whose publish was never confirmed is published again.
 UNCONFIRMED_AFTER = 30.0
-#: Transient: the database or JetStream is down or has no stream leader. A replay whose
+#: Transient (:data:`shared.adapters.transient.TRANSIENT_ERRORS`). A replay whose
 #: publish fails stays 'replaying' and unconfirmed, its attempt counted once: the next
 #: scans publish it again under the same Nats-Msg-Id (republish_unconfirmed).
-ERRORS: tuple[type[BaseException], ...] = (
-    *DATABASE_ERRORS,
-    ConnectionClosedError,
-    NoRespondersError,
-    NoStreamResponseError,
-    APIError,
-    NatsTimeout,
-    nats.errors.StaleConnectionError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.ConnectionDrainingError,
-    nats.errors.NoServersError,
-    OSError,
-)
+ERRORS = TRANSIENT_ERRORS
 
 _DUE = """
 SELECT message_id FROM dead_letters
@@ -67,26 +52,21 @@ ORDER BY next_replay_at LIMIT $2
 """
 
 
-class TokenBucket:
-    """``rate`` tokens per second, at most ``rate`` (and at least one) saved up."""
+def replay_bucket(rate: float) -> TokenBucket:
+    """``rate`` tokens per second, one second's worth (at least one) saved up."""
+    return TokenBucket(Limit(rate, default_burst(rate)), time.monotonic())
 
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self.capacity = max(rate, 1.0)
-        self.tokens = self.capacity
-        self.stamp = time.monotonic()
 
-    async def take(self, stop: asyncio.Event) -> bool:
-        """Wait for a token; False if ``stop`` was set meanwhile."""
-        while not stop.is_set():
-            now = time.monotonic()
-            self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
-            self.stamp = now
-            if self.tokens >= 1.0:
-                self.tokens -= 1.0
-                return True
-            await sleep_unless(stop, (1.0 - self.tokens) / self.rate)
-        return False
+async def take_token(bucket: TokenBucket, stop: asyncio.Event) -> bool:
+    """Wait for one token of ``bucket``; False if ``stop`` was set meanwhile."""
+    while not stop.is_set():
+        now = time.monotonic()
+        wait = bucket.wait_for(1, now)
+        if wait <= 0:
+            bucket.take(1, now)
+            return True
+        await sleep_unless(stop, wait)
+    return False
 
 
 @dataclass
@@ -123,7 +103,7 @@ class DlqReplayer:
         self.metrics = metrics or ReplayerMetrics(RoleMetrics("dlq-replayer"))
         self.metrics.watch(self)
         self.buckets = {
-            name: TokenBucket(spec.replay_limits.rate) for name, spec in topology.durables.items()
+            name: replay_bucket(spec.replay_limits.rate) for name, spec in topology.durables.items()
         }
         self.ready = False
 
@@ -176,7 +156,7 @@ class DlqReplayer:
         async with pool.acquire() as conn:
             due = [r["message_id"] for r in await conn.fetch(_DUE, durable, self.batch_size)]
             for message_id in due:
-                if not await self.buckets[durable].take(stop):
+                if not await take_token(self.buckets[durable], stop):
                     return
                 try:
                     done = await dead_letters.replay(

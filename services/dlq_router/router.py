@@ -33,18 +33,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import asyncpg
-import nats.errors
 from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from services.dlq_router.metrics import RouterMetrics
 from shared import telemetry
 from shared.access.streams import ROUTER_DURABLE
 from shared.adapters import dead_letters, inbox
-from shared.adapters.postgres import DATABASE_ERRORS
+from shared.adapters.transient import TRANSIENT_ERRORS
 from shared.contracts.topology import Topology
 from shared.domain.envelope import SURROGATE_NAMESPACE, identify
 from shared.domain.ordering import durable_of_consumer
@@ -60,22 +59,9 @@ log = logging.getLogger("ferry.dlq_router")
 
 #: Delays (seconds) before an advisory that could not be handled is offered again.
 RETRY_DELAYS = (1.0, 5.0, 15.0, 60.0)
-#: Transient: the database or JetStream is down or has no leader (a NATS restart, a
-#: stream being recreated). The advisory is nak'ed and comes back; nothing is lost.
-ERRORS: tuple[type[BaseException], ...] = (
-    *DATABASE_ERRORS,
-    ConnectionClosedError,
-    NoRespondersError,
-    NoStreamResponseError,
-    APIError,
-    NatsTimeout,
-    nats.errors.StaleConnectionError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.ConnectionDrainingError,
-    nats.errors.NoServersError,
-    OSError,
-)
+#: Transient (:data:`shared.adapters.transient.TRANSIENT_ERRORS`): the advisory is
+#: nak'ed and comes back; nothing is lost.
+ERRORS = TRANSIENT_ERRORS
 #: Deliveries after which an advisory that fails in an unexpected way is terminated (it
 #: stays in the advisory stream for inspection; the sweep still catches its message).
 GIVE_UP_AFTER = 10

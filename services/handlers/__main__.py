@@ -1,9 +1,11 @@
 """``python -m services.handlers --service NAME [--port P] [--host H]``: serve one handler.
 
-Wires settings to a :class:`HandlerService` and an aiohttp runner, then waits for
-SIGTERM/SIGINT. Exit codes: 0 after a clean stop, 2 on a configuration error (unknown
-service, bad settings, port in use, fault injection in production), 3 when the database
-fails while starting (or NATS, for a handler that runs replay jobs).
+Wires settings to a :class:`HandlerService` and an aiohttp runner, on the one role
+lifecycle (:mod:`shared.runtime.lifecycle`): SIGTERM/SIGINT start the drain, calls in
+flight finish within FERRY_DRAIN_DEADLINE (past it: exit 4). Exit codes: 0 after a clean
+stop, 2 on a configuration error (unknown service, bad settings, port in use, fault
+injection in production), 3 when the database fails while starting (or NATS, for a handler
+that runs replay jobs: FERRY_HANDLER_REPLAY_JOBS hosts :mod:`shared.ops.replay_jobs`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,26 +26,24 @@ from pydantic import ValidationError
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import CONNECTION_ERRORS, create_pool
 from shared.contracts.lint import require_clean_topology
-from shared.contracts.replay_jobs import replay_workers
+from shared.contracts.replay_jobs import REPLAY_JOB_EVENT, REPLAY_JOB_VERSION, replay_workers
 from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError, TransientError
-from shared.runtime import loop
-from shared.runtime.lifecycle import EXIT_CONFIG, EXIT_CONNECT, EXIT_OK, stop_on_signals
+from shared.ops.replay_jobs import ReplayJobWorker, replay_job_route
+from shared.runtime.lifecycle import EXIT_CONFIG, run_role, serve
 from shared.runtime.logs import configure_logging
-from shared.telemetry import setup_tracing
 from shared.waits import sleep_unless, within
 
 from .app import make_app
-from .contexts import module_g
-from .service import build_service
+from .service import HandlerService, RouteKey, build_service
 from .settings import HandlerSettings
 from .specs import SERVICES, service_spec
 
 ROLE_PREFIX = "handler-"
 #: Pool size: one connection per call in flight; beyond it calls wait (then 503).
 POOL_SIZE = 20
-#: Seconds SIGTERM allows in-flight calls to finish, below supervisord's stopwaitsecs.
-SHUTDOWN_TIMEOUT = 8.0
+#: The replay API's job event: its route is the platform's (:mod:`shared.ops.replay_jobs`).
+REPLAY_JOB: RouteKey = (REPLAY_JOB_EVENT, REPLAY_JOB_VERSION)
 #: Seconds a replay-job worker waits for NATS at start before it gives up (exit 3).
 NATS_WAIT = 60.0
 #: Longest pause between attempts to reach PostgreSQL at start.
@@ -66,8 +68,17 @@ def listen_ports(settings: HandlerSettings, topology: Topology, service: str) ->
     return sorted(ports)
 
 
+@dataclass
+class _Held:
+    """What the role opens while starting and closes after the drain."""
+
+    pool: asyncpg.Pool | None = None
+    nc: Any = None
+
+
 async def run(settings: HandlerSettings, stop: asyncio.Event) -> int:
-    """Serve until ``stop`` is set, then finish in-flight calls and close."""
+    """Serve until ``stop`` is set, then finish in-flight calls and close (the one
+    lifecycle: :func:`serve`, the service's own server answering health)."""
     if not settings.service:
         raise ConfigurationError("no service given: use --service NAME or FERRY_SERVICE")
     settings.check_fault_injection()
@@ -76,69 +87,117 @@ async def run(settings: HandlerSettings, stop: asyncio.Event) -> int:
     require_clean_topology(topology, source=settings.topology)
     context = topology.context(spec.name)
     ports = listen_ports(settings, topology, spec.name)
-    pool = await _create_pool_retrying(settings.dsn(context.database), stop)
-    if pool is None:
-        return EXIT_OK
-    try:
-        service = build_service(
-            spec, pool=pool, topology=topology, fault_injection=settings.handler_fault_injection
+    worker = _replay_worker(settings, topology, spec.name)
+    routes = {REPLAY_JOB: replay_job_route(worker)} if spec.name in replay_workers(topology) else {}
+    service = build_service(
+        spec,
+        pool=None,  # bound once PostgreSQL answers; 503 "starting" until then
+        topology=topology,
+        fault_injection=settings.handler_fault_injection,
+        platform_routes=routes,
+    )
+    if service.fault_injection:
+        log.warning(
+            "FERRY_HANDLER_FAULT_INJECTION is on: payloads' _ferry_test directives are "
+            "obeyed (a test setting; never in production)"
         )
-        if service.fault_injection:
-            log.warning(
-                "FERRY_HANDLER_FAULT_INJECTION is on: payloads' _ferry_test directives are "
-                "obeyed (a test setting; never in production)"
-            )
-        nc = await _replay_worker(settings, topology, spec.name)
-        secrets = settings.verification_secrets()
-        if not secrets:
-            log.warning("FERRY_HANDLER_SECRETS is not set: requests are not authenticated")
-        app = make_app(service=service, secrets=secrets, tolerance=settings.signature_tolerance)
-        try:
-            await _serve(app, settings.host, ports, stop)
-        finally:
-            module_g.serve_replay_jobs(None)
-            if nc is not None:
-                await nc.close()
+    secrets = settings.verification_secrets()
+    if not secrets:
+        log.warning("FERRY_HANDLER_SECRETS is not set: requests are not authenticated")
+    app = make_app(
+        service=service, secrets=secrets, tolerance=settings.signature_tolerance, install=False
+    )
+    held = _Held()
+
+    async def work(inner: asyncio.Event) -> None:
+        await _serve(app, settings, ports, inner, start=lambda: _start(
+            service, settings, context.database, worker, held, inner
+        ))  # fmt: skip
+
+    try:
+        return await serve(
+            settings=settings,
+            work=work,
+            checks={},
+            stop=stop,
+            drain_deadline=settings.drain_deadline,
+            health_server=False,
+        )
+    except CONNECTION_ERRORS as exc:
+        raise TransientError(f"the database failed: {exc}") from exc
     finally:
-        await _close_pool(pool)
-    return EXIT_OK
+        if held.nc is not None:
+            await held.nc.close()
+        if held.pool is not None:
+            await _close_pool(held.pool, settings.drain_deadline)
 
 
-async def _replay_worker(settings: HandlerSettings, topology: Topology, service: str) -> Any:
-    """With FERRY_HANDLER_REPLAY_JOBS on: the NATS connection replay jobs run on (module_g's
-    route executes them with it); None when off."""
+def _replay_worker(
+    settings: HandlerSettings, topology: Topology, service: str
+) -> ReplayJobWorker | None:
+    """With FERRY_HANDLER_REPLAY_JOBS on, the platform's replay-job worker
+    (:mod:`shared.ops.replay_jobs`) this service hosts, its NATS connection still to
+    open (jobs wait with 503 until it is); None when off (the unbound route answers 503
+    until a handler running them takes the job)."""
     if not settings.handler_replay_jobs:
         return None
     workers = replay_workers(topology)
-    if service not in workers or service != module_g.SPEC.name:
+    if service not in workers:
         raise ConfigurationError(
             f"FERRY_HANDLER_REPLAY_JOBS is on, but {service!r} runs no replay jobs in topology "
             f"{topology.name!r} (their handler: {', '.join(workers) or 'none'})"
         )
-    nc = await connect_nats(
-        settings.nats_servers(),
-        name=f"{ROLE_PREFIX}{service}",
-        ping_interval=settings.nats_ping_interval,
-        auth=settings.nats_auth(),
-        give_up_after=NATS_WAIT,
-    )
-    module_g.serve_replay_jobs(
-        module_g.ReplayWorker(settings, topology, nc, rate=settings.handler_replay_rate)
-    )
-    pace = settings.handler_replay_rate or "no limit"
-    log.info("running replay jobs (%s replays/s at most)", pace)
-    return nc
+    return ReplayJobWorker(settings, topology, None, rate=settings.handler_replay_rate)
 
 
-async def _serve(app: web.Application, host: str, ports: list[int], stop: asyncio.Event) -> None:
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
+async def _start(
+    service: HandlerService,
+    settings: HandlerSettings,
+    database: str,
+    worker: ReplayJobWorker | None,
+    held: _Held,
+    stop: asyncio.Event,
+) -> bool:
+    """Open what the service needs, bind it and install the tables; False if stopped first."""
+    held.pool = await _create_pool_retrying(settings.dsn(database), stop)
+    if held.pool is None:
+        return False
+    if worker is not None:
+        held.nc = worker.nc = await connect_nats(
+            settings.nats_servers(),
+            name=f"{ROLE_PREFIX}{service.name}",
+            ping_interval=settings.nats_ping_interval,
+            auth=settings.nats_auth(),
+            give_up_after=NATS_WAIT,
+        )
+        pace = settings.handler_replay_rate or "no limit"
+        log.info("running replay jobs (%s replays/s at most)", pace)
+    service.bind(held.pool)
+    await service.install()
+    return True
+
+
+async def _serve(
+    app: web.Application,
+    settings: HandlerSettings,
+    ports: list[int],
+    stop: asyncio.Event,
+    *,
+    start: Callable[[], Awaitable[bool]],
+) -> None:
+    """Listen at once (503 "starting"), ``start``, serve until ``stop``, then finish the
+    calls in flight."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=settings.drain_deadline)
     await runner.setup()
     try:
         for port in ports:
-            await _start_site(runner, host, port)
+            await _start_site(runner, settings.host, port)
         # Port 0 asks the OS for one; log the real ones so a caller can find us.
         bound = sorted({int(address[1]) for address in runner.addresses})
-        log.info("serving on %s", ", ".join(f"http://{host}:{p}/handle" for p in bound))
+        urls = ", ".join(f"http://{settings.host}:{p}/handle" for p in bound)
+        log.info("serving on %s", urls)
+        if not await start():
+            return
         await stop.wait()
         log.info("stopping: finishing calls in flight")
     finally:
@@ -166,22 +225,11 @@ async def _create_pool_retrying(dsn: str, stop: asyncio.Event) -> asyncpg.Pool |
     return None
 
 
-async def _close_pool(pool: asyncpg.Pool) -> None:
+async def _close_pool(pool: asyncpg.Pool, deadline: float) -> None:
     try:
-        await within(SHUTDOWN_TIMEOUT, pool.close())
+        await within(deadline, pool.close())
     except TimeoutError:
         pool.terminate()
-
-
-async def _main(settings: HandlerSettings) -> int:
-    stop = asyncio.Event()
-    stop_on_signals(stop)
-    tracing = setup_tracing(f"{ROLE_PREFIX}{settings.service or 'unknown'}", settings)
-    loop.freeze()  # what tracing imported lives as long as the process too
-    try:
-        return await run(settings, stop)
-    finally:
-        tracing.shutdown()
 
 
 def _parse_args(argv: list[str] | None) -> dict[str, Any]:
@@ -202,20 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging(f"{ROLE_PREFIX}{overrides.get('service', 'unknown')}")
         log.error("invalid settings: %s", exc)
         return EXIT_CONFIG
-    configure_logging(f"{ROLE_PREFIX}{settings.service or 'unknown'}", settings.log_level)
-    try:
-        return loop.run(
-            _main(settings), choice=settings.event_loop, gc_policy=settings.gc_threshold
-        )
-    except ConfigurationError as exc:
-        log.error("configuration error: %s", exc)
-        return EXIT_CONFIG
-    except CONNECTION_ERRORS as exc:
-        log.error("database failed while starting: %s", exc)
-        return EXIT_CONNECT
-    except TransientError as exc:
-        log.error("NATS not reachable while starting (replay jobs): %s", exc)
-        return EXIT_CONNECT
+    role = f"{ROLE_PREFIX}{settings.service or 'unknown'}"
+    configure_logging(role, settings.log_level)
+    return run_role(role, settings, run)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ class HandlerService(Handler):
         self,
         *,
         name: str,
-        pool: asyncpg.Pool,
+        pool: asyncpg.Pool | None,
         routes: Mapping[RouteKey, AnyRoute | Callable[..., Any]],
         schemas: Mapping[RouteKey, Mapping[str, Any]] | None = None,
         tables: Sequence[str] = (),
@@ -77,16 +77,24 @@ class HandlerService(Handler):
 
 
 def build_service(
-    spec: ServiceSpec, *, pool: asyncpg.Pool, topology: Topology, fault_injection: bool = False
+    spec: ServiceSpec,
+    *,
+    pool: asyncpg.Pool | None,
+    topology: Topology,
+    fault_injection: bool = False,
+    platform_routes: Mapping[RouteKey, Callable[..., Any]] | None = None,
 ) -> HandlerService:
     """A :class:`HandlerService` for ``spec``, checked against and schema-fed by ``topology``.
 
     Refuses (:class:`ConfigurationError`) a topology that sends this context an event the
     service has no route for. ``fault_injection`` turns the ``_ferry_test`` directives on.
+    ``platform_routes`` (the platform's, such as the replay jobs' bound to their worker)
+    win over the spec's routes for the same event. ``pool`` None: :meth:`bind` one later.
     """
     topology.context(spec.name)
+    routes = {**spec.routes, **(platform_routes or {})}
     expected = handled_events(topology, spec.name)
-    missing = sorted(set(expected) - set(spec.routes))
+    missing = sorted(set(expected) - set(routes))
     if missing:
         names = ", ".join(f"{event_type}.v{version}" for event_type, version in missing)
         raise ConfigurationError(
@@ -96,7 +104,7 @@ def build_service(
     return HandlerService(
         name=spec.name,
         pool=pool,
-        routes=spec.routes,
+        routes=routes,
         schemas=topology_schemas(topology, spec.name),
         tables=spec.tables,
         fault_injection=fault_injection,

@@ -45,6 +45,9 @@ class HandlerSettings(CommonSettings):
     handler_replay_jobs: bool = False
     #: Replays per second within one replay job (0: no pause between two replays).
     handler_replay_rate: float = Field(default=20.0, ge=0, le=1000)
+    #: Seconds SIGTERM allows calls in flight to finish (and the pool to close), below
+    #: supervisord's stopwaitsecs; past it the process exits 4.
+    drain_deadline: float = Field(default=8.0, gt=0)
     #: The kind of deployment: ``production`` (k8s/overlays/prod sets it) forbids
     #: FERRY_HANDLER_FAULT_INJECTION; anything else (``development``, ``test``...) allows it.
     environment: str = "development"

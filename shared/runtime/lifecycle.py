@@ -3,7 +3,8 @@
 Every role's ``__main__`` wires settings to adapters and a worker, then hands the rest
 to :func:`run_role` (signals and tracing around ``run``, exceptions to exit codes) and
 :func:`serve` (a health endpoint, the work until ``stop``, then the work in hand
-finishes inside the drain deadline). ``services/dlq_router/__main__.py`` is the model.
+finishes inside the drain deadline). ``services/dlq_router/__main__.py`` is the model; the
+console and the handler services serve their own HTTP (``serve(health_server=False)``).
 """
 
 from __future__ import annotations
@@ -61,25 +62,36 @@ async def serve(
     stop: asyncio.Event,
     drain_deadline: float,
     metrics: RoleMetrics | None = None,
+    health_server: bool = True,
 ) -> int:
-    """Run ``work(inner_stop)`` with a health endpoint until ``stop``; the exit code."""
+    """Run ``work(inner_stop)`` with a health endpoint until ``stop``; the exit code.
+
+    When ``stop`` is set (or the work ends by itself), ``inner_stop`` is set and the work
+    has ``drain_deadline`` seconds to finish: past it, it is cancelled and the exit code is
+    EXIT_DRAIN_TIMEOUT. An error the work raises goes to the caller (then :func:`run_role`
+    makes it an exit code). ``health_server=False``: the role's own HTTP server answers
+    ``/healthz``, ``/readyz`` and ``/metrics`` on its port (the console, the handlers),
+    so FERRY_HEALTH_PORT opens none beside it and ``checks`` go unused.
+    """
     health = HealthServer(
         host=settings.health_host, port=settings.health_port or 0, checks=checks, metrics=metrics
     )
-    if settings.health_port:
+    if health_server and settings.health_port:
         await health.start()
-    inner_stop = asyncio.Event()
-    task = asyncio.ensure_future(work(inner_stop))
-    waiter = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    waiter.cancel()
-    inner_stop.set()
-    code = EXIT_OK
     try:
-        await within(drain_deadline, task)
-    except TimeoutError:
-        code = EXIT_DRAIN_TIMEOUT
-    await health.stop()
+        inner_stop = asyncio.Event()
+        task = asyncio.ensure_future(work(inner_stop))
+        waiter = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        inner_stop.set()
+        code = EXIT_OK
+        try:
+            await within(drain_deadline, task)
+        except TimeoutError:
+            code = EXIT_DRAIN_TIMEOUT
+    finally:
+        await health.stop()
     return code
 
 
@@ -111,8 +123,9 @@ def run_role(
     """Run one role's ``run(settings, stop)`` to its exit code.
 
     SIGTERM/SIGINT set ``stop``; tracing is set up around the run and flushed after it;
-    refused credentials exit with EXIT_CONNECT, a configuration error with EXIT_CONFIG,
-    each logged with what is wrong.
+    refused credentials, and a server still unreachable when a role gives up waiting for it
+    while starting (a TransientError let out), exit with EXIT_CONNECT, a configuration
+    error with EXIT_CONFIG, each logged with what is wrong.
     """
 
     async def main() -> int:
@@ -132,4 +145,7 @@ def run_role(
         return exit_code_of(exc)
     except ConfigurationError as exc:
         log.error("configuration error: %s", exc)
+        return exit_code_of(exc)
+    except TransientError as exc:
+        log.error("not reachable while starting: %s", exc)
         return exit_code_of(exc)

@@ -27,7 +27,10 @@ def _spawn(world: Env, *args: str, **extra: str) -> subprocess.Popen[bytes]:
     with open(world.tmp_path / "handler.log", "ab") as log:  # the child keeps its own copy
         return subprocess.Popen(
             argv := [sys.executable, "-m", "services.handlers", *args],
-            cwd=ROOT, env=world.settings_env(command=argv, **extra), stdout=log, stderr=log,
+            cwd=ROOT,
+            env=world.settings_env(command=argv, **extra),
+            stdout=log,
+            stderr=log,
         )
 
 
@@ -41,8 +44,9 @@ async def _stop(proc: subprocess.Popen[bytes]) -> int:
             proc.kill()
 
 
-async def _wait_ready(session: aiohttp.ClientSession, proc: subprocess.Popen[bytes],
-                      port: int) -> None:
+async def _wait_ready(
+    session: aiohttp.ClientSession, proc: subprocess.Popen[bytes], port: int
+) -> None:
     async def ready() -> bool:
         assert proc.poll() is None, f"handler exited with {proc.returncode}"
         try:
@@ -67,13 +71,17 @@ async def test_serves_and_drains_in_flight_calls_on_sigterm(env: Env) -> None:
     try:
         async with _session() as session:
             await _wait_ready(session, proc, port)
-            doc = make_doc("vibe_created", 1, {"vibe_id": "v1", "title": "t",
-                                               "_ferry_test": {"slow_ms": 1000}})
+            doc = make_doc(
+                "vibe_created", 1, {"vibe_id": "v1", "title": "t", "_ferry_test": {"slow_ms": 1000}}
+            )
             started = time.monotonic()
-            call = asyncio.create_task(session.post(
-                f"http://127.0.0.1:{port}/handle", json=doc,
-                headers={"Idempotency-Key": doc["message_id"]},
-            ))
+            call = asyncio.create_task(
+                session.post(
+                    f"http://127.0.0.1:{port}/handle",
+                    json=doc,
+                    headers={"Idempotency-Key": doc["message_id"]},
+                )
+            )
             await asyncio.sleep(0.3)  # the call is now sleeping inside the handler
             proc.send_signal(signal.SIGTERM)
             async with await call as resp:
@@ -84,6 +92,75 @@ async def test_serves_and_drains_in_flight_calls_on_sigterm(env: Env) -> None:
         await _stop(proc)
     lines = [json.loads(line) for line in (env.tmp_path / "handler.log").read_text().splitlines()]
     assert {line["role"] for line in lines} == {"handler-sea"}
+
+
+async def test_calls_past_the_drain_deadline_exit_4(env: Env) -> None:
+    """The one role lifecycle: a call still in flight at FERRY_DRAIN_DEADLINE ends the
+    drain with exit code 4, as for every role."""
+    port = free_port()
+    proc = _spawn(
+        env, "--service", "sea", "--port", str(port), FERRY_HANDLER_FAULT_INJECTION="true",
+        FERRY_DRAIN_DEADLINE="0.5",
+    )  # fmt: skip
+    try:
+        async with _session() as session:
+            await _wait_ready(session, proc, port)
+            doc = make_doc(
+                "vibe_created", 1, {"vibe_id": "v2", "title": "t", "_ferry_test": {"slow_ms": 5000}}
+            )
+            call = asyncio.create_task(
+                session.post(
+                    f"http://127.0.0.1:{port}/handle",
+                    json=doc,
+                    headers={"Idempotency-Key": doc["message_id"]},
+                )
+            )
+            await asyncio.sleep(0.3)  # the call is now sleeping inside the handler
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.to_thread(proc.wait, 20)
+            assert time.monotonic() - started < 4.0, "the drain outlived its deadline"
+            call.cancel()
+        assert code == 4
+    finally:
+        await _stop(proc)
+
+
+async def test_answers_503_starting_until_its_database_answers(env: Env) -> None:
+    """The one role lifecycle: the port opens at once; until PostgreSQL answers, readiness
+    and calls get 503 "starting" (a call is retried, never a 500), health answers 200, and
+    SIGTERM meanwhile stops it cleanly."""
+    port, nowhere = free_ports(2)
+    databases = {c.database: f"postgresql://x@127.0.0.1:{nowhere}/{c.database}"
+                 for c in env.topology.contexts.values()}  # fmt: skip
+    proc = _spawn(
+        env, "--service", "sea", "--port", str(port), FERRY_DATABASES=json.dumps(databases)
+    )
+    try:
+        async with _session() as session:
+
+            async def listening() -> bool:
+                assert proc.poll() is None, f"handler exited with {proc.returncode}"
+                try:
+                    async with session.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                        return resp.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            await eventually(listening, timeout=30, what="the handler's port open")
+            async with session.get(f"http://127.0.0.1:{port}/readyz") as resp:
+                assert resp.status == 503
+                assert (await resp.json())["failing"] == ["starting"]
+            doc = make_doc("vibe_created", 1, {"vibe_id": "v3", "title": "t"})
+            async with session.post(
+                f"http://127.0.0.1:{port}/handle", json=doc,
+                headers={"Idempotency-Key": doc["message_id"]},
+            ) as resp:  # fmt: skip
+                assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+                assert (await resp.json())["retryable"] is True
+        assert await _stop(proc) == 0
+    finally:
+        await _stop(proc)
 
 
 async def test_listens_on_every_port_the_topology_names(mediation_env: Env) -> None:
@@ -106,8 +183,12 @@ def _run(*args: str, **extra: str) -> subprocess.CompletedProcess[bytes]:
     env.update(FERRY_TOPOLOGY=str(ROOT / "topologies/sea-vibespro.yaml"), PYTHONPATH=str(ROOT))
     env.update(extra)
     return subprocess.run(
-        [sys.executable, "-m", "services.handlers", *args], cwd=ROOT, env=env,
-        capture_output=True, timeout=30, check=False,
+        [sys.executable, "-m", "services.handlers", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=30,
+        check=False,
     )
 
 
@@ -154,8 +235,7 @@ async def test_port_zero_logs_the_port_it_got(env: Env) -> None:
 
     try:
         await eventually(serving, timeout=30, what="the 'serving on' log line")
-        (line,) = [json.loads(x) for x in log_path.read_text().splitlines()
-                   if "serving on" in x]
+        (line,) = [json.loads(x) for x in log_path.read_text().splitlines() if "serving on" in x]
         port = int(line["message"].rsplit(":", 1)[1].split("/")[0])
         assert port > 0
         async with _session() as session:

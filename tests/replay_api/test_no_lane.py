@@ -24,6 +24,7 @@ async def test_a_topology_without_a_replay_lane_refuses_jobs_in_words() -> None:
     assert replay_lane(load_topology(ROOT / "topologies/mediation.yaml")) is not None
     auth = Authenticator({}, token=TOKEN, token_role="operator")
     console = Console(ConsoleSettings(), topology, {}, lambda: None, auth, RoleMetrics("console"))
+    console.ready = True  # started (no pools to open): pages answer, not 503 "starting"
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with TestClient(TestServer(console.app())) as client:
         body = {"durable": "sea__from_vibespro", "message_ids": [], "reason": "x"}
