@@ -6,7 +6,7 @@ import asyncio
 import glob
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -14,11 +14,9 @@ from shared.ops import where as where_ops
 from shared.ops.where_render import render as render_journey
 
 from . import data
+from .host import Host
 from .jobs import new_message_id
 from .views import UserError, plain_name, timeline
-
-if TYPE_CHECKING:
-    from .app import Console
 
 #: The KPI job's plots the console serves.
 KPI_PLOTS = ("latency.png", "windows.png")
@@ -27,7 +25,7 @@ KPI_PLOTS = ("latency.png", "windows.png")
 class EventPages:
     """``/event`` and ``/kpi``: where an event is, and what the KPI job last proved."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Host) -> None:
         self.console = console
         self.settings, self.topology, self.pools = console.settings, console.topology, console.pools
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote, urlencode
 
 from aiohttp import web
@@ -20,11 +20,9 @@ from shared.ops import parked as parked_ops
 
 from . import data
 from .auth import Session
+from .host import Host
 from .jobs import Job, new_message_id
 from .views import UserError, field, rate_param
-
-if TYPE_CHECKING:
-    from .app import Console
 
 log = logging.getLogger("ferry.console")
 #: Most entries one action (a group) may take at once.
@@ -36,7 +34,7 @@ GROUP_PAGE = 500
 class FailurePages:
     """``/failures``, ``/jobs`` and ``/parked``: what failed, and what an operator does about it."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Host) -> None:
         self.console = console
         self.settings, self.topology, self.pools = console.settings, console.topology, console.pools
         self.actions, self.jobs = console.actions, console.jobs

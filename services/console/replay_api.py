@@ -29,7 +29,7 @@ import re
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -39,9 +39,7 @@ from shared.contracts.replay_jobs import REPLAY_JOB_EVENT, REPLAY_JOB_VERSION, r
 from shared.ops import dlq as dlq_ops
 
 from . import data
-
-if TYPE_CHECKING:
-    from .app import Console
+from .host import Host
 
 #: Most dead letters one job may name (message ids, or a group's entries taken): a job
 #: runs within one handler call of cg_replay (its timeout is 60 s).
@@ -247,7 +245,7 @@ def _iso(value: Any) -> str | None:
 class ReplayApi:
     """The replay API's routes on one console."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Host) -> None:
         self.console = console
 
     def add_routes(self, router: web.UrlDispatcher) -> None:

@@ -23,13 +23,13 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import asyncpg
 from nats.js import JetStreamContext
 
 from services.outbox_publisher.metrics import PublisherMetrics
+from services.outbox_publisher.stats import PublisherStats
 from shared.adapters import outbox
 from shared.adapters.outbox import Failure
 from shared.adapters.postgres import DATABASE_ERRORS, Conn
@@ -60,28 +60,6 @@ log = logging.getLogger("ferry.outbox_publisher")
 #: NOTIFY, so such claims take at most about a tenth of a database core per worker.
 SLOW_EMPTY_CLAIM = 0.1
 SLOW_EMPTY_REST_MAX = 10.0
-
-
-@dataclass
-class PublisherStats:
-    """Counters the role exposes (and tests read)."""
-
-    published: int = 0
-    duplicates: int = 0
-    publish_errors: int = 0
-    #: Rows this process set aside, and batches that raised something unexpected.
-    set_aside: int = 0
-    batch_errors: int = 0
-    batches: int = 0
-    #: Claims that found rows held back behind another worker's batch, and waits for such
-    #: rows that another worker's commit ended (rather than the poll).
-    held_back: int = 0
-    released: int = 0
-    #: Atomic batches stored whole, and refused (their rows then went one by one).
-    atomic_batches: int = 0
-    atomic_refused: int = 0
-    last_db_ok: bool = False
-    errors_by_kind: dict[str, int] = field(default_factory=dict)
 
 
 class Batch(NamedTuple):

@@ -15,7 +15,6 @@ import time
 import typing
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
@@ -29,9 +28,7 @@ from shared.domain.ports import OutboxRecord
 from . import atomic
 from . import failures as fail
 from .messages import OrderingFields, build_message
-
-if TYPE_CHECKING:
-    from .publisher import PublisherStats
+from .stats import PublisherStats
 
 log = logging.getLogger("ferry.outbox_publisher")
 

@@ -1,0 +1,43 @@
+"""What the console's pages need of the console that hosts them (:class:`.app.Console`
+is one): a protocol, so the pages depend on it and not on the application module."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import asyncpg
+from aiohttp import web
+from nats.aio.client import Client as NATS
+from prometheus_client import Counter, Histogram
+
+from shared.contracts.topology import Topology
+
+from .auth import Session
+from .jobs import Jobs
+from .settings import ConsoleSettings
+
+
+class Host(Protocol):
+    """The console as its pages see it: settings, connections, jobs, rendering, sessions."""
+
+    settings: ConsoleSettings
+    topology: Topology
+    pools: dict[str, asyncpg.Pool]
+    jobs: Jobs
+    actions: Counter
+    render_seconds: Histogram
+
+    @property
+    def nc(self) -> NATS | None: ...
+
+    def render(
+        self, request: web.Request, template: str, status: int = 200, **context: Any
+    ) -> web.Response: ...
+
+    def error_page(self, request: web.Request, message: str, status: int) -> web.Response: ...
+
+    def session_of(self, request: web.Request) -> Session: ...
+
+    def log_action(self, text: str, actor: str) -> None: ...
+
+    def operator(self, request: web.Request) -> Session: ...
