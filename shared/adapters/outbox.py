@@ -375,5 +375,6 @@ async def purge_batch(conn: Conn, before: datetime, limit: int) -> int:
 
 async def purgeable(conn: Conn, before: datetime) -> int:
     """How many rows :func:`purge_batch` would delete, in all."""
-    return int(await conn.fetchval("SELECT count(*) FROM outbox_events WHERE published_at < $1",
-                                   before))
+    return int(
+        await conn.fetchval("SELECT count(*) FROM outbox_events WHERE published_at < $1", before)
+    )

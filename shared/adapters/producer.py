@@ -34,8 +34,7 @@ _INSERT_HEAD = (
     " payload, occurred_at, correlation_id, causation_id, traceparent, tracestate)"
 )
 _INSERT = (
-    f"{_INSERT_HEAD}"
-    " VALUES ($1, $2, $3, $4, $5, $6::jsonb, COALESCE($7, now()), $8, $9, $10, $11)"
+    f"{_INSERT_HEAD} VALUES ($1, $2, $3, $4, $5, $6::jsonb, COALESCE($7, now()), $8, $9, $10, $11)"
 )
 
 
@@ -270,13 +269,16 @@ def _checked_row(
         correlation_id=str(links[0]) if links[0] else None,
         context=context,
     ) as trace_context:
-        yield row_id, (
+        yield (
             row_id,
-            *aggregate,
-            checked_type,
-            checked_version,
-            payload_json,
-            checked_at,
-            *links,
-            *trace_context,
+            (
+                row_id,
+                *aggregate,
+                checked_type,
+                checked_version,
+                payload_json,
+                checked_at,
+                *links,
+                *trace_context,
+            ),
         )

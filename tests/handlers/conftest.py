@@ -76,7 +76,10 @@ def make_doc(
         "payload": payload,
         "payload_digest": payload_digest(payload),
         "delivery": {
-            "attempt": attempt, "max_attempts": 6, "stream_sequence": 1, "durable": durable,
+            "attempt": attempt,
+            "max_attempts": 6,
+            "stream_sequence": 1,
+            "durable": durable,
         },
     }
 
@@ -87,10 +90,15 @@ def mediation_doc_for(
     """A mediation request body: the envelope plus INFRA-005's names."""
     doc = make_doc(event_type, 1, payload, namespace=lane, context=module, durable=durable, **kw)
     doc.update(
-        messageId=doc["message_id"], traceKey=doc["correlation_id"] or doc["message_id"],
-        opportunityKey=payload.get("opportunity_key"), module=module, eventType=event_type,
-        payloadDigest=doc["payload_digest"], createdAt=doc["occurred_at"],
-        retryCount=doc["delivery"]["attempt"] - 1, maxRetries=doc["delivery"]["max_attempts"],
+        messageId=doc["message_id"],
+        traceKey=doc["correlation_id"] or doc["message_id"],
+        opportunityKey=payload.get("opportunity_key"),
+        module=module,
+        eventType=event_type,
+        payloadDigest=doc["payload_digest"],
+        createdAt=doc["occurred_at"],
+        retryCount=doc["delivery"]["attempt"] - 1,
+        maxRetries=doc["delivery"]["max_attempts"],
     )
     return doc
 
@@ -113,7 +121,10 @@ class RunningHandler:
     service: HandlerService
 
     async def post(
-        self, doc: dict[str, Any] | None = None, *, body: bytes | None = None,
+        self,
+        doc: dict[str, Any] | None = None,
+        *,
+        body: bytes | None = None,
         headers: dict[str, str] | None = None,
     ) -> Reply:
         """POST /handle; ``Idempotency-Key`` defaults to the doc's message_id."""

@@ -124,8 +124,9 @@ POISON_CASES: dict[str, tuple[Mutation, str]] = {
         "unknown event type/version vibe_created.v3",
     ),
     "unknown type": (
-        lambda d: _send({**d, "event_type": "vibe_deleted",
-                         "subject": "vibespro.event.vibe_deleted.v1"}),
+        lambda d: _send(
+            {**d, "event_type": "vibe_deleted", "subject": "vibespro.event.vibe_deleted.v1"}
+        ),
         "unknown event type/version vibe_deleted.v1",
     ),
     "schema type": (
@@ -137,11 +138,13 @@ POISON_CASES: dict[str, tuple[Mutation, str]] = {
         "payload.title: required property is missing",
     ),
     "missing envelope field": (
-        lambda d: _send(_without(d, "aggregate_id")), "envelope lacks aggregate_id",
+        lambda d: _send(_without(d, "aggregate_id")),
+        "envelope lacks aggregate_id",
     ),
     "missing delivery": (lambda d: _send(_without(d, "delivery")), "delivery"),
     "bad attempt": (
-        lambda d: _send({**d, "delivery": {"attempt": 0}}), "delivery.attempt must be an integer",
+        lambda d: _send({**d, "delivery": {"attempt": 0}}),
+        "delivery.attempt must be an integer",
     ),
     "key mismatch": (
         lambda d: (json.dumps(d).encode(), {"Idempotency-Key": str(uuid.uuid4())}),
@@ -149,10 +152,12 @@ POISON_CASES: dict[str, tuple[Mutation, str]] = {
     ),
     "key missing": (lambda d: (json.dumps(d).encode(), {}), "Idempotency-Key header is missing"),
     "not json": (
-        lambda d: (b"{not json", {"Idempotency-Key": d["message_id"]}), "MALFORMED_JSON",
+        lambda d: (b"{not json", {"Idempotency-Key": d["message_id"]}),
+        "MALFORMED_JSON",
     ),
     "not an object": (
-        lambda d: (b"[1, 2]", {"Idempotency-Key": d["message_id"]}), "not an object",
+        lambda d: (b"[1, 2]", {"Idempotency-Key": d["message_id"]}),
+        "not an object",
     ),
     "deep nesting": (
         lambda d: (b'{"a":' * 5000 + b"1" + b"}" * 5000, {"Idempotency-Key": d["message_id"]}),
@@ -163,13 +168,16 @@ POISON_CASES: dict[str, tuple[Mutation, str]] = {
         "MALFORMED_JSON",
     ),
     "not a number": (
-        lambda d: (b'{"a":1e400}', {"Idempotency-Key": d["message_id"]}), "MALFORMED_JSON",
+        lambda d: (b'{"a":1e400}', {"Idempotency-Key": d["message_id"]}),
+        "MALFORMED_JSON",
     ),
     "digest mismatch": (
-        lambda d: _send({**d, "payload_digest": "sha256:" + "0" * 64}), "DIGEST_MISMATCH",
+        lambda d: _send({**d, "payload_digest": "sha256:" + "0" * 64}),
+        "DIGEST_MISMATCH",
     ),
     "subject mismatch": (
-        lambda d: _send({**d, "subject": "vibespro.event.vibe_created.v2"}), "SUBJECT_MISMATCH",
+        lambda d: _send({**d, "subject": "vibespro.event.vibe_created.v2"}),
+        "SUBJECT_MISMATCH",
     ),
     "directive typo": (
         lambda d: _send(with_payload(d, {**d["payload"], "_ferry_test": {"fail_attempt": 1}})),
@@ -183,11 +191,22 @@ POISON_CASES: dict[str, tuple[Mutation, str]] = {
 
 
 #: Defects of the request itself (not JSON, not an envelope, headers): 400, not 422.
-MALFORMED = frozenset({
-    "missing envelope field", "missing delivery", "bad attempt", "key mismatch", "key missing",
-    "not json", "not an object", "deep nesting", "huge number", "not a number",
-    "digest mismatch", "subject mismatch",
-})
+MALFORMED = frozenset(
+    {
+        "missing envelope field",
+        "missing delivery",
+        "bad attempt",
+        "key mismatch",
+        "key missing",
+        "not json",
+        "not an object",
+        "deep nesting",
+        "huge number",
+        "not a number",
+        "digest mismatch",
+        "subject mismatch",
+    }
+)
 
 
 @pytest.mark.parametrize("case", sorted(POISON_CASES))
@@ -316,8 +335,14 @@ async def test_database_gone_is_503_and_not_ready(env: Env) -> None:
 
 
 async def test_vibespro_stores_published_models(vibespro: RunningHandler) -> None:
-    doc = make_doc("model_published", 1, {"model_id": "m1", "name": "Model"},
-                   namespace="sea.event", context="sea", durable="vibespro__from_sea")
+    doc = make_doc(
+        "model_published",
+        1,
+        {"model_id": "m1", "name": "Model"},
+        namespace="sea.event",
+        context="sea",
+        durable="vibespro__from_sea",
+    )
     assert (await vibespro.post(doc)).status == 200
     assert (await vibespro.post(doc)).status == 409
     (row,) = await vibespro.pool.fetch("SELECT * FROM handler_vibespro_models")
@@ -326,8 +351,12 @@ async def test_vibespro_stores_published_models(vibespro: RunningHandler) -> Non
 
 def scored(key: str = "opp-1", score: float = 0.5, **kw: Any) -> dict[str, Any]:
     return mediation_doc_for(
-        "opportunity_scored", {"opportunity_key": key, "score": score},
-        lane="mediation.e_to_f.events", module="module_e", durable="cg_f_ingest", **kw,
+        "opportunity_scored",
+        {"opportunity_key": key, "score": score},
+        lane="mediation.e_to_f.events",
+        module="module_e",
+        durable="cg_f_ingest",
+        **kw,
     )
 
 
@@ -394,16 +423,25 @@ async def test_mediation_message_id_alias_must_agree(mediation_env: Env) -> None
 
 async def test_module_g_archives_and_records_replays(mediation_env: Env) -> None:
     archived = mediation_doc_for(
-        "opportunity_archived", {"opportunity_key": "opp-1"},
-        lane="mediation.f_to_g.archive", module="module_f", durable="cg_g_archive",
+        "opportunity_archived",
+        {"opportunity_key": "opp-1"},
+        lane="mediation.f_to_g.archive",
+        module="module_f",
+        durable="cg_g_archive",
     )
     replay = mediation_doc_for(
-        "replay_requested", {"opportunity_key": "opp-1", "reason": "dispute"},
-        lane="mediation.replay.jobs", module="module_g", durable="cg_replay",
+        "replay_requested",
+        {"opportunity_key": "opp-1", "reason": "dispute"},
+        lane="mediation.replay.jobs",
+        module="module_g",
+        durable="cg_replay",
     )
     async with running(mediation_env, "module_g") as g:
         assert [(await g.post(d)).status for d in (archived, archived, replay, replay)] == [
-            200, 409, 200, 409,
+            200,
+            409,
+            200,
+            409,
         ]
         (row,) = await g.pool.fetch("SELECT * FROM handler_g_archive")
         (rep,) = await g.pool.fetch("SELECT * FROM handler_g_replays")
@@ -413,8 +451,11 @@ async def test_module_g_archives_and_records_replays(mediation_env: Env) -> None
 
 def _publish(revision: int, config_id: str = "c1", **extra: Any) -> dict[str, Any]:
     return mediation_doc_for(
-        "config_publish_requested", {"config_id": config_id, "revision": revision, **extra},
-        lane="mediation.h.publish.jobs", module="module_h", durable="cg_h_publish",
+        "config_publish_requested",
+        {"config_id": config_id, "revision": revision, **extra},
+        lane="mediation.h.publish.jobs",
+        module="module_h",
+        durable="cg_h_publish",
     )
 
 
@@ -498,8 +539,12 @@ async def test_refuses_a_topology_event_it_has_no_route_for(env: Env) -> None:
     # Events come from the generated registry; this one stands for a manifest change
     # that was regenerated without adding the route.
     extra = EventSpec.model_validate(
-        {"context": "vibespro", "type": "vibe_deleted", "version": 1,
-         "handled_by": ["sea__from_vibespro"]}
+        {
+            "context": "vibespro",
+            "type": "vibe_deleted",
+            "version": 1,
+            "handled_by": ["sea__from_vibespro"],
+        }
     )
     topology = env.topology.model_copy(update={"events": [*env.topology.events, extra]})
     pool = await asyncpg.create_pool(env.dsn("sea"), min_size=1, max_size=1)

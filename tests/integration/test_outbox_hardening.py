@@ -261,15 +261,21 @@ async def test_a_poison_row_is_set_aside_and_every_other_aggregate_publishes(
     assert row["set_aside_reason"] == "PAYLOAD_INVALID" and row["set_aside_at"] is not None
     assert row["publish_attempts"] == 1, "not retried: it can never be published as it is"
     assert "4300 digits" in row["publish_error"]
-    assert await sea_conn.fetchval(
-        "SELECT count(*) FROM outbox_events WHERE id = ANY($1::uuid[]) AND publish_attempts = 0",
-        behind,
-    ) == 100, "the rows behind it were never attempted"
+    assert (
+        await sea_conn.fetchval(
+            "SELECT count(*) FROM outbox_events"
+            " WHERE id = ANY($1::uuid[]) AND publish_attempts = 0",
+            behind,
+        )
+        == 100
+    ), "the rows behind it were never attempted"
     [listed] = await outbox.set_aside_rows(sea_conn)
     assert (listed["id"], listed["waiting"], listed["reason"]) == (poison, 100, "PAYLOAD_INVALID")
     [audit] = await outbox.actions(sea_conn, poison)
     assert (audit["action"], audit["actor"], audit["reason"]) == (
-        "set_aside", "outbox-publisher", "PAYLOAD_INVALID"
+        "set_aside",
+        "outbox-publisher",
+        "PAYLOAD_INVALID",
     )
     assert publisher.stats.set_aside == 1
     registry = publisher.metrics.role.registry
@@ -301,8 +307,7 @@ async def test_each_unbuildable_row_is_set_aside_at_once(
         await eventually(lambda: _pending_is(sea_conn, 1), timeout=20, what="good published")
         await eventually(lambda: _set_aside_count(sea_conn, 1), timeout=20, what="set aside")
     row = await sea_conn.fetchrow(
-        "SELECT publish_attempts, publish_error, set_aside_reason FROM outbox_events "
-        "WHERE id = $1",
+        "SELECT publish_attempts, publish_error, set_aside_reason FROM outbox_events WHERE id = $1",
         bad,
     )
     assert row is not None
@@ -354,7 +359,8 @@ async def test_operator_lists_and_republishes_a_set_aside_row_with_a_reason(
     assert await _assert_stream_is_published_rows_in_order(nc, sea_conn) == 8
     audit = await outbox.actions(sea_conn, poison)
     assert [(a["action"], a["actor"]) for a in audit] == [
-        ("set_aside", "outbox-publisher"), ("republish", "alice")
+        ("set_aside", "outbox-publisher"),
+        ("republish", "alice"),
     ]
     assert audit[1]["reason"] == "payload corrected by hand (ticket 42)"
     assert '"was": "PAYLOAD_INVALID"' in audit[1]["details"]
@@ -426,8 +432,7 @@ async def test_a_refused_row_is_set_aside_after_the_configured_attempts(
         await eventually(lambda: _set_aside_count(sea_conn, 1), timeout=20, what="set aside")
         assert all(not task.done() for task in publisher_tasks(publisher))
     row = await sea_conn.fetchrow(
-        "SELECT publish_attempts, publish_error, set_aside_reason FROM outbox_events "
-        "WHERE id = $1",
+        "SELECT publish_attempts, publish_error, set_aside_reason FROM outbox_events WHERE id = $1",
         refused,
     )
     assert row is not None

@@ -134,9 +134,7 @@ async def _wait_ready(port: int, proc: subprocess.Popen[bytes]) -> None:
         await eventually(ready, timeout=30, what="sea handler ready")
 
 
-async def test_v1_and_v2_side_by_side_and_invalid_payloads_at_both_ends(
-    env: Env, nc: NATS
-) -> None:
+async def test_v1_and_v2_side_by_side_and_invalid_payloads_at_both_ends(env: Env, nc: NATS) -> None:
     await provision(nc.jetstream(), env.topology, caps=CAPS)
     async with _connect(env.dsn("vibespro")) as vibespro, _connect(env.dsn("sea")) as sea:
         await _producer_refuses(vibespro)
@@ -231,9 +229,7 @@ def test_every_role_refuses_to_start_on_a_lint_finding(tmp_path: Path, role: str
         ("dlq-replayer", "replaying dead letters of sea-vibespro"),
     ],
 )
-async def test_roles_start_on_a_clean_topology(
-    env: Env, nc: NATS, role: str, started: str
-) -> None:
+async def test_roles_start_on_a_clean_topology(env: Env, nc: NATS, role: str, started: str) -> None:
     """The passing case (the publisher, consumer and handler start in the test above)."""
     await provision(nc.jetstream(), env.topology, caps=CAPS)
     log = env.tmp_path / f"{role}.log"

@@ -50,8 +50,10 @@ TABLE = "CREATE TABLE IF NOT EXISTS invoices (order_id TEXT PRIMARY KEY, amount 
 def payload_module(tmp_path: Path) -> ModuleType:
     """The team's generated models module, imported."""
     source = generate_models(
-        [EventSchema("order_paid", 1, PAID, "An order was paid."),
-         EventSchema("order_noted", 1, {"type": "object"})],
+        [
+            EventSchema("order_paid", 1, PAID, "An order was paid."),
+            EventSchema("order_noted", 1, {"type": "object"}),
+        ],
         source="a test",
     )
     path = tmp_path / "payloads.py"
@@ -116,8 +118,11 @@ async def served(
                 await runner.cleanup()
         else:
             config = uvicorn.Config(
-                asgi_app(handler, secrets=secrets), host="127.0.0.1", port=port,
-                log_level="warning", lifespan="on",
+                asgi_app(handler, secrets=secrets),
+                host="127.0.0.1",
+                port=port,
+                log_level="warning",
+                lifespan="on",
             )
             server = uvicorn.Server(config)
             task = asyncio.create_task(server.serve())
@@ -205,8 +210,11 @@ async def test_an_unknown_durable_or_an_altered_body_is_401(client: SigningClien
 
 async def test_a_malformed_body_is_400_naming_the_defect(client: SigningClient) -> None:
     call = paid(client)
-    for body, code in [(b"{not json", "MALFORMED_JSON"), (b"[1]", "MALFORMED_ENVELOPE"),
-                       (b'{"message_id": "x"}', "MISSING_FIELD")]:
+    for body, code in [
+        (b"{not json", "MALFORMED_JSON"),
+        (b"[1]", "MALFORMED_ENVELOPE"),
+        (b'{"message_id": "x"}', "MISSING_FIELD"),
+    ]:
         reply = await client.post(body, call.headers())
         assert reply.status == 400, reply.text
         assert reply.body["reason_code"] == code and reply.body["retryable"] is False
@@ -261,7 +269,9 @@ async def test_outcomes_raised_by_a_route(
     assert (closed.status, closed.body["retryable"]) == (500, False)
     high = await client.send(paid(client, "big", amount=5000))
     assert (high.status, high.body["reason_code"], high.body["retryable"]) == (
-        422, "AMOUNT_TOO_HIGH", False,
+        422,
+        "AMOUNT_TOO_HIGH",
+        False,
     )
     assert await counts(served[1]) == (0, 0), "no outcome but 200 leaves anything behind"
 

@@ -58,8 +58,9 @@ def load(source: str, tmp_path: Path, name: str) -> ModuleType:
 @pytest.fixture(scope="module")
 def rich(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
     source = generate_models([EventSchema("thing_made", 3, RICH, "A thing.")], source="a test")
-    assert source == generate_models([EventSchema("thing_made", 3, RICH, "A thing.")],
-                                     source="a test"), "deterministic"
+    assert source == generate_models(
+        [EventSchema("thing_made", 3, RICH, "A thing.")], source="a test"
+    ), "deterministic"
     return load(source, tmp_path_factory.mktemp("models"), "rich_payloads")
 
 
@@ -67,17 +68,33 @@ def test_names_and_shapes(rich: ModuleType) -> None:
     assert class_name("vibe_created", 2) == "VibeCreatedV2"
     model = rich.MODELS[("thing_made", 3)]
     assert model is rich.ThingMadeV3 and rich.SCHEMAS[("thing_made", 3)] == RICH
-    thing = model.model_validate({
-        "id": "x", "class": "c", "_private": 1, "model_name": "m", "schema": "s", "kind": None,
-        "when": "not a date: format is an annotation", "tags": ["t"], "scores": {"a": 1},
-        "owner": {"name": "n", "age": None}, "either": 3, "anything": "x",
-    })
+    thing = model.model_validate(
+        {
+            "id": "x",
+            "class": "c",
+            "_private": 1,
+            "model_name": "m",
+            "schema": "s",
+            "kind": None,
+            "when": "not a date: format is an annotation",
+            "tags": ["t"],
+            "scores": {"a": 1},
+            "owner": {"name": "n", "age": None},
+            "either": 3,
+            "anything": "x",
+        }
+    )
     assert (thing.class_, thing.private, thing.model_name_, thing.schema_) == ("c", 1, "m", "s")
     assert thing.owner.name == "n" and thing.scores == {"a": 1.0} and thing.either == 3
 
 
-json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False,
-                         allow_infinity=False), st.text(max_size=5))
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=5),
+)
 candidates = st.fixed_dictionaries(
     {"id": st.text(max_size=5), "class": st.text(max_size=5), "kind": json_scalars},
     optional={

@@ -189,9 +189,10 @@ def test_the_wire_is_utf8_not_ascii_escapes() -> None:
 def test_the_digest_is_over_utf8_text_as_before() -> None:
     # Digests already stored (rows, dead-letter records) were taken over UTF-8 text;
     # the wire form changing must not change them.
-    assert payload_digest({"name": "Ж"}) == "sha256:" + __import__("hashlib").sha256(
-        '{"name":"Ж"}'.encode()
-    ).hexdigest()
+    assert (
+        payload_digest({"name": "Ж"})
+        == "sha256:" + __import__("hashlib").sha256('{"name":"Ж"}'.encode()).hexdigest()
+    )
 
 
 # --- properties ----------------------------------------------------------------------------
