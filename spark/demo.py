@@ -21,6 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Window and grace of the demo's run: short, because the demo is.
 DEMO_WINDOW, DEMO_GRACE = "10s", "10s"
 QUICK_JVM = "-Duser.timezone=UTC -XX:TieredStopAtLevel=1"
+#: The p99 latency (ms) the demo's own one-off failures explain: 3 % of its events are
+#: retried once after their durable's first back-off (1 s), so a window's p99 is one of
+#: them; a p99 above this is not the demo's doing.
+RETRIED_P99_MS = 2500.0
 
 
 def show_kpi_report(env: dict[str, str], *, since: datetime, topologies: Sequence[str]) -> int:
@@ -58,27 +62,33 @@ def show_kpi_report(env: dict[str, str], *, since: datetime, topologies: Sequenc
             "dead-letter\n  rate target (< 0.1 %) is expected to be missed. Events parked "
             "behind a held dead letter\n  count as parked, never as lost; events processed "
             "after a replay of their dead letter\n  (or released from behind a held head) "
-            "have their latency apart from the pipeline's own."
+            "have their latency apart from the pipeline's own.\n  The demo also makes 3 % "
+            "of the events fail once (503): each waits its durable's first\n  back-off "
+            f"(1 s) before its retry, so a p99 up to {RETRIED_P99_MS / 1000:.1f} s is those "
+            "retries, by design."
         )
         others = unexpected_misses(pages)
         if others:
             print(f"  Also missed, and not by design: {', '.join(others)} (findings above).")
         elif others is not None:
-            print("  Every other target was met: nothing lost, the pipeline's own latency "
-                  "within its target.")  # fmt: skip
+            print("  Every other target was met: nothing lost, nothing parked.")
     for page in pages:
         print(f"  open {page} for the tables and plots")
     return result.returncode
 
 
 def unexpected_misses(pages: Sequence[Path]) -> list[str] | None:
-    """The gating targets the reports beside ``pages`` missed other than the dead-letter
-    rate the demo breaks on purpose; None when a report cannot be read."""
+    """The gating targets the reports beside ``pages`` missed other than those the demo
+    misses on purpose (the dead-letter rate; a p99 latency its one-off failures' retries
+    explain); None when a report cannot be read."""
     names: set[str] = set()
     for page in pages:
         try:
             doc = json.loads(page.with_name("report.json").read_text())
         except (OSError, ValueError):
             return None
-        names |= {f["name"] for f in doc.get("findings", {}).get("gate", [])}
-    return sorted(names - {"dlq"}) if pages else None
+        for finding in doc.get("findings", {}).get("gate", []):
+            retried = finding["name"] == "latency" and finding["value"] <= RETRIED_P99_MS
+            if finding["name"] != "dlq" and not retried:
+                names.add(finding["name"])
+    return sorted(names) if pages else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -373,3 +374,20 @@ def test_complete_windows_fills_the_grid() -> None:
 def test_spark_failures_map_to_the_job_errors(text: str, kind: type[Exception]) -> None:
     error = translate_spark_error(RuntimeError(f"An error occurred\n{text}\n\tat ..."))
     assert type(error) is kind
+
+
+def test_the_demo_names_only_the_misses_it_does_not_cause(tmp_path: Path) -> None:
+    from spark.demo import RETRIED_P99_MS, unexpected_misses
+
+    def report(name: str, *findings: tuple[str, float]) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        gate = [{"name": n, "value": v} for n, v in findings]
+        (folder / "report.json").write_text(json.dumps({"findings": {"gate": gate}}))
+        return folder / "report.html"
+
+    on_purpose = report("a", ("dlq", 0.03), ("latency", RETRIED_P99_MS - 1))
+    assert unexpected_misses([on_purpose]) == []
+    slow = report("b", ("latency", RETRIED_P99_MS + 1), ("lost", 1.0))
+    assert unexpected_misses([on_purpose, slow]) == ["latency", "lost"]
+    assert unexpected_misses([tmp_path / "missing" / "report.html"]) is None
