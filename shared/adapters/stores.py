@@ -1,25 +1,20 @@
 """The PostgreSQL stores as objects implementing the ports of :mod:`shared.domain.ports`.
 
-Thin on purpose: each method calls the module function of :mod:`.outbox`, :mod:`.inbox`
-or :mod:`.dead_letters` it names, unchanged, so the roles may keep calling the functions
-while the contract suites (``tests/contracts/``) hold every implementation of a port to
-the same promises.
+Thin on purpose: each method calls the module function of :mod:`.outbox` or :mod:`.inbox`
+it names, unchanged, so the roles may keep calling the functions while the contract
+suites (``tests/contracts/``) hold every implementation of a port (these, and the
+in-memory ones of :mod:`.memory`) to the same promises.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 from uuid import UUID
 
-from nats.js import JetStreamContext
-
-from shared.adapters import dead_letters, inbox, outbox
+from shared.adapters import inbox, outbox
 from shared.adapters.postgres import Conn
-from shared.contracts.topology import Topology
 from shared.domain.ports import (
-    DeadLetterOutcome,
-    DeadLetterStore,
     InboxDelivery,
     InboxStore,
     OutboxFailure,
@@ -112,41 +107,3 @@ def _entry(delivery: InboxDelivery) -> inbox.InboxEntry:
         stream_seq=delivery.stream_seq,
         traceparent=delivery.traceparent,
     )
-
-
-class PostgresDeadLetterStore(DeadLetterStore[Conn, dead_letters.Failure]):
-    """:class:`~shared.domain.ports.DeadLetterStore` on the ``dead_letters`` table.
-
-    Recording also publishes the ``MessageDeadLettered`` record (through ``js``) and marks
-    the inbox row, as :func:`~shared.adapters.dead_letters.record_dead_letter` does; the
-    durable's policy comes from ``topology``.
-    """
-
-    def __init__(self, *, js: JetStreamContext, topology: Topology) -> None:
-        self.js, self.topology = js, topology
-
-    async def record(self, conn: Conn, failure: dead_letters.Failure) -> DeadLetterOutcome:
-        spec = self.topology.durable(failure.durable)
-        return await dead_letters.record_dead_letter(conn, self.js, failure, spec)
-
-    async def status(self, conn: Conn, durable: str, message_id: UUID) -> str | None:
-        query = dead_letters.Query(durables=[durable], message_ids=[message_id])
-        rows = await dead_letters.find(conn, query)
-        return str(rows[0]["status"]) if rows else None
-
-    async def set_status(
-        self,
-        conn: Conn,
-        *,
-        durable: str,
-        message_id: UUID,
-        status: Literal["parked", "discarded"],
-        actor: str,
-        reason: str,
-    ) -> bool:
-        return await dead_letters.set_status(
-            conn, durable=durable, message_id=message_id, status=status, actor=actor, reason=reason
-        )
-
-    async def settle_replayed(self, conn: Conn, durables: Sequence[str]) -> int:
-        return await dead_letters.settle_replayed(conn, durables)

@@ -1,9 +1,21 @@
-"""Ports: what the roles need from a store or a transport, with the contract in the doc.
+"""Ports: what the roles need from a store, a fetched message or a handler, with the
+contract in the doc.
 
-Each port is a :class:`typing.Protocol`; the PostgreSQL and NATS adapters implement them
-(:mod:`shared.adapters.stores`, :mod:`shared.adapters.transport`), and
-``tests/contracts/`` holds one suite per port, written against the port and run against
-every implementation a fixture lists — the suite a second backend (or a fake) must pass.
+Each port is a :class:`typing.Protocol` that a role takes (the outbox-publisher its
+:class:`OutboxStore`; the inbox-consumer its :class:`InboxStore`, :class:`HandlerPort`
+and the :class:`MessageInHand` it settles). Every port has a real adapter and an
+in-memory one:
+
+* ``OutboxStore``, ``InboxStore``: PostgreSQL in :mod:`shared.adapters.stores`, memory in
+  :mod:`shared.adapters.memory`;
+* ``HandlerPort``: HTTP in ``services.inbox_consumer.dispatch.HttpHandler``, memory in
+  :class:`shared.adapters.memory.ScriptedHandler`;
+* ``MessageInHand``: a JetStream message (or a parked copy), memory in the consumer's
+  unit-test fakes (``tests/unit/consumer_fakes.FakeMsg``).
+
+``tests/contracts/`` holds one suite per port (outbox, inbox, handler), written against
+the port and run against every backend (the real one and the fake): the suite a new
+backend must pass.
 
 Stores take the caller's connection (``ConnT``) on every call, because their guarantees
 are transactional: a claim holds its locks until the caller's transaction ends, and the
@@ -15,9 +27,8 @@ knowing a driver.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 from shared.domain.ack import HandlerFailure, HandlerResponse, Outcome
@@ -25,8 +36,6 @@ from shared.domain.batch_call import BatchAnswer, MalformedAnswer
 
 #: The connection (transaction handle) a store works on; asyncpg's for PostgreSQL.
 ConnT_contra = TypeVar("ConnT_contra", contravariant=True)
-#: What a dead-letter store records (the adapter's ``Failure``).
-FailureT_contra = TypeVar("FailureT_contra", contravariant=True)
 
 
 # --- outbox ---------------------------------------------------------------------------
@@ -214,93 +223,7 @@ class InboxStore(Protocol[ConnT_contra]):
         ...
 
 
-# --- dead letters ---------------------------------------------------------------------
-
-
-DeadLetterOutcome = Literal["recorded", "already"]
-
-
-class DeadLetterStore(Protocol[ConnT_contra, FailureT_contra]):
-    """Dead-letter records: one per ``(durable, message_id)``, whatever path reports it.
-
-    Contract (``tests/contracts/test_dead_letter_store.py``):
-
-    * ``record`` stores a failure once: a second report of the same message (the
-      consumer's 422 and the advisory of the same message, two router replicas) is
-      ``already`` and changes nothing (**deduplicated**);
-    * the record says whether it will be replayed automatically (``dead``), is held for
-      an operator (``held``: operator policy, or a defect of the bytes themselves), or
-      hit the replay cap (``parked``);
-    * ``set_status`` moves a record to ``parked`` or ``discarded`` only from a status
-      that allows it, and answers False otherwise; repeating it is harmless;
-    * ``settle_replayed`` marks replays the consumer has since processed as
-      ``replayed``; a second call finds nothing left (**idempotent**).
-    """
-
-    async def record(self, conn: ConnT_contra, failure: FailureT_contra) -> DeadLetterOutcome:
-        """Record ``failure`` once; ``already`` when another path did."""
-        ...
-
-    async def status(self, conn: ConnT_contra, durable: str, message_id: UUID) -> str | None:
-        """The record's status, or None when there is none."""
-        ...
-
-    async def set_status(
-        self,
-        conn: ConnT_contra,
-        *,
-        durable: str,
-        message_id: UUID,
-        status: Literal["parked", "discarded"],
-        actor: str,
-        reason: str,
-    ) -> bool:
-        """Park or discard one dead letter (the action recorded); False if not allowed."""
-        ...
-
-    async def settle_replayed(self, conn: ConnT_contra, durables: Sequence[str]) -> int:
-        """Mark replays that were processed as ``replayed``; how many."""
-        ...
-
-
-# --- event transport ------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PublishReceipt:
-    """What the stream answered to one publish."""
-
-    stream: str
-    seq: int
-    #: True when the message id was already in the stream's duplicate window.
-    duplicate: bool
-
-
-class Delivery(Protocol):
-    """One delivery of a message to a durable; settle it exactly once."""
-
-    @property
-    def subject(self) -> str: ...
-    @property
-    def data(self) -> bytes: ...
-    @property
-    def message_id(self) -> str | None: ...
-    @property
-    def attempt(self) -> int: ...
-    @property
-    def stream_seq(self) -> int: ...
-
-    async def ack(self) -> None:
-        """Done: never delivered to this durable again."""
-        ...
-
-    async def nak(self, delay: float) -> None:
-        """Not now: delivered again after ``delay`` seconds, ``attempt`` one higher."""
-        ...
-
-    async def term(self) -> None:
-        """Never again (dead-lettered elsewhere): not redelivered."""
-        ...
+# --- a fetched message ----------------------------------------------------------------
 
 
 class MessageInHand(Protocol):
@@ -331,38 +254,6 @@ class MessageInHand(Protocol):
         ...
 
 
-class EventTransport(Protocol):
-    """A durable, ordered log of events per stream, read through named durables.
-
-    Contract (``tests/contracts/test_event_transport.py``, Watermill's universal tests):
-
-    * ``publish`` is **durable once it returns** and **idempotent per message id**: a
-      second publish with the same ``message_id`` inside the duplicate window is
-      acknowledged with ``duplicate=True`` and not stored (nor delivered) twice;
-    * a durable receives a stream's messages **in publish order**, each at least once;
-    * an unsettled or ``nak``-ed delivery is **redelivered** (after the nak's delay, or
-      the ack wait), with ``attempt`` one higher; an ``ack``-ed or ``term``-ed one is not;
-    * ``fetch`` waits at most ``timeout`` and returns ``[]`` when nothing is pending
-      (no message is not an error);
-    * two durables of one stream each receive every message.
-    """
-
-    async def publish(
-        self,
-        subject: str,
-        data: bytes,
-        *,
-        message_id: str,
-        headers: Mapping[str, str] | None = None,
-    ) -> PublishReceipt:
-        """Store ``data`` under ``subject``; durable once it returns."""
-        ...
-
-    async def fetch(self, durable: str, batch: int, timeout: float) -> list[Delivery]:
-        """Up to ``batch`` deliveries for ``durable``, in stream order; [] if none."""
-        ...
-
-
 # --- event handler --------------------------------------------------------------------
 
 
@@ -374,13 +265,15 @@ BatchOutcome = BatchAnswer | MalformedAnswer | HandlerResponse | HandlerFailure
 class HandlerPort(Protocol):
     """A durable's event handler (PORT-047-005): one event per call, or N in a batch call.
 
-    Contract: **nothing raises** for the handler's sake. Every failure to get an answer
-    (a timeout, no connection) is a :class:`~shared.domain.ack.HandlerFailure`, every
-    answer a :class:`~shared.domain.ack.HandlerResponse`; a batch call's 200 is its
+    Contract (``tests/contracts/test_handler_port.py``): **nothing raises** for the
+    handler's sake. Every failure to get an answer (a timeout, no connection) is a
+    :class:`~shared.domain.ack.HandlerFailure`, every answer a
+    :class:`~shared.domain.ack.HandlerResponse`; a batch call's 200 is its
     per-event results (:class:`~shared.domain.batch_call.BatchAnswer`) or a
     :class:`~shared.domain.batch_call.MalformedAnswer`. The caller turns each outcome
     into a decision (:func:`shared.domain.ack.decide`). ``services.inbox_consumer.
-    dispatch.HttpHandler`` is the HTTP adapter.
+    dispatch.HttpHandler`` is the HTTP adapter, :class:`shared.adapters.memory.
+    ScriptedHandler` the in-memory one.
     """
 
     async def handle(self, body: dict[str, Any], headers: dict[str, str]) -> Outcome:

@@ -1,54 +1,95 @@
-"""Fixtures of the port contract suites: one implementation per parameter.
+"""Fixtures of the port contract suites: every implementation of a port, one per parameter.
 
 Each suite in this folder is written against a port of :mod:`shared.domain.ports` only;
-the fixtures below hand it every implementation that must keep the contract. A second
-backend (or an in-memory fake) joins by adding its name to ``params`` and a branch that
-builds it — the suite itself does not change (Watermill's universal tests are the model).
+the fixtures below hand it every implementation that must keep the contract: the real
+backend (PostgreSQL, on the test's server) and the in-memory fake
+(:mod:`shared.adapters.memory`). The suite itself does not know which it runs against
+(Watermill's universal tests are the model). A case only a real database can honour is
+marked with :func:`real_only`, with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
-from nats.aio.client import Client as NATS
-from nats.js import api as js_api
 
-from shared.access.streams import provision
-from shared.adapters.stores import (
-    PostgresDeadLetterStore,
-    PostgresInboxStore,
-    PostgresOutboxStore,
-)
-from shared.adapters.transport import NatsTransport
-from shared.domain.ports import DeadLetterStore, EventTransport, InboxStore, OutboxStore
-from tests.conftest import CAPS, Env
-
-pytestmark = pytest.mark.integration
+from shared.adapters.memory import MemoryConn, MemoryInboxStore, MemoryOutboxStore
+from shared.adapters.producer import record_event
+from shared.adapters.stores import PostgresInboxStore, PostgresOutboxStore
+from shared.domain.ports import InboxStore, OutboxStore
+from tests.conftest import Env
+from tests.helpers import insert_events
 
 #: Every async wait of the suites is bounded by this (they cannot hang).
 BOUND = 30.0
 
-Connect = Callable[[], Awaitable[asyncpg.Connection]]
+#: The backends of the store suites: the real one (servers started by the fixtures, hence
+#: ``integration``) and the in-memory fake.
+STORE_BACKENDS = [pytest.param("postgres", marks=pytest.mark.integration), "memory"]
+
+Connect = Callable[[], Awaitable[Any]]
 
 
 @dataclass
 class StoreBackend:
-    """A store implementation and how to open connections to its database."""
+    """A backend of the stores: its stores, its connections, and how to write outbox rows.
+
+    ``insert_events(conn, count, aggregates=)`` commits ``count`` events spread over
+    ``aggregates`` aggregates (their ids, in order); ``record(conn, aggregate)`` writes one
+    event on ``conn`` (inside the caller's transaction, if any), the producer's way.
+    """
 
     name: str
     connect: Connect
-    env: Env
+    outbox: OutboxStore[Any]
+    inbox: InboxStore[Any]
+    insert_events: Callable[..., Awaitable[list[str]]]
+    record: Callable[[Any, str], Awaitable[str]]
 
 
-@pytest.fixture(params=["postgres"])
-async def store_backend(request: pytest.FixtureRequest, env: Env) -> AsyncIterator[StoreBackend]:
-    """The database the store suites run on (the ``sea`` context's, migrated)."""
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def real_only(reason: str) -> Callable[[F], F]:
+    """Mark a case the in-memory fake cannot honour (``reason`` says why): its ``memory``
+    instance is skipped with that reason."""
+
+    def mark(case: F) -> F:
+        case.real_only = reason  # type: ignore[attr-defined]
+        return case
+
+    return mark
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip the ``memory`` instance of a :func:`real_only` case (with its reason)."""
+    for item in items:
+        reason = getattr(getattr(item, "function", None), "real_only", None)
+        callspec = getattr(item, "callspec", None)
+        if reason and callspec and callspec.params.get("store_backend") == "memory":
+            item.add_marker(pytest.mark.skip(reason=f"real backend only: {reason}"))
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def store_backend(request: pytest.FixtureRequest) -> StoreBackend:
+    """The stores on the ``sea`` context's migrated database, or in memory."""
+    if request.param == "memory":
+        return _memory_backend()
+    assert request.param == "postgres"
+    # Asked for here only: the memory backend starts no server.
+    backend: StoreBackend = request.getfixturevalue("postgres_backend")
+    return backend
+
+
+@pytest.fixture
+async def postgres_backend(env: Env) -> AsyncIterator[StoreBackend]:
+    """The PostgreSQL stores, on connections to the ``sea`` context's database."""
     opened: list[asyncpg.Connection] = []
 
     async def connect() -> asyncpg.Connection:
@@ -56,71 +97,69 @@ async def store_backend(request: pytest.FixtureRequest, env: Env) -> AsyncIterat
         opened.append(conn)
         return conn
 
-    assert request.param == "postgres"
-    yield StoreBackend(request.param, connect, env)
+    async def record(conn: asyncpg.Connection, aggregate: str) -> str:
+        event_id = await record_event(
+            conn,
+            aggregate_type="model",
+            aggregate_id=aggregate,
+            event_type="model_published",
+            payload={"model_id": aggregate, "name": aggregate, "n": 1},
+        )
+        return str(event_id)
+
+    yield StoreBackend(
+        "postgres",
+        connect,
+        PostgresOutboxStore(),
+        PostgresInboxStore(),
+        insert_events,
+        record,
+    )
     for conn in opened:
         await conn.close()
 
 
+def _memory_backend() -> StoreBackend:
+    outbox = MemoryOutboxStore()
+
+    async def connect() -> MemoryConn:
+        return MemoryConn()
+
+    async def record(conn: MemoryConn, aggregate: str) -> str:
+        payload = {"model_id": aggregate, "name": aggregate, "n": 1}
+        event_id = await outbox.append(
+            conn,
+            aggregate_type="model",
+            aggregate_id=aggregate,
+            event_type="model_published",
+            payload=json.dumps(payload),
+        )
+        return str(event_id)
+
+    async def insert(conn: MemoryConn, count: int, *, aggregates: int = 10) -> list[str]:
+        ids = []
+        async with conn.transaction():
+            for index in range(count):
+                aggregate = f"m{index % aggregates}"
+                payload = {"model_id": aggregate, "name": f"n{index}", "n": index}
+                event_id = await outbox.append(
+                    conn,
+                    aggregate_type="model",
+                    aggregate_id=aggregate,
+                    event_type="model_published",
+                    payload=json.dumps(payload),
+                )
+                ids.append(str(event_id))
+        return ids
+
+    return StoreBackend("memory", connect, outbox, MemoryInboxStore(), insert, record)
+
+
 @pytest.fixture
 def outbox_store(store_backend: StoreBackend) -> OutboxStore[Any]:
-    return PostgresOutboxStore()
+    return store_backend.outbox
 
 
 @pytest.fixture
 def inbox_store(store_backend: StoreBackend) -> InboxStore[Any]:
-    return PostgresInboxStore()
-
-
-@pytest.fixture
-async def dead_letter_store(store_backend: StoreBackend, nc: NATS) -> DeadLetterStore[Any, Any]:
-    js = nc.jetstream()
-    await asyncio.wait_for(provision(js, store_backend.env.topology, caps=CAPS), timeout=BOUND)
-    return PostgresDeadLetterStore(js=js, topology=store_backend.env.topology)
-
-
-@dataclass
-class TransportBackend:
-    """A transport, the stream subjects it carries, and how to add a durable to it."""
-
-    transport: EventTransport
-    subject_prefix: str
-    add_durable: Callable[..., Awaitable[str]]
-
-
-#: The contract stream: its subjects, its duplicate window.
-CONTRACT_STREAM = "CONTRACT"
-DUPLICATE_WINDOW = 60.0
-
-
-@pytest.fixture(params=["nats"])
-async def transport_backend(
-    request: pytest.FixtureRequest, nc: NATS
-) -> AsyncIterator[TransportBackend]:
-    """A fresh stream ``contract.>`` on the test's nats-server, durables on demand."""
-    assert request.param == "nats"
-    js = nc.jetstream()
-    await js.add_stream(
-        name=CONTRACT_STREAM,
-        subjects=["contract.>"],
-        duplicate_window=DUPLICATE_WINDOW,
-        storage=js_api.StorageType.FILE,
-    )
-
-    async def add_durable(*, ack_wait: float = 30.0) -> str:
-        name = "d" + uuid.uuid4().hex[:8]
-        await js.add_consumer(
-            CONTRACT_STREAM,
-            js_api.ConsumerConfig(
-                durable_name=name,
-                ack_policy=js_api.AckPolicy.EXPLICIT,
-                ack_wait=ack_wait,
-                max_deliver=10,
-                deliver_policy=js_api.DeliverPolicy.ALL,
-            ),
-        )
-        return name
-
-    transport = NatsTransport(js, stream=CONTRACT_STREAM)
-    yield TransportBackend(transport, "contract", add_durable)
-    await transport.close()
+    return store_backend.inbox

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-import pytest
-
 from shared.domain.ports import InboxStore
 from tests.contracts.conftest import StoreBackend
-
-pytestmark = pytest.mark.integration
 
 DURABLE, OTHER = "sea__from_vibespro", "vibespro__from_sea"
 LEASE = 30.0
@@ -109,3 +106,17 @@ async def test_a_batch_is_classified_message_by_message(
     assert dict(batch.claimed) == {new: 1}
     assert set(batch.final) == {done}
     assert set(batch.leased) == {leased}
+
+
+async def test_a_lapsed_lease_lets_another_owner_claim_with_one_more_attempt(
+    inbox_store: InboxStore[Any], store_backend: StoreBackend
+) -> None:
+    conn = await store_backend.connect()
+    message = uuid.uuid4()
+    entries = [Delivered(message_id=message)]
+    await inbox_store.claim_batch(
+        conn, durable=DURABLE, owner="a", lease_seconds=0.2, entries=entries
+    )
+    await asyncio.sleep(0.5)
+    again = await _claim(inbox_store, conn, "b", message)
+    assert dict(again.claimed) == {message: 2}

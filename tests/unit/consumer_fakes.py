@@ -1,9 +1,11 @@
 """In-memory stand-ins for the inbox consumer's ports, for its stages' unit tests.
 
-* :class:`FakeHandler` — :class:`shared.domain.ports.HandlerPort`: answers from a script
-  per message id (or a default), records every call;
-* :class:`MemoryInbox` — :class:`shared.domain.ports.InboxStore`: claims, duplicates,
-  leases of other owners, processed and retrying rows, in a dict;
+* :data:`FakeHandler` — :class:`shared.domain.ports.HandlerPort`: the in-memory adapter
+  :class:`shared.adapters.memory.ScriptedHandler` (answers from a script per message id,
+  or a default; records every call);
+* :class:`MemoryInbox` — :class:`shared.domain.ports.InboxStore`: the in-memory adapter
+  :class:`shared.adapters.memory.MemoryInboxStore` on a clock that stands still, with
+  what the tests look at (each row, the retries);
 * :class:`FakeMsg` — a fetched message as the consumer settles it (ack / nak / term /
   in_progress, recorded), built from an envelope by :func:`fake_msg`;
 * :class:`FakePool` — what :class:`~services.inbox_consumer.holding.Holder` acquires
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,11 +30,10 @@ from services.inbox_consumer.metrics import ConsumerMetrics
 from services.inbox_consumer.stats import ConsumerStats
 from services.inbox_consumer.throttle import Throttle
 from services.inbox_consumer.wiring import ConsumerConfig, assemble
-from shared.adapters.inbox import ClaimResult
+from shared.adapters.memory import MemoryInboxRow, MemoryInboxStore, ScriptedHandler
 from shared.contracts.topology import DurableSpec, read_topology
-from shared.domain.ack import HandlerResponse, Outcome, RetryPolicy
+from shared.domain.ack import HandlerResponse, RetryPolicy
 from shared.domain.envelope import Envelope
-from shared.domain.ports import BatchOutcome, InboxDelivery
 from shared.runtime.metrics import RoleMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,75 +100,33 @@ def fake_msg(
     return FakeMsg(env.subject, env.to_wire(), headers, _Metadata(stream, _Sequence(seq), attempt))
 
 
-@dataclass
-class FakeHandler:
-    """Answers each call from ``script`` (per message id, in order), else ``default``."""
-
-    script: dict[str, list[Outcome]] = field(default_factory=dict)
-    default: Outcome = OK
-    calls: list[str] = field(default_factory=list)
-    batches: list[list[uuid.UUID]] = field(default_factory=list)
-    closed: bool = False
-
-    async def handle(self, body: dict[str, Any], headers: dict[str, str]) -> Outcome:
-        mid = headers["Idempotency-Key"]
-        self.calls.append(mid)
-        answers = self.script.get(mid)
-        return answers.pop(0) if answers else self.default
-
-    async def handle_batch(
-        self, body: dict[str, Any], headers: dict[str, str], expected: list[uuid.UUID]
-    ) -> BatchOutcome:
-        self.batches.append(list(expected))
-        return self.default  # one outcome for every event of the call
-
-    async def close(self) -> None:
-        self.closed = True
+#: The handler port's in-memory adapter (answers from a script, records every call).
+FakeHandler = ScriptedHandler
 
 
-@dataclass
-class _Row:
-    state: str  # claimed, processed, retrying
-    owner: str
-    attempts: int
-    status: int | None = None
+#: The durable the consumers of :func:`consumer` claim for.
+DURABLE = "d"
+#: The fakes' inbox clock stands still: a lease lasts until the test changes it.
+NOW = 1000.0
 
 
-@dataclass
-class MemoryInbox:
-    """The inbox of one durable in a dict (the contract of ``InboxStore``, in brief)."""
+class MemoryInbox(MemoryInboxStore):
+    """The in-memory inbox adapter (held to the InboxStore contract suite), on a clock
+    that stands still, with the retries recorded and each row by message id."""
 
-    rows: dict[uuid.UUID, _Row] = field(default_factory=dict)
-    lease_left: float = 3.0
-    retries: list[uuid.UUID] = field(default_factory=list)
+    def __init__(self) -> None:
+        super().__init__(clock=lambda: NOW)
+        self.retries: list[uuid.UUID] = []
 
-    async def claim_batch(
-        self,
-        conn: object,
-        *,
-        durable: str,
-        owner: str,
-        lease_seconds: float,
-        entries: Sequence[InboxDelivery],
-    ) -> ClaimResult:
-        claim = ClaimResult(claimed={}, final=set(), leased={})
-        for entry in entries:
-            row = self.rows.get(entry.message_id)
-            if row is not None and row.state == "processed":
-                claim.final.add(entry.message_id)
-            elif row is not None and row.state == "claimed" and row.owner != owner:
-                claim.leased[entry.message_id] = self.lease_left
-            else:
-                attempts = row.attempts + 1 if row is not None else 1
-                self.rows[entry.message_id] = _Row("claimed", owner, attempts)
-                claim.claimed[entry.message_id] = attempts
-        return claim
+    def row(self, message_id: uuid.UUID) -> MemoryInboxRow:
+        """The row of ``message_id`` in :data:`DURABLE`."""
+        return self.rows[(DURABLE, message_id)]
 
-    async def mark_processed(
-        self, conn: object, durable: str, outcomes: Mapping[uuid.UUID, int]
-    ) -> None:
-        for mid, status in outcomes.items():
-            self.rows[mid].state, self.rows[mid].status = "processed", status
+    def lease(self, message_id: uuid.UUID, owner: str, seconds: float) -> None:
+        """Make ``message_id`` claimed by ``owner`` for ``seconds`` more."""
+        self.rows[(DURABLE, message_id)] = MemoryInboxRow(
+            "s", "processing", 1, datetime.now(UTC), owner, NOW + seconds
+        )
 
     async def mark_retrying(
         self,
@@ -180,12 +139,16 @@ class MemoryInbox:
         reason_code: str,
         history_entry: dict[str, Any],
     ) -> None:
-        self.rows[message_id].state, self.rows[message_id].status = "retrying", status
+        await super().mark_retrying(
+            conn,
+            durable,
+            message_id,
+            error=error,
+            status=status,
+            reason_code=reason_code,
+            history_entry=history_entry,
+        )
         self.retries.append(message_id)
-
-    async def backlog(self, conn: object, durable: str) -> Mapping[str, Any]:
-        pending = [r for r in self.rows.values() if r.state != "processed"]
-        return {"count": len(pending), "retrying": 0, "failed": 0, "oldest_at": None}
 
 
 @dataclass
@@ -221,7 +184,7 @@ def consumer(
     """A consumer assembled by the composition root on the fakes (no JetStream: only
     its stages and :meth:`~ConsumerLoop.process_batch` are for use)."""
     config = ConsumerConfig(
-        durable="d",
+        durable=DURABLE,
         spec=spec,
         owner=owner,
         concurrency=4,

@@ -43,7 +43,7 @@ async def test_an_unordered_batch_is_claimed_decided_and_settled_in_one_pass() -
     await loop.process_batch(cast(Any, msgs))
     assert [m.calls for m in msgs] == [["ack"]] * 3
     assert sorted(handler.calls) == sorted(str(mid) for mid in _ids(msgs))
-    assert {inbox.rows[mid].state for mid in _ids(msgs)} == {"processed"}
+    assert {inbox.row(mid).status for mid in _ids(msgs)} == {"processed"}
     assert loop.stats.processed == 3
     assert len(loop.keeper) == 0  # every message settled is let go
 
@@ -54,11 +54,11 @@ async def test_a_duplicate_is_acked_without_a_call_and_a_leased_copy_is_nakd() -
     loop = consumer(durable_spec(), handler=handler, inbox=inbox)
     await loop.process_batch(cast(Any, [done]))
     other = consumer(durable_spec(), handler=handler, inbox=inbox, owner="another")
-    inbox.rows[_ids([leased])[0]] = type(inbox.rows[_ids([done])[0]])("claimed", "me", 1)
+    inbox.lease(_ids([leased])[0], "me", 3.0)
     again = fake_msg(1, attempt=2, message_id=str(_ids([done])[0]))
     await other.process_batch(cast(Any, [again, leased]))
     assert again.calls == ["ack"] and other.stats.duplicates == 1
-    assert leased.calls == ["nak"] and leased.delays == [inbox.lease_left + CONTENDED_DELAY]
+    assert leased.calls == ["nak"] and leased.delays == [3.0 + CONTENDED_DELAY]
     assert handler.calls == [str(_ids([done])[0])]  # the first delivery only
 
 
@@ -81,7 +81,7 @@ async def test_a_retryable_answer_records_the_attempt_and_naks_with_the_back_off
     loop = consumer(durable_spec(), handler=handler, inbox=inbox)
     await loop.process_batch(cast(Any, [msg]))
     assert msg.calls == ["nak"] and msg.delays == [0.5]
-    assert inbox.retries == [uuid.UUID(mid)] and inbox.rows[uuid.UUID(mid)].status == 503
+    assert inbox.retries == [uuid.UUID(mid)] and inbox.row(uuid.UUID(mid)).handler_status == 503
     assert loop.stats.retries == 1 and loop.stats.retries_by_reason == {"HTTP_503": 1}
 
 
