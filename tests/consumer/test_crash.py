@@ -68,13 +68,31 @@ async def test_stopped_mid_batch_loses_nothing_applies_nothing_twice(
         await asyncio.to_thread(proc.wait, 20)
     assert all(handler.applied[e.message_id] == 1 for e in events)
     second_calls = len(handler.calls) - len(events)
+    # A call that failed (on a busy machine: no answer within the durable's 1 s timeout) is
+    # recorded in its inbox row's retry history and called again: that is the contract,
+    # not the stop's doing.
+    retried = await _retries(world)
     if sig == signal.SIGTERM:
         # A graceful stop finishes the batches in hand and hands back the rest uncalled.
-        assert second_calls == 0
+        assert second_calls == retried
     else:
         # Only a message delivered and called but not yet acked at the kill may be called
         # again; JetStream lets at most max_ack_pending be in that state.
-        assert second_calls <= world.topology.durables[DURABLE].max_ack_pending
+        assert second_calls <= world.topology.durables[DURABLE].max_ack_pending + retried
+
+
+async def _retries(env: Env) -> int:
+    conn = await asyncpg.connect(env.dsn("sea"))
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT coalesce(sum(jsonb_array_length(retry_history)), 0) FROM inbox_messages"
+                " WHERE durable = $1",
+                DURABLE,
+            )
+        )
+    finally:
+        await conn.close()
 
 
 async def _at_least(env: Env, n: int) -> bool:
