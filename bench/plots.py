@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -24,13 +26,30 @@ def draw_all(results: Results, out: Path) -> list[Path]:
     return written
 
 
-def latency_cdf(results: Results, out: Path) -> Path | None:
-    """Distribution (CDF) of end-to-end latency per offered load, one panel per mode."""
+def _mode_plot(results: Results, path: Path, panel: Callable[[Any, str], None]) -> Path | None:
+    """A figure of one ``panel(ax, mode)`` per mode that has latency samples, written to
+    ``path``; None (nothing written) when no mode has any."""
     modes = [m for m in MODES if any(results.samples.get(m, {}).values())]
     if not modes:
         return None
     fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 5), squeeze=False)
     for ax, mode in zip(axes[0], modes, strict=True):
+        panel(ax, mode)
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Lay ``fig`` out, write it to ``path`` (PNG) and close it; returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def latency_cdf(results: Results, out: Path) -> Path | None:
+    """Distribution (CDF) of end-to-end latency per offered load, one panel per mode."""
+
+    def panel(ax: Any, mode: str) -> None:
         for label, values in results.samples[mode].items():
             if not values:
                 continue
@@ -45,20 +64,14 @@ def latency_cdf(results: Results, out: Path) -> Path | None:
             ax.axhline(q, color="grey", linewidth=0.5, linestyle=":")
         ax.grid(True, which="both", linewidth=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    path = out / "latency_cdf.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+
+    return _mode_plot(results, out / "latency_cdf.png", panel)
 
 
 def latency_percentiles(results: Results, out: Path) -> Path | None:
     """p50 / p95 / p99 per offered load, bars, one panel per mode."""
-    modes = [m for m in MODES if any(results.samples.get(m, {}).values())]
-    if not modes:
-        return None
-    fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 5), squeeze=False)
-    for ax, mode in zip(axes[0], modes, strict=True):
+
+    def panel(ax: Any, mode: str) -> None:
         series = {k: sorted(v) for k, v in results.samples[mode].items() if v}
         labels = list(series)
         for offset, (name, q) in enumerate((("p50", 0.5), ("p95", 0.95), ("p99", 0.99))):
@@ -77,11 +90,8 @@ def latency_percentiles(results: Results, out: Path) -> Path | None:
         ax.set_title(_title("latency percentiles", mode))
         ax.legend()
         ax.grid(True, axis="y", which="both", linewidth=0.3)
-    fig.tight_layout()
-    path = out / "latency_percentiles.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+
+    return _mode_plot(results, out / "latency_percentiles.png", panel)
 
 
 def throughput(results: Results, out: Path) -> Path | None:
@@ -108,11 +118,7 @@ def throughput(results: Results, out: Path) -> Path | None:
     ax.set_title("throughput: raw baselines, Ferry, faststream-outbox (same machine, same run)")
     ax.tick_params(axis="y", labelsize=8)
     ax.grid(True, axis="x", linewidth=0.3)
-    fig.tight_layout()
-    path = out / "throughput.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "throughput.png")
 
 
 def cpu_bars(results: Results, out: Path) -> Path | None:
@@ -140,11 +146,7 @@ def cpu_bars(results: Results, out: Path) -> Path | None:
     ax.tick_params(axis="y", labelsize=8)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, axis="x", linewidth=0.3)
-    fig.tight_layout()
-    path = out / "cpu_per_message.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "cpu_per_message.png")
 
 
 def _title(what: str, mode: str) -> str:

@@ -83,9 +83,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         extra = ""
         if args.authorization is not None:
             extra = args.authorization.read_text()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.touch(mode=0o600)
-            path.chmod(0o600)
         config = nats.write_config(
             path,
             port=args.port,
@@ -94,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             host=args.host,
             server_name=args.server_name,
             extra=extra,
+            private=args.authorization is not None,
         )
         nats.run_foreground(config)
 

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+from typing import ClassVar, Self
 
 _POLL_INTERVAL = 0.05
 _TAIL_LINES = 40
@@ -182,3 +184,72 @@ def _group_signalable(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+class Served:
+    """A server (or a set of them) as a context manager: started on entry, stopped on exit."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class SpawnedServer(Served):
+    """One server child process: waited for once spawned, stopped with ``stop_signal``
+    (gracefully), or killed with its whole process group (like a power cut)."""
+
+    #: What errors and logs call the server.
+    name: ClassVar[str]
+    #: The signal of a graceful stop.
+    stop_signal: ClassVar[signal.Signals]
+    _spawned: Spawned | None
+    _start_timeout: float
+    _stop_timeout: float
+
+    def _is_ready(self) -> bool:
+        raise NotImplementedError
+
+    def _wait_ready(self, where: str) -> None:
+        """Wait until the spawned server is ready; killed (and the error raised) if not."""
+        assert self._spawned is not None
+        try:
+            wait_until_ready(
+                self._spawned,
+                self._is_ready,
+                timeout=self._start_timeout,
+                what=f"{self.name} on {where}",
+            )
+        except BaseException:
+            self.kill()
+            raise
+
+    def stop(self) -> None:
+        """Graceful shutdown (``stop_signal``); no-op if not running."""
+        if self._spawned is not None:
+            spawned, self._spawned = self._spawned, None
+            stop_gracefully(spawned, self.stop_signal, timeout=self._stop_timeout, what=self.name)
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group, like a power cut; no-op if not running."""
+        if self._spawned is not None:
+            spawned, self._spawned = self._spawned, None
+            kill_group(spawned, timeout=self._stop_timeout, what=self.name)
+
+    def restart(self) -> None:
+        """Stop (if running) and start again on the same directories and ports."""
+        self.stop()
+        self.start()

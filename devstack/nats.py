@@ -18,16 +18,13 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn
 
 from devstack._proc import (
     ServerError,
     Spawned,
-    kill_group,
+    SpawnedServer,
     spawn,
-    stop_gracefully,
-    wait_until_ready,
 )
 from devstack.ports import free_port
 
@@ -92,12 +89,14 @@ def write_config(
     host: str = DEFAULT_HOST,
     server_name: str = DEFAULT_SERVER_NAME,
     extra: str = "",
+    private: bool = False,
 ) -> Path:
     """Write a nats-server config with JetStream at ``store_dir`` and return ``path``.
 
     The server listens on ``host:port`` only, serves HTTP monitoring on
     ``host:monitor_port`` when given, and ``extra`` (e.g. an authorization block) is
     appended verbatim. nats-server keeps its JetStream files in ``store_dir/jetstream``.
+    ``private`` (the config holds passwords): the file is readable by its owner only.
     """
     lines = [
         "# Written by Ferry's devstack launcher (dev/test only); rewritten on every start.",
@@ -116,6 +115,9 @@ def write_config(
     if extra:
         lines.append(extra)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if private:
+        path.touch(mode=0o600)
+        path.chmod(0o600)
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -169,12 +171,16 @@ def _jetstream_healthy(host: str, monitor_port: int) -> bool:
         return False
 
 
-class NatsServer:
+class NatsServer(SpawnedServer):
     """A nats-server child process with JetStream, on a fixed store directory and port.
 
     The config and log are written inside ``store_dir`` (JetStream itself uses
-    ``store_dir/jetstream``). Use as a context manager or call the methods.
+    ``store_dir/jetstream``). Use as a context manager or call the methods. :meth:`stop`
+    sends SIGTERM; after :meth:`kill` the JetStream data written so far stays.
     """
+
+    name = "nats-server"
+    stop_signal = signal.SIGTERM
 
     def __init__(
         self,
@@ -256,9 +262,6 @@ class NatsServer:
         extra = self._extra
         if self._access is not None:
             extra = "\n".join(part for part in (extra, self._access.config()) if part)
-            self.config_path.parent.mkdir(parents=True, exist_ok=True)
-            self.config_path.touch(mode=0o600)
-            self.config_path.chmod(0o600)
         write_config(
             self.config_path,
             port=self._port,
@@ -267,6 +270,7 @@ class NatsServer:
             host=self._host,
             server_name=self._server_name,
             extra=extra,
+            private=self._access is not None,
         )
         check_config(self.config_path)
         return self.config_path
@@ -278,33 +282,7 @@ class NatsServer:
         self.write_config()
         argv = [str(nats_server_binary()), "-c", str(self.config_path)]
         self._spawned = spawn(argv, log_path=self.log_path, cwd=self._store_dir)
-        try:
-            wait_until_ready(
-                self._spawned,
-                self._is_ready,
-                timeout=self._start_timeout,
-                what=f"nats-server on {_hostport(self._host, self._port)}",
-            )
-        except BaseException:
-            self.kill()
-            raise
-
-    def stop(self) -> None:
-        """Graceful shutdown (SIGTERM); no-op if not running."""
-        if self._spawned is not None:
-            spawned, self._spawned = self._spawned, None
-            stop_gracefully(spawned, signal.SIGTERM, timeout=self._stop_timeout, what="nats-server")
-
-    def kill(self) -> None:
-        """SIGKILL the server, like a power cut (JetStream data written so far stays)."""
-        if self._spawned is not None:
-            spawned, self._spawned = self._spawned, None
-            kill_group(spawned, timeout=self._stop_timeout, what="nats-server")
-
-    def restart(self) -> None:
-        """Stop (if running) and start again on the same store directory and ports."""
-        self.stop()
-        self.start()
+        self._wait_ready(_hostport(self._host, self._port))
 
     def _is_ready(self) -> bool:
         """JetStream healthy (when monitored) and the client port greets like our server."""
@@ -313,15 +291,3 @@ class NatsServer:
         ):
             return False
         return _client_port_speaks_nats(self._host, self._port, self._server_name)
-
-    def __enter__(self) -> NatsServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

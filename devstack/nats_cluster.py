@@ -25,10 +25,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from devstack._proc import ServerError
+from devstack._proc import Served, ServerError
 from devstack.nats import DEFAULT_HOST, NatsServer
 from devstack.ports import free_ports
 
@@ -96,7 +95,7 @@ def _status(url: str) -> int:
         return 0
 
 
-class NatsCluster:
+class NatsCluster(Served):
     """Three nats-server nodes with JetStream, clustered (see the module docstring)."""
 
     def __init__(
@@ -324,15 +323,3 @@ class NatsCluster:
                 return
             time.sleep(0.2)
         raise ServerError(f"JetStream cluster not ready: {'; '.join(problems)}")
-
-    def __enter__(self) -> NatsCluster:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

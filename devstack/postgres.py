@@ -17,7 +17,6 @@ import subprocess
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from types import TracebackType
 from typing import NoReturn
 
 from devstack._account import (
@@ -32,10 +31,8 @@ from devstack._proc import (
     RunAs,
     ServerError,
     Spawned,
-    kill_group,
+    SpawnedServer,
     spawn,
-    stop_gracefully,
-    wait_until_ready,
 )
 from devstack.ports import free_port
 
@@ -134,6 +131,24 @@ def _prepare_dirs(data_dir: Path, socket_dir: Path | None = None) -> RunAs | Non
     return account
 
 
+def run_tool(
+    argv: list[str], *, cwd: Path, account: RunAs | None, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run a PostgreSQL tool in ``cwd`` as ``account`` (when given); its output captured."""
+    return subprocess.run(
+        argv,
+        cwd=cwd,
+        env=_child_env(account),
+        user=None if account is None else account.uid,
+        group=None if account is None else account.gid,
+        extra_groups=None if account is None else [],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def ensure_initialized(data_dir: Path) -> None:
     """Create a PostgreSQL cluster in ``data_dir`` unless one is already there.
 
@@ -151,18 +166,7 @@ def ensure_initialized(data_dir: Path) -> None:
     # case mapping for UTF-8 text.
     argv += ["--encoding=UTF8", "--locale=C", "--locale-provider=builtin"]
     argv += ["--builtin-locale=C.UTF-8", "--no-instructions"]
-    result = subprocess.run(
-        argv,
-        cwd=data_dir,
-        env=_child_env(account),
-        user=None if account is None else account.uid,
-        group=None if account is None else account.gid,
-        extra_groups=None if account is None else [],
-        capture_output=True,
-        text=True,
-        timeout=_INITDB_TIMEOUT,
-        check=False,
-    )
+    result = run_tool(argv, cwd=data_dir, account=account, timeout=_INITDB_TIMEOUT)
     if result.returncode != 0:
         raise ServerError(
             f"initdb failed for {data_dir} (exit {result.returncode}):\n"
@@ -237,11 +241,16 @@ def run_foreground(
     os.execve(argv[0], argv, env)
 
 
-class PostgresServer:
+class PostgresServer(SpawnedServer):
     """A PostgreSQL server child process on a fixed data directory and port.
 
     Use as a context manager (start on enter, stop on exit) or call the methods.
+    :meth:`stop` is a fast shutdown (SIGINT: abort sessions, checkpoint, exit);
+    :meth:`kill` SIGKILLs the postmaster and all its backends at once.
     """
+
+    name = "PostgreSQL"
+    stop_signal = signal.SIGINT
 
     def __init__(
         self,
@@ -321,33 +330,7 @@ class PostgresServer:
             run_as=account,
             env=_child_env(account),
         )
-        try:
-            wait_until_ready(
-                self._spawned,
-                self._is_ready,
-                timeout=self._start_timeout,
-                what=f"PostgreSQL on {self._host}:{self._port}",
-            )
-        except BaseException:
-            self.kill()
-            raise
-
-    def stop(self) -> None:
-        """Fast shutdown (SIGINT: abort sessions, checkpoint, exit); no-op if not running."""
-        if self._spawned is not None:
-            spawned, self._spawned = self._spawned, None
-            stop_gracefully(spawned, signal.SIGINT, timeout=self._stop_timeout, what="PostgreSQL")
-
-    def kill(self) -> None:
-        """SIGKILL the postmaster and all its backends at once, like a power cut."""
-        if self._spawned is not None:
-            spawned, self._spawned = self._spawned, None
-            kill_group(spawned, timeout=self._stop_timeout, what="PostgreSQL")
-
-    def restart(self) -> None:
-        """Stop (if running) and start again on the same data directory and port."""
-        self.stop()
-        self.start()
+        self._wait_ready(f"{self._host}:{self._port}")
 
     def create_database(self, name: str) -> None:
         """Create database ``name`` unless it exists (safe to call concurrently)."""
@@ -412,15 +395,3 @@ class PostgresServer:
             return False
         # Line 1 is the pid, line 8 the status ("starting", "ready", "stopping").
         return len(lines) >= 8 and lines[0].strip() == str(self.pid) and lines[7].strip() == "ready"
-
-    def __enter__(self) -> PostgresServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

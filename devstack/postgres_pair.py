@@ -42,9 +42,9 @@ from devstack.postgres import (
     PostgresServer,
     ServerError,
     _binary,
-    _child_env,
     _prepare_dirs,
     ensure_initialized,
+    run_tool,
 )
 
 __all__ = ["REPLICATION_HBA", "PostgresPair", "StandbyServer", "multi_host_dsn"]
@@ -158,18 +158,7 @@ class PostgresPair:
         argv = [_binary("pg_basebackup"), "-D", str(directory), "-h", source.host]
         argv += ["-p", str(source.port), "-U", SUPERUSER, "-R", "-X", "stream"]
         argv += ["--checkpoint=fast", "--no-password"]
-        result = subprocess.run(
-            argv,
-            cwd=directory,
-            env=_child_env(account),
-            user=None if account is None else account.uid,
-            group=None if account is None else account.gid,
-            extra_groups=None if account is None else [],
-            capture_output=True,
-            text=True,
-            timeout=_CLIENT_TIMEOUT * 5,
-            check=False,
-        )
+        result = run_tool(argv, cwd=directory, account=account, timeout=_CLIENT_TIMEOUT * 5)
         if result.returncode != 0:
             raise ServerError(f"pg_basebackup failed (exit {result.returncode}): {result.stderr}")
         auto = directory / "postgresql.auto.conf"

@@ -27,8 +27,42 @@ from k8s.pods import (
     tname,
     workload_labels,
 )
-from shared.access.identities import Identity
+from shared.access.identities import Identity, Kind
 from shared.contracts.topology import Topology
+
+
+def _role(
+    name: Kind,
+    component: str,
+    env: list[Doc],
+    topology: Topology,
+    *,
+    per: tuple[str, str] | None = None,
+    drain: float = DEFAULT_DRAIN,
+    resources: Doc = SMALL,
+    replicas: int | None = 1,
+) -> Role:
+    """Role ``name`` (``python -m services.<name>``, its dashes underscores) of the
+    topology, or, ``per`` ``(kind, value)``, of one context or durable: passed as
+    ``--<kind> <value>``, named and labelled after it, with its credentials."""
+    if per is None:
+        scope, suffix, args, labels = topology.name, tname(topology), [], {}
+    else:
+        kind, scope = per
+        suffix = dns_name(scope, f"{kind} {scope}")
+        args, labels = [f"--{kind}", scope], {f"ferry/{kind}": scope}
+    return Role(
+        name=name,
+        instance=f"{name}-{suffix}",
+        identity=Identity(name, scope),
+        component=component,
+        args=["-m", f"services.{name.replace('-', '_')}", *args],
+        env=env,
+        drain=drain,
+        resources=resources,
+        labels={"ferry/topology": topology.name, **labels},
+        replicas=replicas,
+    )
 
 
 def publishers(topology: Topology) -> list[Role]:
@@ -37,22 +71,10 @@ def publishers(topology: Topology) -> list[Role]:
     for context, spec in topology.contexts.items():
         if spec.stream is None:
             continue
-        instance = f"outbox-publisher-{dns_name(context, f'context {context}')}"
         env = common_env("outbox-publisher", topology, {"ferry.context": context})
         env.append({"name": "FERRY_DRAIN_DEADLINE", "value": as_seconds(DEFAULT_DRAIN)})
-        roles.append(
-            Role(
-                name="outbox-publisher",
-                instance=instance,
-                identity=Identity("outbox-publisher", context),
-                component="publisher",
-                args=["-m", "services.outbox_publisher", "--context", context],
-                env=env,
-                drain=DEFAULT_DRAIN,
-                resources=SMALL,
-                labels={"ferry/topology": topology.name, "ferry/context": context},
-            )
-        )
+        per = ("context", context)
+        roles.append(_role("outbox-publisher", "publisher", env, topology, per=per))
     return roles
 
 
@@ -66,7 +88,6 @@ def consumers(topology: Topology) -> list[Role]:
     """One inbox-consumer per durable; replicas left to KEDA (prod) or 1 (dev)."""
     roles = []
     for durable in topology.durables:
-        instance = f"inbox-consumer-{dns_name(durable, f'durable {durable}')}"
         drain = consumer_drain(topology, durable)
         env = common_env("inbox-consumer", topology, {"ferry.durable": durable})
         env += [
@@ -80,19 +101,9 @@ def consumers(topology: Topology) -> list[Role]:
             },
         ]
         roles.append(
-            Role(
-                name="inbox-consumer",
-                instance=instance,
-                identity=Identity("inbox-consumer", durable),
-                component="consumer",
-                args=["-m", "services.inbox_consumer", "--durable", durable],
-                env=env,
-                drain=drain + FETCH_TIMEOUT,
-                resources=CONSUMER,
-                labels={"ferry/topology": topology.name, "ferry/durable": durable},
-                replicas=None,
-            )
-        )
+            _role("inbox-consumer", "consumer", env, topology, per=("durable", durable),
+                  drain=drain + FETCH_TIMEOUT, resources=CONSUMER, replicas=None)
+        )  # fmt: skip
     return roles
 
 
@@ -105,30 +116,9 @@ def dlq_roles(topology: Topology) -> list[Role]:
     ]
     replayer_env = common_env("dlq-replayer", topology, {})
     replayer_env.append({"name": "FERRY_DRAIN_DEADLINE", "value": as_seconds(DEFAULT_DRAIN)})
-    labels = {"ferry/topology": topology.name}
     return [
-        Role(
-            name="dlq-router",
-            instance=f"dlq-router-{tname(topology)}",
-            identity=Identity("dlq-router", topology.name),
-            component="dlq",
-            args=["-m", "services.dlq_router"],
-            env=env,
-            drain=DEFAULT_DRAIN + FETCH_TIMEOUT,
-            resources=SMALL,
-            labels=labels,
-        ),
-        Role(
-            name="dlq-replayer",
-            instance=f"dlq-replayer-{tname(topology)}",
-            identity=Identity("dlq-replayer", topology.name),
-            component="dlq",
-            args=["-m", "services.dlq_replayer"],
-            env=replayer_env,
-            drain=DEFAULT_DRAIN,
-            resources=SMALL,
-            labels=labels,
-        ),
+        _role("dlq-router", "dlq", env, topology, drain=DEFAULT_DRAIN + FETCH_TIMEOUT),
+        _role("dlq-replayer", "dlq", replayer_env, topology),
     ]
 
 
@@ -143,17 +133,7 @@ def console_role(topology: Topology) -> Role:
         {"name": "FERRY_CONSOLE_SECURE_COOKIE", "value": "true"},
         {"name": "FERRY_DRAIN_DEADLINE", "value": as_seconds(DEFAULT_DRAIN)},
     ]
-    return Role(
-        name="console",
-        instance=f"console-{tname(topology)}",
-        identity=Identity("console", topology.name),
-        component="console",
-        args=["-m", "services.console"],
-        env=env,
-        drain=DEFAULT_DRAIN,
-        resources=SMALL,
-        labels={"ferry/topology": topology.name},
-    )
+    return _role("console", "console", env, topology)
 
 
 def console_service(topology: Topology) -> Doc:

@@ -135,13 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["hash-password"]:
         return hash_password_main()
-    return topology_role_main(
-        role=ROLE,
-        prog="python -m services.console",
-        settings_class=ConsoleSettings,
-        run=run,
-        argv=args,
-    )
+    return topology_role_main(role=ROLE, settings_class=ConsoleSettings, run=run, argv=args)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,9 @@ import logging
 import sys
 
 from services.dlq_replayer.metrics import ReplayerMetrics
-from shared.contracts.lint import require_clean_topology
-from shared.runtime.connections import Connected, close_all, target_pools
+from shared.runtime.connections import connect_topology
 from shared.runtime.lifecycle import serve, topology_role_main
 from shared.runtime.metrics import RoleMetrics
-from shared.runtime.readiness import postgres_probes
 from shared.runtime.settings import ReplayerSettings
 
 from .replayer import DlqReplayer
@@ -22,16 +20,13 @@ log = logging.getLogger("ferry.dlq_replayer")
 
 async def run(settings: ReplayerSettings, stop: asyncio.Event) -> int:
     """Replay until ``stop``."""
-    topology = settings.load_topology()
-    require_clean_topology(topology, source=settings.topology)
-    pools = await target_pools(settings, topology, stop)
-    nats = Connected()
-    nc = await nats.open(settings, f"{ROLE}:{topology.name}")
+    connected = await connect_topology(settings, ROLE, stop)
+    topology = connected.topology
     metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
     replayer = DlqReplayer(
         topology=topology,
-        pools=pools,
-        js=nc.jetstream(),
+        pools=connected.pools,
+        js=connected.nc.jetstream(),
         batch_size=settings.batch_size,
         metrics=ReplayerMetrics(metrics),
         unconfirmed_after=settings.unconfirmed_after,
@@ -43,8 +38,7 @@ async def run(settings: ReplayerSettings, stop: asyncio.Event) -> int:
             settings=settings,
             work=lambda inner: replayer.run(inner, interval=settings.interval),
             checks={
-                "nats": lambda: nats.up,
-                "postgres": postgres_probes(pools),
+                **connected.checks(),
                 "scanning": lambda: replayer.ready,
             },
             stop=stop,
@@ -52,19 +46,13 @@ async def run(settings: ReplayerSettings, stop: asyncio.Event) -> int:
             metrics=metrics,
         )
     finally:
-        await close_all(nc, pools)
+        await connected.close()
         log.info("stopped", extra={"replayed": replayer.stats.replayed})
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; ``--topology`` overrides FERRY_TOPOLOGY."""
-    return topology_role_main(
-        role=ROLE,
-        prog="python -m services.dlq_replayer",
-        settings_class=ReplayerSettings,
-        run=run,
-        argv=argv,
-    )
+    return topology_role_main(role=ROLE, settings_class=ReplayerSettings, run=run, argv=argv)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,9 @@ import logging
 import sys
 
 from services.dlq_router.metrics import RouterMetrics
-from shared.contracts.lint import require_clean_topology
-from shared.runtime.connections import Connected, close_all, target_pools
+from shared.runtime.connections import connect_topology
 from shared.runtime.lifecycle import serve, topology_role_main
 from shared.runtime.metrics import RoleMetrics
-from shared.runtime.readiness import postgres_probes
 from shared.runtime.settings import RouterSettings
 
 from .router import DlqRouter
@@ -22,16 +20,13 @@ log = logging.getLogger("ferry.dlq_router")
 
 async def run(settings: RouterSettings, stop: asyncio.Event) -> int:
     """Route advisories until ``stop``."""
-    topology = settings.load_topology()
-    require_clean_topology(topology, source=settings.topology)
-    pools = await target_pools(settings, topology, stop)
-    nats = Connected()
-    nc = await nats.open(settings, f"{ROLE}:{topology.name}")
+    connected = await connect_topology(settings, ROLE, stop)
+    topology = connected.topology
     metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
     router = DlqRouter(
         topology=topology,
-        pools=pools,
-        js=nc.jetstream(),
+        pools=connected.pools,
+        js=connected.nc.jetstream(),
         metrics=RouterMetrics(metrics),
         sweep_margin=settings.sweep_margin,
     )
@@ -45,8 +40,7 @@ async def run(settings: RouterSettings, stop: asyncio.Event) -> int:
                 sweep_interval=settings.sweep_interval or None,
             ),
             checks={
-                "nats": lambda: nats.up,
-                "postgres": postgres_probes(pools),
+                **connected.checks(),
                 "durable": lambda: router.stats.bound,
             },
             stop=stop,
@@ -54,19 +48,13 @@ async def run(settings: RouterSettings, stop: asyncio.Event) -> int:
             metrics=metrics,
         )
     finally:
-        await close_all(nc, pools)
+        await connected.close()
         log.info("stopped", extra={"recorded": router.stats.recorded})
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; ``--topology`` overrides FERRY_TOPOLOGY."""
-    return topology_role_main(
-        role=ROLE,
-        prog="python -m services.dlq_router",
-        settings_class=RouterSettings,
-        run=run,
-        argv=argv,
-    )
+    return topology_role_main(role=ROLE, settings_class=RouterSettings, run=run, argv=argv)
 
 
 if __name__ == "__main__":

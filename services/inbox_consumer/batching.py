@@ -197,16 +197,7 @@ class BatchCaller:
             return await call
 
     def _refused(self, group: list[Delivery], outcome: Any) -> None:
-        decider = self.decider
-        decider.stats.auth_refusals += 1
-        decider.stats.alerts += 1
-        log.error(
-            "handler refused our credentials (HTTP %s): check the durable's signing "
-            "secret (FERRY_HANDLER_SECRET) and the handler's; holding the batch of %d",
-            outcome.status,
-            len(group),
-            extra={"durable": decider.durable, "message_id": str(group[0].message_id)},
-        )
+        self.decider.alert_refused(outcome.status, group[0], f"the batch of {len(group)}")
 
     def _report(self, group: list[Delivery], outcome: BatchOutcome) -> None:
         """Log and count what in a batch answer could not be used."""

@@ -110,6 +110,19 @@ class Decider:
                 return DeadLetter("SCHEMA_INVALID", problem)
         return None
 
+    def alert_refused(self, status: int, first: Delivery, holding: str) -> None:
+        """Count and log (an alert) the handler's refusal of our credentials, ``holding``
+        what (``first`` its first message)."""
+        self.stats.auth_refusals += 1
+        self.stats.alerts += 1
+        log.error(
+            "handler refused our credentials (HTTP %s): check the durable's signing "
+            "secret (FERRY_HANDLER_SECRET) and the handler's; holding %s",
+            status,
+            holding,
+            extra={"durable": self.durable, "message_id": str(first.message_id)},
+        )
+
     async def _hold_while_refused(
         self, delivery: Delivery, envelope: Envelope, outcome: Any
     ) -> Any:
@@ -121,14 +134,7 @@ class Decider:
         """
         pause, longest = self.auth_retry
         while refused(outcome) and not self.stop.is_set():
-            self.stats.auth_refusals += 1
-            self.stats.alerts += 1
-            log.error(
-                "handler refused our credentials (HTTP %s): check the durable's signing "
-                "secret (FERRY_HANDLER_SECRET) and the handler's; holding the message",
-                outcome.status,
-                extra={"durable": self.durable, "message_id": str(delivery.message_id)},
-            )
+            self.alert_refused(outcome.status, delivery, "the message")
             await sleep_unless(self.stop, pause)  # the keeper heart-beats meanwhile
             pause = min(pause * 2, longest)
             outcome = await self._call_with_heartbeat(delivery, envelope)

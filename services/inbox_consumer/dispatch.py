@@ -21,8 +21,9 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -34,6 +35,9 @@ from shared.domain.retry_after import parse_retry_after
 from shared.domain.signing import sign
 
 log = logging.getLogger("ferry.inbox_consumer")
+
+#: What a POST's reader makes of the answer (see :meth:`HttpHandler._post`).
+_Read = TypeVar("_Read")
 
 #: How much of the handler's error body is kept (for last_error and dead letters).
 DETAIL_LIMIT = 500
@@ -69,23 +73,8 @@ class HttpHandler:
 
     async def handle(self, body: dict[str, Any], headers: dict[str, str]) -> Outcome:
         """POST ``body``; return what happened."""
-        data = wire_json(body)
-        headers = {**headers, "Content-Type": "application/json"}
-        if self._secret is not None:
-            headers.update(sign(self._secret, self.durable, data, time.time()))
-        try:
-            async with self._session.post(
-                self.url, data=data, headers=headers, allow_redirects=False
-            ) as resp:
-                retry_after = self._retry_after(resp, headers.get("Idempotency-Key", ""))
-                detail, retryable = await _detail(resp)
-                return HandlerResponse(resp.status, retry_after, detail, retryable)
-        except TimeoutError:
-            return HandlerFailure("timeout", f"no answer within {self.timeout}s")
-        except (aiohttp.ClientError, OSError) as exc:
-            return HandlerFailure("unreachable", _bounded(f"{type(exc).__name__}: {exc}"))
-        except asyncio.CancelledError:
-            raise
+        key = headers.get("Idempotency-Key", "")
+        return await self._post(body, headers, lambda resp: self._answer(resp, key))
 
     async def handle_batch(
         self, body: dict[str, Any], headers: dict[str, str], expected: list[uuid.UUID]
@@ -95,32 +84,50 @@ class HttpHandler:
         A 200 is read whole (up to :data:`~shared.domain.batch_call.ANSWER_LIMIT` bytes)
         as the per-event results; any other answer, or none, is the outcome of every event.
         """
+        first = str(expected[0]) if expected else ""
+
+        async def read(resp: aiohttp.ClientResponse) -> BatchOutcome:
+            if resp.status != 200:
+                return await self._answer(resp, first)
+            answer = await resp.content.read(ANSWER_LIMIT + 1)
+            while len(answer) <= ANSWER_LIMIT:
+                more = await resp.content.read(ANSWER_LIMIT + 1 - len(answer))
+                if not more:
+                    break
+                answer += more
+            return read_batch_answer(answer, expected)
+
+        return await self._post(body, headers, read)
+
+    async def _post(
+        self,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        read: Callable[[aiohttp.ClientResponse], Awaitable[_Read]],
+    ) -> _Read | HandlerFailure:
+        """POST ``body`` (signed when there is a secret) and ``read`` the answer; no
+        answer in time, or none at all, is a :class:`HandlerFailure`."""
         data = wire_json(body)
         headers = {**headers, "Content-Type": "application/json"}
         if self._secret is not None:
             headers.update(sign(self._secret, self.durable, data, time.time()))
-        first = str(expected[0]) if expected else ""
         try:
             async with self._session.post(
                 self.url, data=data, headers=headers, allow_redirects=False
             ) as resp:
-                if resp.status != 200:
-                    retry_after = self._retry_after(resp, first)
-                    detail, retryable = await _detail(resp)
-                    return HandlerResponse(resp.status, retry_after, detail, retryable)
-                answer = await resp.content.read(ANSWER_LIMIT + 1)
-                while len(answer) <= ANSWER_LIMIT:
-                    more = await resp.content.read(ANSWER_LIMIT + 1 - len(answer))
-                    if not more:
-                        break
-                    answer += more
-                return read_batch_answer(answer, expected)
+                return await read(resp)
         except TimeoutError:
             return HandlerFailure("timeout", f"no answer within {self.timeout}s")
         except (aiohttp.ClientError, OSError) as exc:
             return HandlerFailure("unreachable", _bounded(f"{type(exc).__name__}: {exc}"))
         except asyncio.CancelledError:
             raise
+
+    async def _answer(self, resp: aiohttp.ClientResponse, message_id: str) -> HandlerResponse:
+        """A non-batch answer: its status, Retry-After and (bounded) detail."""
+        retry_after = self._retry_after(resp, message_id)
+        detail, retryable = await _detail(resp)
+        return HandlerResponse(resp.status, retry_after, detail, retryable)
 
     def _retry_after(self, resp: aiohttp.ClientResponse, message_id: str) -> float | None:
         """The header's seconds; an invalid value is ignored (logged once per message)."""

@@ -7,9 +7,10 @@ default adapter of its own, and nothing is set on an object after it is built.
   the adapters (the pool, NATS, the HTTP handler, metrics, the throttle), one
   :class:`~.loop.ConsumerLoop` per partition, and, for ``ordering: key``, the partition
   ownership that runs them; :class:`Wired` holds what the lifecycle needs.
-* :func:`build_consumer` — one consumer (one durable, or one partition of it) from its
+* :func:`assemble` — one consumer (one durable, or one partition of it) from its
   :class:`ConsumerConfig` and the adapters: keep-alive, holder, settler, decider, claim,
-  the unordered stages and, for ``ordering: key``, the key order, drainer and sequencer.
+  the unordered stages and, for ``ordering: key``, the key order, drainer and sequencer
+  (a :class:`~.loop.ConsumerLoop` runs them).
 """
 
 from __future__ import annotations
@@ -101,28 +102,6 @@ def watch(metrics: ConsumerMetrics, stats: ConsumerStats, pool: Any, js: Any, sp
     metrics.watch(stats, pool, js)
     if spec.ordering == "key":
         metrics.watch_parking(pool)
-
-
-def build_consumer(
-    config: ConsumerConfig,
-    *,
-    pool: asyncpg.Pool,
-    js: JetStreamContext,
-    handler: HandlerPort,
-    store: InboxStore[Conn],
-    stats: ConsumerStats,
-    metrics: ConsumerMetrics,
-    throttle: Throttle,
-    partition: int = 0,
-    js_consumer: str | None = None,
-) -> ConsumerLoop:
-    """One consumer (see :func:`assemble`)."""
-    return ConsumerLoop(
-        assemble(
-            config, pool=pool, js=js, handler=handler, store=store, stats=stats,
-            metrics=metrics, throttle=throttle, partition=partition, js_consumer=js_consumer,
-        )
-    )  # fmt: skip
 
 
 def assemble(
@@ -277,11 +256,11 @@ async def wire(settings: ConsumerSettings, stop: asyncio.Event) -> Wired:
     watch(consumer_metrics, stats, pool, js, spec)
     store = PostgresInboxStore()
     consumers = {
-        p.partition or 0: build_consumer(
+        p.partition or 0: ConsumerLoop(assemble(
             config, pool=pool, js=js, handler=handler, store=store, stats=stats,
             metrics=consumer_metrics, throttle=throttle, partition=p.partition or 0,
             js_consumer=p.name,
-        )
+        ))
         for p in plans
     }  # fmt: skip
     ownership: PartitionOwnership | None = None

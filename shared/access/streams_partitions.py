@@ -111,6 +111,15 @@ def _start_after(old: list[Any]) -> int:
     return min(floors, default=0) + 1
 
 
+def _refused(
+    name: str, diffs: dict[str, tuple[Any, Any]], holders: list[tuple[str, int, int]], why: str
+) -> Change:
+    """The refused layout change of ``name``: ``why`` (``{}`` the ``holders``, each a
+    consumer with its pending and unacked counts), then :data:`REPARTITION_PROCEDURE`."""
+    held = ", ".join(f"{n} ({p} pending, {u} unacked)" for n, p, u in sorted(holders))
+    return Change("durable", name, "refused", diffs, error=why.format(held) + REPARTITION_PROCEDURE)
+
+
 async def _repartition(
     js: JetStreamContext,
     spec: DurableSpec,
@@ -136,26 +145,14 @@ async def _repartition(
         if any(_waiting(c)) and (_recorded_partition(c) or 0) >= tokens
     ]
     if dropped:
-        held = ", ".join(f"{n} ({p} pending, {u} unacked)" for n, p, u in sorted(dropped))
-        return Change(
-            "durable",
-            name,
-            "refused",
-            diffs,
-            error=f"{held} still hold messages whose partition token the new layout does "
-            "not read: no consumer would ever deliver them, --repartition or not; "
-            + REPARTITION_PROCEDURE,
+        why = (
+            "{} still hold messages whose partition token the new layout does not read: "
+            "no consumer would ever deliver them, --repartition or not; "
         )
+        return _refused(name, diffs, dropped, why)
     if busy and not forced:
-        held = ", ".join(f"{n} ({p} pending, {u} unacked)" for n, p, u in sorted(busy))
-        return Change(
-            "durable",
-            name,
-            "refused",
-            diffs,
-            error=f"the partition layout changes while {held} still hold messages; "
-            + REPARTITION_PROCEDURE,
-        )
+        why = "the partition layout changes while {} still hold messages; "
+        return _refused(name, diffs, busy, why)
     if not apply:
         return Change("durable", name, "drift", diffs)
     for info in old:

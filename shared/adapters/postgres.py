@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,16 +86,23 @@ def redact(dsn: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-async def connect(dsn: str, *, timeout: float = 10.0) -> asyncpg.Connection:
-    """One connection, with driver errors translated to Ferry's kinds."""
+@contextlib.contextmanager
+def _connect_errors(dsn: str) -> Iterator[None]:
+    """The driver's errors on connecting, translated to Ferry's kinds."""
     try:
-        return await asyncpg.connect(dsn, timeout=timeout)
+        yield
     except asyncpg.exceptions.InvalidPasswordError as exc:
         raise ConfigurationError(f"{redact(dsn)}: authentication failed: {exc}") from exc
     except asyncpg.exceptions.InvalidCatalogNameError as exc:
         raise ConfigurationError(f"{redact(dsn)}: {exc}") from exc
     except CONNECTION_ERRORS as exc:
         raise TransientError(f"{redact(dsn)}: cannot connect: {exc}") from exc
+
+
+async def connect(dsn: str, *, timeout: float = 10.0) -> asyncpg.Connection:
+    """One connection, with driver errors translated to Ferry's kinds."""
+    with _connect_errors(dsn):
+        return await asyncpg.connect(dsn, timeout=timeout)
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -110,7 +119,7 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
     """A connection pool; see :func:`connect` for error translation."""
-    try:
+    with _connect_errors(dsn):
         pool = await asyncpg.create_pool(
             dsn,
             min_size=min_size,
@@ -119,12 +128,6 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
             command_timeout=60.0,
             reset=_keep_session,
         )
-    except asyncpg.exceptions.InvalidPasswordError as exc:
-        raise ConfigurationError(f"{redact(dsn)}: authentication failed: {exc}") from exc
-    except asyncpg.exceptions.InvalidCatalogNameError as exc:
-        raise ConfigurationError(f"{redact(dsn)}: {exc}") from exc
-    except CONNECTION_ERRORS as exc:
-        raise TransientError(f"{redact(dsn)}: cannot connect: {exc}") from exc
     assert pool is not None
     return pool
 

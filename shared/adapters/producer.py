@@ -142,22 +142,7 @@ def _payload_json(payload: object) -> tuple[str, object]:
     return text, decoded
 
 
-async def record_event(
-    conn: Conn,
-    *,
-    aggregate_type: str,
-    aggregate_id: str,
-    event_type: str,
-    payload: dict[str, Any],
-    event_version: int = 1,
-    event_id: uuid.UUID | str | None = None,
-    occurred_at: datetime | None = None,
-    correlation_id: uuid.UUID | str | None = None,
-    causation_id: uuid.UUID | str | None = None,
-    traceparent: str | None = None,
-    context: str | None = None,
-    tracestate: str | None = None,
-) -> uuid.UUID:
+async def record_event(conn: Conn, **event: Unpack[EventFields]) -> uuid.UUID:
     """Insert one outbox row on ``conn``, which must be inside a transaction.
 
     Validates POL-047-001 (id and event type present), POL-047-002 (not in the future),
@@ -175,20 +160,7 @@ async def record_event(
         raise OutboxValidationError(
             "INVALID_OUTBOX", "conn", "record_event must run inside the caller's transaction"
         )
-    with _checked_row(
-        aggregate_type=aggregate_type,
-        aggregate_id=aggregate_id,
-        event_type=event_type,
-        payload=payload,
-        event_version=event_version,
-        event_id=event_id,
-        occurred_at=occurred_at,
-        correlation_id=correlation_id,
-        causation_id=causation_id,
-        traceparent=traceparent,
-        context=context,
-        tracestate=tracestate,
-    ) as (row_id, values):
+    with _checked_row(**event) as (row_id, values):
         await conn.execute(_INSERT, *values)
     return row_id
 

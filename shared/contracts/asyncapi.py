@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from shared.contracts.topology import EventSpec, Topology
+from shared.domain.envelope import REQUIRED_FIELDS
 from shared.domain.subjects import replay_subject
 
 #: The AsyncAPI version of the documents written here.
@@ -64,16 +65,6 @@ _ENVELOPE_FIELDS: dict[str, Doc] = {
         "description": "sha256 of the payload's canonical JSON (sorted keys, no spaces).",
     },
 }
-_REQUIRED = [
-    "message_id",
-    "subject",
-    "event_type",
-    "event_version",
-    "occurred_at",
-    "aggregate_type",
-    "aggregate_id",
-    "payload",
-]
 
 
 def asyncapi_document(topology: Topology, *, servers: list[str] | None = None) -> Doc:
@@ -202,7 +193,7 @@ def _message(topology: Topology, event: EventSpec, message_id: str) -> Doc:
     envelope: Doc = {
         "$schema": DIALECT,
         "type": "object",
-        "required": _REQUIRED,
+        "required": list(REQUIRED_FIELDS),
         "properties": {
             **copy.deepcopy(_ENVELOPE_FIELDS),
             "payload": _payload_schema(event),

@@ -80,24 +80,20 @@ def handler_timeout(topology: Topology, source: str) -> Iterator[Problem]:
 
 def max_deliver(topology: Topology, source: str) -> Iterator[Problem]:
     for name, durable in sorted(topology.durables.items()):
-        field = f"durables.{name}.max_deliver"
         if durable.max_deliver < 1:
-            yield Problem(
-                source,
-                field,
-                "max-deliver",
+            why = (
                 f"{durable.max_deliver} means unlimited redelivery: a poison message would "
-                "be retried forever; give a finite count",
+                "be retried forever; give a finite count"
             )
         elif durable.max_deliver < len(durable.backoff):
-            yield Problem(
-                source,
-                field,
-                "max-deliver",
+            why = (
                 f"{durable.max_deliver} is shorter than the back-off ladder "
                 f"({len(durable.backoff)} steps): messages are dead-lettered before the "
-                "ladder's last steps are ever used",
+                "ladder's last steps are ever used"
             )
+        else:
+            continue
+        yield Problem(source, f"durables.{name}.max_deliver", "max-deliver", why)
 
 
 def ack_pending(topology: Topology, source: str) -> Iterator[Problem]:
@@ -117,7 +113,6 @@ def ack_pending(topology: Topology, source: str) -> Iterator[Problem]:
 def dead_letter_streams(topology: Topology, source: str) -> Iterator[Problem]:
     for name, durable in sorted(topology.durables.items()):
         subject = durable.dead_letter_subject
-        field = f"durables.{name}.dead_letter_subject"
         events = [
             s.name
             for s in topology.streams_by_name().values()
@@ -127,21 +122,19 @@ def dead_letter_streams(topology: Topology, source: str) -> Iterator[Problem]:
             subject_matches(p, subject) for s in topology.dead_letter_streams for p in s.subjects
         )
         if events:
-            yield Problem(
-                source,
-                field,
-                "dead-letter-stream",
+            why = (
                 f"{subject!r} is captured by event stream {events[0]}: dead letters must "
-                "go to a dead-letter stream, not be mixed with events",
+                "go to a dead-letter stream, not be mixed with events"
             )
         elif not held:
-            yield Problem(
-                source,
-                field,
-                "dead-letter-stream",
+            why = (
                 f"no dead-letter stream captures {subject!r}: a dead letter could not be "
-                "stored and its message would be retried forever",
+                "stored and its message would be retried forever"
             )
+        else:
+            continue
+        field = f"durables.{name}.dead_letter_subject"
+        yield Problem(source, field, "dead-letter-stream", why)
 
 
 def naming(topology: Topology, source: str) -> Iterator[Problem]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
-import socket
 import sys
 import uuid
 from typing import Any
@@ -18,12 +16,9 @@ from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import connect
 from shared.contracts.topology import DurableSpec, Topology
 from shared.domain.errors import ConfigurationError
+from shared.ops.audit_args import actor_of
 from shared.ops.dlq_find import find_dead_letters, parse_uuid, query_from_args, row_line
 from shared.runtime.settings import CommonSettings
-
-
-def _actor(args: argparse.Namespace) -> str:
-    return str(args.actor or f"{getpass.getuser()}@{socket.gethostname()}")
 
 
 async def _selected(settings: CommonSettings, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -118,7 +113,7 @@ async def _replay_one(
     durable = row["durable"]
     try:
         done = await replay_dead_letter(
-            settings, topology, nc, row, actor=_actor(args), reason=args.reason
+            settings, topology, nc, row, actor=actor_of(args), reason=args.reason
         )
     except store.NotReplayable as exc:
         print(f"refused: {exc}", file=sys.stderr)
@@ -193,7 +188,7 @@ async def _set_status(settings: CommonSettings, args: argparse.Namespace, status
     for row in rows:
         durable = row["durable"]
         done, released = await set_dead_letter_status(
-            settings, topology, row, status, actor=_actor(args), reason=args.reason
+            settings, topology, row, status, actor=actor_of(args), reason=args.reason
         )
         if done:
             print(f"{status} {durable} {row['message_id']}")

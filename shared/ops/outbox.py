@@ -16,9 +16,7 @@ and records who, when and why in ``outbox_actions``.
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import socket
 import sys
 import uuid
 from collections.abc import Callable, Coroutine
@@ -26,6 +24,7 @@ from typing import Any
 
 from shared.adapters import outbox
 from shared.adapters.postgres import connect
+from shared.ops.audit_args import actor_of, add_audit_args
 from shared.runtime.settings import CommonSettings
 
 Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
@@ -45,12 +44,6 @@ def _uuid(text: str) -> uuid.UUID:
         return uuid.UUID(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an outbox event id (UUID)") from None
-
-
-def _reason(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the reason must not be empty")
-    return text
 
 
 async def _connect(settings: CommonSettings, context: str) -> Any:
@@ -110,7 +103,7 @@ async def cmd_republish(settings: CommonSettings, args: argparse.Namespace) -> i
               file=sys.stderr)  # fmt: skip
         return 2
     ids = None if args.all_failed else list(dict.fromkeys(args.ids))
-    actor = args.actor or f"{getpass.getuser()}@{socket.gethostname()}"
+    actor = actor_of(args)
     conn = await _connect(settings, args.context)
     try:
         done = await outbox.republish(conn, ids, actor=actor, reason=args.reason)
@@ -142,8 +135,7 @@ def add_commands(sub: Any) -> argparse.ArgumentParser:
     which = rep.add_mutually_exclusive_group()  # one of them: checked by cmd_republish
     which.add_argument("--id", dest="ids", type=_uuid, action="append", help="event id")
     which.add_argument("--all-failed", action="store_true", help="every set-aside row")
-    rep.add_argument("--reason", type=_reason, required=True, help="why (recorded)")
-    rep.add_argument("--actor", help="who (default: OS user@host)")
+    add_audit_args(rep)
     rep.set_defaults(func=cmd_republish)
     for parser in (lst, rep):
         parser.add_argument("--context", required=True, help="the context whose outbox")

@@ -16,9 +16,7 @@ recorded in ``parked_actions`` with who, when and why.
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import socket
 import sys
 import uuid
 from collections.abc import Callable, Coroutine
@@ -27,15 +25,10 @@ from typing import Any
 
 from shared.adapters import parking
 from shared.adapters.postgres import connect
+from shared.ops.audit_args import actor_of, add_audit_args
 from shared.runtime.settings import CommonSettings
 
 Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
-
-
-def _reason(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the reason must not be empty")
-    return text
 
 
 async def _connect_note(settings: CommonSettings, durable: str) -> None:
@@ -128,7 +121,7 @@ async def cmd_list(settings: CommonSettings, args: argparse.Namespace) -> int:
 
 async def cmd_discard(settings: CommonSettings, args: argparse.Namespace) -> int:
     """Discard a key's held head so its later events go on (audited)."""
-    actor = args.actor or f"{getpass.getuser()}@{socket.gethostname()}"
+    actor = actor_of(args)
     await _connect_note(settings, args.durable)
     gone = await discard_parked_head(
         settings, args.durable, args.ordering_key, actor=actor, reason=args.reason
@@ -159,8 +152,7 @@ def add_commands(sub: Any) -> argparse.ArgumentParser:
     dis.add_argument(
         "--key", dest="ordering_key", required=True, help="the key whose held head to discard"
     )
-    dis.add_argument("--reason", type=_reason, required=True, help="why (recorded)")
-    dis.add_argument("--actor", help="who (default: OS user@host)")
+    add_audit_args(dis)
     dis.set_defaults(func=cmd_discard)
     for parser in (lst, dis):
         parser.add_argument("--durable", required=True, help="an ordering: key durable")

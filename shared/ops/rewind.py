@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import json
-import socket
 import sys
 import time
 import uuid
@@ -62,6 +60,7 @@ from shared.adapters.postgres import connect
 from shared.contracts.loading import load_topology
 from shared.contracts.topology import Topology
 from shared.domain.errors import MalformedInput
+from shared.ops.audit_args import actor_of
 from shared.ops.rewind_audit import START, Tally, finish
 from shared.ops.rewind_copies import Progress, Rewinder
 from shared.ops.rewind_range import (
@@ -252,7 +251,7 @@ async def cmd_rewind(settings: CommonSettings, args: argparse.Namespace) -> int:
         else settings.load_topology()
     )
     topology.durable(args.durable)
-    actor = args.actor or f"{getpass.getuser()}@{socket.gethostname()}"
+    actor = actor_of(args)
     nc = await connect_nats(
         settings.nats_servers(), name="ferry-rewind", auth=settings.nats_auth(), give_up_after=10
     )

@@ -16,9 +16,7 @@ high`` durable is never throttled: the command refuses it (exit 1).
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import socket
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -26,6 +24,7 @@ from typing import Any
 from shared.adapters import throttles
 from shared.adapters.postgres import connect
 from shared.domain.throttle import MAX_BURST, Limit, RateError, format_rate, parse_rate
+from shared.ops.audit_args import actor_of
 from shared.runtime.settings import CommonSettings
 
 Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
@@ -89,7 +88,7 @@ async def cmd_throttle(settings: CommonSettings, args: argparse.Namespace) -> in
         print("refused: --burst goes with a --rate", file=sys.stderr)
         return 2
     default = spec.throttle.limit() if spec.throttle else None
-    actor = args.actor or f"{getpass.getuser()}@{socket.gethostname()}"
+    actor = actor_of(args)
     conn = await connect(settings.dsn(topology.context(spec.target).database))
     try:
         if args.clear:

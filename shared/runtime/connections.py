@@ -7,13 +7,16 @@ whose up/down state a readiness check reads.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import asyncpg
 from nats.aio.client import Client as NATS
 
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import create_pool_when_up
+from shared.contracts.lint import require_clean_topology
 from shared.contracts.topology import Topology
+from shared.runtime.readiness import ReadinessCheck, postgres_probes
 from shared.runtime.settings import CommonSettings
 
 
@@ -56,3 +59,35 @@ async def close_all(nc: NATS | None, pools: dict[str, asyncpg.Pool]) -> None:
         await nc.close()
     for pool in pools.values():
         await pool.close()
+
+
+@dataclass
+class TopologyConnections:
+    """What a whole-topology role connects to: its pools (see :func:`target_pools`) and
+    NATS (see :class:`Connected`), for its checked topology."""
+
+    topology: Topology
+    pools: dict[str, asyncpg.Pool]
+    nats: Connected
+    nc: NATS
+
+    def checks(self) -> dict[str, ReadinessCheck]:
+        """The readiness checks of the connections: ``nats`` and ``postgres``."""
+        return {"nats": lambda: self.nats.up, "postgres": postgres_probes(self.pools)}
+
+    async def close(self) -> None:
+        """Close NATS and every pool (see :func:`close_all`)."""
+        await close_all(self.nc, self.pools)
+
+
+async def connect_topology(
+    settings: CommonSettings, role: str, stop: asyncio.Event
+) -> TopologyConnections:
+    """Load and lint the settings' topology, then open its pools and NATS (as
+    ``role:topology``)."""
+    topology = settings.load_topology()
+    require_clean_topology(topology, source=settings.topology)
+    pools = await target_pools(settings, topology, stop)
+    nats = Connected()
+    nc = await nats.open(settings, f"{role}:{topology.name}")
+    return TopologyConnections(topology, pools, nats, nc)

@@ -98,17 +98,17 @@ async def serve(
 def topology_role_main(
     *,
     role: str,
-    prog: str,
     settings_class: type[CommonSettings],
     run: Callable[[Any, asyncio.Event], Awaitable[int]],
     argv: list[str] | None,
 ) -> int:
-    """Entry point of a role that serves a whole topology (dlq-router, dlq-replayer).
+    """Entry point of a role that serves a whole topology (dlq-router, dlq-replayer), run as
+    ``python -m services.<role>`` (its dashes underscores).
 
     ``--topology`` overrides FERRY_TOPOLOGY; logging, signals and tracing are set up here;
     exit codes: 3 when NATS refuses our credentials, 2 on a configuration error.
     """
-    parser = argparse.ArgumentParser(prog=prog)
+    parser = argparse.ArgumentParser(prog=f"python -m services.{role.replace('-', '_')}")
     parser.add_argument("--topology", help="topology file (default: FERRY_TOPOLOGY)")
     args = parser.parse_args(argv)
     settings = settings_class(**({"topology": args.topology} if args.topology else {}))

@@ -355,30 +355,30 @@ class Handler:
             else:
                 await route(conn, prepared.call)
                 outcome = Outcome.processed(message_id)
-            await store.log_and_commit(
-                conn,
-                handler=self.name,
-                message_id=mid,
-                attempt=ids.attempt,
-                status=outcome.status,
-                ledger=self.ledger,
-            )
+            await self._end_call(conn, mid, ids, outcome, commit=True)
             return outcome
         except Exception as exc:
             outcome = failure_answer(exc, message_id)
         try:
-            await store.rollback_and_log(
-                conn,
-                handler=self.name,
-                message_id=mid,
-                attempt=ids.attempt,
-                status=outcome.status,
-                ledger=self.ledger,
-            )
+            await self._end_call(conn, mid, ids, outcome, commit=False)
         except UNAVAILABLE as exc:
             # Nothing committed; the answer stands. A ledger misses a call without effect.
             log.warning("call not recorded after rollback: %s", exc)
         return outcome
+
+    async def _end_call(
+        self, conn: Conn, mid: uuid.UUID, ids: CallIds, outcome: Outcome, *, commit: bool
+    ) -> None:
+        """End :meth:`_apply`'s transaction (commit or roll back) with the call's record."""
+        await store.end_call(
+            conn,
+            commit=commit,
+            handler=self.name,
+            message_id=mid,
+            attempt=ids.attempt,
+            status=outcome.status,
+            ledger=self.ledger,
+        )
 
     async def _apply_one_statement(self, conn: Conn, prepared: Prepared, ids: CallIds) -> Outcome:
         """Claim, effect (and 200 ledger row) as one statement; any other answer is

@@ -134,7 +134,7 @@ async def begin_and_claim(conn: Conn, *, handler: str, message_id: uuid.UUID) ->
 
     A concurrent claimer of the same id blocks on the row until this transaction ends,
     then sees the conflict (commit) or claims it itself (rollback). The caller must end
-    the transaction: :func:`log_and_commit` or :func:`rollback_and_log`.
+    the transaction: :func:`end_call`.
     """
     result: str = await conn.execute(
         "BEGIN; INSERT INTO handler_applied (message_id, handler, applied_at)"
@@ -217,33 +217,26 @@ def _call_rows(handler: str, calls: Sequence[tuple[uuid.UUID | None, int | None,
     return f"INSERT INTO handler_calls (message_id, handler, attempt, status) VALUES {values}"
 
 
-async def log_and_commit(
+async def end_call(
     conn: Conn,
     *,
+    commit: bool,
     handler: str,
     message_id: uuid.UUID,
     attempt: int | None,
     status: int,
     ledger: bool = True,
 ) -> None:
-    """Record the call with its answer (with the ledger) and commit it with the effect
-    (one round trip)."""
-    row = _call_row(handler, message_id, attempt, status) + "; " if ledger else ""
-    await conn.execute(row + "COMMIT")
+    """End the call's transaction and record the call (with the ledger), one round trip.
 
-
-async def rollback_and_log(
-    conn: Conn,
-    *,
-    handler: str,
-    message_id: uuid.UUID,
-    attempt: int | None,
-    status: int,
-    ledger: bool = True,
-) -> None:
-    """Undo the claim and whatever the route did; record the call (one round trip)."""
-    row = "; " + _call_row(handler, message_id, attempt, status) if ledger else ""
-    await conn.execute("ROLLBACK" + row)
+    ``commit``: record the call with its answer and commit it with the effect; else undo
+    the claim and whatever the route did, then record the call."""
+    row = _call_row(handler, message_id, attempt, status) if ledger else None
+    if commit:
+        sql = "COMMIT" if row is None else row + "; COMMIT"
+    else:
+        sql = "ROLLBACK" if row is None else "ROLLBACK; " + row
+    await conn.execute(sql)
 
 
 async def log_call(

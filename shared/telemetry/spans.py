@@ -172,6 +172,18 @@ class current:  # a lower-case name: used as a function, ``with current(span):``
 
 
 @contextlib.contextmanager
+def _ended(span: Span) -> Iterator[None]:
+    """``span`` current around a block and ended after it, failed when the block raises."""
+    try:
+        with current(span):
+            yield
+    except BaseException as exc:
+        end_span(span, f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__)
+        raise
+    span.end()
+
+
+@contextlib.contextmanager
 def span_scope(
     name: str,
     *,
@@ -192,13 +204,8 @@ def span_scope(
     assert span is not None
     if headers is not None:
         inject(headers, span)
-    try:
-        with current(span):
-            yield span
-    except BaseException as exc:
-        end_span(span, f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__)
-        raise
-    span.end()
+    with _ended(span):
+        yield span
 
 
 def publish_span(
@@ -276,13 +283,8 @@ def server_span(
             parent=parent,
         )
         assert span is not None
-    try:
-        with current(span):
-            yield span
-    except BaseException as exc:
-        end_span(span, f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__)
-        raise
-    span.end()
+    with _ended(span):
+        yield span
 
 
 # --------------------------------------------------------------------------- producer

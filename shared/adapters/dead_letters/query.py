@@ -35,27 +35,21 @@ def subject_regex(pattern: str) -> str:
 
 
 def _where(query: Query) -> tuple[str, list[Any]]:
+    filters: list[tuple[str, Any]] = [
+        ("durable = ANY({}::text[])", query.durables),
+        ("reason_code = ANY({}::text[])", query.reasons),
+        ("status = ANY({}::text[])", query.statuses),
+        ("original_subject ~ {}", query.subject and subject_regex(query.subject)),
+        ("dead_lettered_at >= {}", query.since),
+        ("dead_lettered_at < {}", query.until),
+        ("message_id = ANY({}::uuid[])", query.message_ids),
+    ]
     clauses: list[str] = []
     args: list[Any] = []
-
-    def add(sql: str, value: Any) -> None:
-        args.append(value)
-        clauses.append(sql.format(f"${len(args)}"))
-
-    if query.durables:
-        add("durable = ANY({}::text[])", query.durables)
-    if query.reasons:
-        add("reason_code = ANY({}::text[])", query.reasons)
-    if query.statuses:
-        add("status = ANY({}::text[])", query.statuses)
-    if query.subject:
-        add("original_subject ~ {}", subject_regex(query.subject))
-    if query.since:
-        add("dead_lettered_at >= {}", query.since)
-    if query.until:
-        add("dead_lettered_at < {}", query.until)
-    if query.message_ids:
-        add("message_id = ANY({}::uuid[])", query.message_ids)
+    for sql, value in filters:
+        if value:
+            args.append(value)
+            clauses.append(sql.format(f"${len(args)}"))
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
 
 
