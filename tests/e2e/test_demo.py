@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,9 +33,20 @@ def _count(summary: str, label: str) -> int:
     return int(found.group(1))
 
 
+@pytest.fixture
+def var() -> Iterator[Path]:
+    """A fresh data directory the stack's unprivileged PostgreSQL user can reach (pytest's
+    own tmp_path is private to root when the tests run as root)."""
+    base = Path(tempfile.mkdtemp(prefix="ferry-demo-"))
+    base.chmod(0o755)
+    try:
+        yield base / "var"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.mark.timeout(RUN_LIMIT + 60)
-def test_the_first_run_ends_with_nothing_lost_and_every_key_released(tmp_path: Path) -> None:
-    var = tmp_path / "var"
+def test_the_first_run_ends_with_nothing_lost_and_every_key_released(var: Path) -> None:
     argv = [sys.executable, "-m", "devstack.stack", "up", "--demo", "--var-dir", str(var)]
     result = subprocess.run(
         argv, cwd=ROOT, capture_output=True, text=True, timeout=RUN_LIMIT, check=False
