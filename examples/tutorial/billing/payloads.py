@@ -11,28 +11,25 @@ class OrderPlacedV1(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     amount_cents: int
-    currency: Literal["EUR", "USD"]
+    currency: Literal['EUR', 'USD']
     customer: str
     order_id: str = Field(description="The order's id in the shop.")
 
 
 #: The model of each (event_type, version): Handler(models=MODELS).
 MODELS: dict[tuple[str, int], type[BaseModel]] = {
-    ("order_placed", 1): OrderPlacedV1,
+    ('order_placed', 1): OrderPlacedV1,
 }
 
 #: The JSON Schema of each (event_type, version): Handler(schemas=SCHEMAS).
 SCHEMAS: dict[tuple[str, int], dict[str, Any]] = {
-    ("order_placed", 1): {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "additionalProperties": False,
-        "properties": {
-            "amount_cents": {"minimum": 1, "type": "integer"},
-            "currency": {"enum": ["EUR", "USD"]},
-            "customer": {"type": "string"},
-            "order_id": {"description": "The order's id in the shop.", "type": "string"},
-        },
-        "required": ["order_id", "customer", "amount_cents", "currency"],
-        "type": "object",
-    },
+    ('order_placed', 1): {'$schema': 'https://json-schema.org/draft/2020-12/schema',
+     'additionalProperties': False,
+     'properties': {'amount_cents': {'minimum': 1, 'type': 'integer'},
+                    'currency': {'enum': ['EUR', 'USD']},
+                    'customer': {'type': 'string'},
+                    'order_id': {'description': "The order's id in the shop.",
+                                 'type': 'string'}},
+     'required': ['order_id', 'customer', 'amount_cents', 'currency'],
+     'type': 'object'},
 }
