@@ -58,7 +58,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def real_only(reason: str) -> Callable[[F], F]:
     """Mark a case the in-memory fake cannot honour (``reason`` says why): its ``memory``
-    instance is skipped with that reason."""
+    instance is not collected (deselected, not skipped: nothing is missing from the run)."""
 
     def mark(case: F) -> F:
         case.real_only = reason  # type: ignore[attr-defined]
@@ -67,13 +67,17 @@ def real_only(reason: str) -> Callable[[F], F]:
     return mark
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Skip the ``memory`` instance of a :func:`real_only` case (with its reason)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out the ``memory`` instance of a :func:`real_only` case."""
+    kept, left_out = [], []
     for item in items:
         reason = getattr(getattr(item, "function", None), "real_only", None)
         callspec = getattr(item, "callspec", None)
-        if reason and callspec and callspec.params.get("store_backend") == "memory":
-            item.add_marker(pytest.mark.skip(reason=f"real backend only: {reason}"))
+        memory = callspec is not None and callspec.params.get("store_backend") == "memory"
+        (left_out if reason and memory else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
 
 
 @pytest.fixture(params=STORE_BACKENDS)
