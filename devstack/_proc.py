@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,14 +187,16 @@ def _group_signalable(pgid: int) -> bool:
     return True
 
 
-class Served:
+class Served(ABC):
     """A server (or a set of them) as a context manager: started on entry, stopped on exit."""
 
+    @abstractmethod
     def start(self) -> None:
-        raise NotImplementedError
+        """Start and wait until it serves."""
 
+    @abstractmethod
     def stop(self) -> None:
-        raise NotImplementedError
+        """Stop gracefully; no-op if not running."""
 
     def __enter__(self) -> Self:
         self.start()
@@ -220,8 +223,9 @@ class SpawnedServer(Served):
     _start_timeout: float
     _stop_timeout: float
 
+    @abstractmethod
     def _is_ready(self) -> bool:
-        raise NotImplementedError
+        """Whether the spawned server answers yet."""
 
     def _wait_ready(self, where: str) -> None:
         """Wait until the spawned server is ready; killed (and the error raised) if not."""
