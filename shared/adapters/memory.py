@@ -1,9 +1,12 @@
 """In-memory adapters of the ports of :mod:`shared.domain.ports`, for tests and local runs.
 
-* :class:`MemoryOutboxStore` — :class:`~shared.domain.ports.OutboxStore`;
-* :class:`MemoryInboxStore` — :class:`~shared.domain.ports.InboxStore`;
-* :class:`ScriptedHandler` — :class:`~shared.domain.ports.HandlerPort`: answers from a
-  script per message id (or a default), records every call.
+* :class:`MemoryOutboxStore` — :class:`~shared.domain.ports.OutboxStore` (here, with the
+  connections and transactions both stores share);
+* :class:`~shared.adapters.memory_inbox.MemoryInboxStore` —
+  :class:`~shared.domain.ports.InboxStore`;
+* :class:`~shared.adapters.memory_handler.ScriptedHandler` —
+  :class:`~shared.domain.ports.HandlerPort`: answers from a script per message id (or a
+  default), records every call.
 
 The stores keep the same contract suites (``tests/contracts/``) as the PostgreSQL ones.
 They take a :class:`MemoryConn` as the caller's connection: its :meth:`~MemoryConn.
@@ -20,18 +23,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 from uuid import UUID
 
-from shared.domain.ack import HandlerResponse, Outcome
 from shared.domain.ports import (
-    BatchOutcome,
-    HandlerPort,
-    InboxDelivery,
-    InboxStore,
     OutboxFailure,
     OutboxStore,
 )
@@ -323,181 +321,3 @@ class MemoryOutboxStore(OutboxStore[object]):
             "set_aside": sum(1 for s in states if s.set_aside is not None),
             "max_attempts": max((s.attempts for s in states), default=0),
         }
-
-
-# --- inbox ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryInboxClaim:
-    """Per message id: claimed, final or leased (:class:`~shared.domain.ports.InboxClaim`)."""
-
-    claimed: dict[UUID, int]
-    final: set[UUID]
-    leased: dict[UUID, float]
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryInboxRow:
-    """One ``(durable, message_id)`` of the inbox (replaced whole on every change)."""
-
-    subject: str
-    status: str  # processing, retrying, processed (failed: dead-lettered elsewhere)
-    attempts: int
-    received_at: datetime
-    lease_owner: str | None = None
-    lease_until: float | None = None
-    handler_status: int | None = None
-    last_error: str | None = None
-    reason_code: str | None = None
-    retry_history: tuple[dict[str, Any], ...] = ()
-    duplicates: int = 0
-
-
-class MemoryInboxStore(InboxStore[object]):
-    """:class:`~shared.domain.ports.InboxStore` in a dict keyed by ``(durable, message_id)``.
-
-    A row is (re)claimed unless its outcome is final or any delivery holds a live lease
-    on it, as the PostgreSQL inbox's ``ON CONFLICT … WHERE`` decides.
-    """
-
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
-        self.rows: dict[tuple[str, UUID], MemoryInboxRow] = {}
-
-    def _put(self, conn: object, key: tuple[str, UUID], row: MemoryInboxRow) -> None:
-        old = self.rows.get(key)
-        self.rows[key] = row
-        if old is None:
-            _undo(conn, lambda: self.rows.pop(key, None))
-        else:
-            _undo(conn, lambda: self.rows.__setitem__(key, old))
-
-    async def claim_batch(
-        self,
-        conn: object,
-        *,
-        durable: str,
-        owner: str,
-        lease_seconds: float,
-        entries: Sequence[InboxDelivery],
-    ) -> MemoryInboxClaim:
-        now = self.clock()
-        claim = MemoryInboxClaim(claimed={}, final=set(), leased={})
-        for entry in entries:
-            key = (durable, entry.message_id)
-            row = self.rows.get(key)
-            if row is None:
-                row = MemoryInboxRow(
-                    entry.subject, "processing", 1, datetime.now(UTC), owner, now + lease_seconds
-                )
-            elif row.status in ("processed", "failed"):
-                claim.final.add(entry.message_id)
-                self._put(conn, key, replace(row, duplicates=row.duplicates + 1))
-                continue
-            elif row.status == "processing" and (row.lease_until or 0.0) >= now:
-                claim.leased[entry.message_id] = max((row.lease_until or now) - now, 0.0)
-                continue
-            else:
-                row = replace(
-                    row,
-                    status="processing",
-                    attempts=row.attempts + 1,
-                    lease_owner=owner,
-                    lease_until=now + lease_seconds,
-                )
-            self._put(conn, key, row)
-            claim.claimed[entry.message_id] = row.attempts
-        return claim
-
-    async def mark_processed(
-        self, conn: object, durable: str, outcomes: Mapping[UUID, int]
-    ) -> None:
-        for message_id, status in outcomes.items():
-            key = (durable, message_id)
-            if (row := self.rows.get(key)) is not None:
-                done = replace(
-                    row,
-                    status="processed",
-                    handler_status=status,
-                    lease_owner=None,
-                    lease_until=None,
-                    last_error=None,
-                )
-                self._put(conn, key, done)
-
-    async def mark_retrying(
-        self,
-        conn: object,
-        durable: str,
-        message_id: UUID,
-        *,
-        error: str,
-        status: int | None,
-        reason_code: str,
-        history_entry: dict[str, Any],
-    ) -> None:
-        key = (durable, message_id)
-        if (row := self.rows.get(key)) is not None:
-            retrying = replace(
-                row,
-                status="retrying",
-                lease_owner=None,
-                lease_until=None,
-                last_error=error,
-                handler_status=status,
-                reason_code=reason_code,
-                retry_history=(*row.retry_history, dict(history_entry)),
-            )
-            self._put(conn, key, retrying)
-
-    async def backlog(self, conn: object, durable: str) -> dict[str, Any]:
-        open_rows = [r for (d, _), r in self.rows.items() if d == durable]
-        open_rows = [r for r in open_rows if r.status != "processed"]
-        oldest = min((r.received_at for r in open_rows), default=None)
-        return {
-            "count": len(open_rows),
-            "oldest_at": oldest.isoformat() if oldest else None,
-            "retrying": sum(1 for r in open_rows if r.status == "retrying"),
-            "failed": sum(1 for r in open_rows if r.status == "failed"),
-        }
-
-
-# --- event handler --------------------------------------------------------------------
-
-OK = HandlerResponse(200)
-
-
-@dataclass
-class ScriptedHandler(HandlerPort):
-    """:class:`~shared.domain.ports.HandlerPort` answering from ``script`` (per message id,
-    in order; the ``Idempotency-Key`` header names it), else ``default``; never raises.
-
-    A batch call answers from the script of its ``Idempotency-Key`` too, else
-    ``batch_default`` (or ``default``: one outcome for every event of the call).
-    """
-
-    script: dict[str, list[Outcome]] = field(default_factory=dict)
-    default: Outcome = OK
-    batch_default: BatchOutcome | None = None
-    calls: list[str] = field(default_factory=list)
-    batches: list[list[UUID]] = field(default_factory=list)
-    closed: bool = False
-
-    async def handle(self, body: dict[str, Any], headers: dict[str, str]) -> Outcome:
-        mid = headers.get("Idempotency-Key", "")
-        self.calls.append(mid)
-        answers = self.script.get(mid)
-        return answers.pop(0) if answers else self.default
-
-    async def handle_batch(
-        self, body: dict[str, Any], headers: dict[str, str], expected: list[UUID]
-    ) -> BatchOutcome:
-        self.batches.append(list(expected))
-        answers = self.script.get(headers.get("Idempotency-Key", ""))
-        if answers:
-            return answers.pop(0)
-        return self.batch_default if self.batch_default is not None else self.default
-
-    async def close(self) -> None:
-        self.closed = True

@@ -7,9 +7,9 @@ and the :class:`MessageInHand` it settles). Every port has a real adapter and an
 in-memory one:
 
 * ``OutboxStore``, ``InboxStore``: PostgreSQL in :mod:`shared.adapters.stores`, memory in
-  :mod:`shared.adapters.memory`;
+  :mod:`shared.adapters.memory` and :mod:`shared.adapters.memory_inbox`;
 * ``HandlerPort``: HTTP in ``services.inbox_consumer.dispatch.HttpHandler``, memory in
-  :class:`shared.adapters.memory.ScriptedHandler`;
+  :class:`shared.adapters.memory_handler.ScriptedHandler`;
 * ``MessageInHand``: a JetStream message (or a parked copy), memory in the consumer's
   unit-test fakes (``tests/unit/consumer_fakes.FakeMsg``).
 
@@ -272,8 +272,8 @@ class HandlerPort(Protocol):
     per-event results (:class:`~shared.domain.batch_call.BatchAnswer`) or a
     :class:`~shared.domain.batch_call.MalformedAnswer`. The caller turns each outcome
     into a decision (:func:`shared.domain.ack.decide`). ``services.inbox_consumer.
-    dispatch.HttpHandler`` is the HTTP adapter, :class:`shared.adapters.memory.
-    ScriptedHandler` the in-memory one.
+    dispatch.HttpHandler`` is the HTTP adapter, :class:`shared.adapters.
+    memory_handler.ScriptedHandler` the in-memory one.
     """
 
     async def handle(self, body: dict[str, Any], headers: dict[str, str]) -> Outcome:

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 import asyncpg
 import pytest
 
-from shared.adapters.memory import MemoryConn, MemoryInboxStore, MemoryOutboxStore
+from shared.adapters.memory import MemoryConn, MemoryOutboxStore
+from shared.adapters.memory_inbox import MemoryInboxStore
 from shared.adapters.producer import record_event
 from shared.adapters.stores import PostgresInboxStore, PostgresOutboxStore
 from shared.domain.ports import InboxStore, OutboxStore

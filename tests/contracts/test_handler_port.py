@@ -2,7 +2,7 @@
 
 The real adapter is the consumer's :class:`~services.inbox_consumer.dispatch.HttpHandler`
 calling an HTTP handler served in the test; the fake is
-:class:`shared.adapters.memory.ScriptedHandler`. Each backend is told what the handler
+:class:`shared.adapters.memory_handler.ScriptedHandler`. Each backend is told what the handler
 answers for a message id (``answer``), so the suite asserts only what the port promises.
 """
 
@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from services.inbox_consumer.dispatch import HttpHandler
-from shared.adapters.memory import ScriptedHandler
+from shared.adapters.memory_handler import ScriptedHandler
 from shared.domain.ack import HandlerFailure, HandlerResponse, Outcome
 from shared.domain.ports import HandlerPort
 

@@ -1,10 +1,10 @@
 """In-memory stand-ins for the inbox consumer's ports, for its stages' unit tests.
 
 * :data:`FakeHandler` — :class:`shared.domain.ports.HandlerPort`: the in-memory adapter
-  :class:`shared.adapters.memory.ScriptedHandler` (answers from a script per message id,
+  :class:`shared.adapters.memory_handler.ScriptedHandler` (answers from a script per message id,
   or a default; records every call);
 * :class:`MemoryInbox` — :class:`shared.domain.ports.InboxStore`: the in-memory adapter
-  :class:`shared.adapters.memory.MemoryInboxStore` on a clock that stands still, with
+  :class:`shared.adapters.memory_inbox.MemoryInboxStore` on a clock that stands still, with
   what the tests look at (each row, the retries);
 * :class:`FakeMsg` — a fetched message as the consumer settles it (ack / nak / term /
   in_progress, recorded), built from an envelope by :func:`fake_msg`;
@@ -30,7 +30,8 @@ from services.inbox_consumer.metrics import ConsumerMetrics
 from services.inbox_consumer.stats import ConsumerStats
 from services.inbox_consumer.throttle import Throttle
 from services.inbox_consumer.wiring import ConsumerConfig, assemble
-from shared.adapters.memory import MemoryInboxRow, MemoryInboxStore, ScriptedHandler
+from shared.adapters.memory_handler import ScriptedHandler
+from shared.adapters.memory_inbox import MemoryInboxRow, MemoryInboxStore
 from shared.contracts.topology import DurableSpec, read_topology
 from shared.domain.ack import HandlerResponse, RetryPolicy
 from shared.domain.envelope import Envelope

@@ -1,0 +1,151 @@
+"""The in-memory :class:`~shared.domain.ports.InboxStore` (see :mod:`shared.adapters.memory`
+for the connections and transactions it shares with the outbox store)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from shared.adapters.memory import _undo
+from shared.domain.ports import InboxDelivery, InboxStore
+
+# --- inbox ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryInboxClaim:
+    """Per message id: claimed, final or leased (:class:`~shared.domain.ports.InboxClaim`)."""
+
+    claimed: dict[UUID, int]
+    final: set[UUID]
+    leased: dict[UUID, float]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryInboxRow:
+    """One ``(durable, message_id)`` of the inbox (replaced whole on every change)."""
+
+    subject: str
+    status: str  # processing, retrying, processed (failed: dead-lettered elsewhere)
+    attempts: int
+    received_at: datetime
+    lease_owner: str | None = None
+    lease_until: float | None = None
+    handler_status: int | None = None
+    last_error: str | None = None
+    reason_code: str | None = None
+    retry_history: tuple[dict[str, Any], ...] = ()
+    duplicates: int = 0
+
+
+class MemoryInboxStore(InboxStore[object]):
+    """:class:`~shared.domain.ports.InboxStore` in a dict keyed by ``(durable, message_id)``.
+
+    A row is (re)claimed unless its outcome is final or any delivery holds a live lease
+    on it, as the PostgreSQL inbox's ``ON CONFLICT … WHERE`` decides.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.rows: dict[tuple[str, UUID], MemoryInboxRow] = {}
+
+    def _put(self, conn: object, key: tuple[str, UUID], row: MemoryInboxRow) -> None:
+        old = self.rows.get(key)
+        self.rows[key] = row
+        if old is None:
+            _undo(conn, lambda: self.rows.pop(key, None))
+        else:
+            _undo(conn, lambda: self.rows.__setitem__(key, old))
+
+    async def claim_batch(
+        self,
+        conn: object,
+        *,
+        durable: str,
+        owner: str,
+        lease_seconds: float,
+        entries: Sequence[InboxDelivery],
+    ) -> MemoryInboxClaim:
+        now = self.clock()
+        claim = MemoryInboxClaim(claimed={}, final=set(), leased={})
+        for entry in entries:
+            key = (durable, entry.message_id)
+            row = self.rows.get(key)
+            if row is None:
+                row = MemoryInboxRow(
+                    entry.subject, "processing", 1, datetime.now(UTC), owner, now + lease_seconds
+                )
+            elif row.status in ("processed", "failed"):
+                claim.final.add(entry.message_id)
+                self._put(conn, key, replace(row, duplicates=row.duplicates + 1))
+                continue
+            elif row.status == "processing" and (row.lease_until or 0.0) >= now:
+                claim.leased[entry.message_id] = max((row.lease_until or now) - now, 0.0)
+                continue
+            else:
+                row = replace(
+                    row,
+                    status="processing",
+                    attempts=row.attempts + 1,
+                    lease_owner=owner,
+                    lease_until=now + lease_seconds,
+                )
+            self._put(conn, key, row)
+            claim.claimed[entry.message_id] = row.attempts
+        return claim
+
+    async def mark_processed(
+        self, conn: object, durable: str, outcomes: Mapping[UUID, int]
+    ) -> None:
+        for message_id, status in outcomes.items():
+            key = (durable, message_id)
+            if (row := self.rows.get(key)) is not None:
+                done = replace(
+                    row,
+                    status="processed",
+                    handler_status=status,
+                    lease_owner=None,
+                    lease_until=None,
+                    last_error=None,
+                )
+                self._put(conn, key, done)
+
+    async def mark_retrying(
+        self,
+        conn: object,
+        durable: str,
+        message_id: UUID,
+        *,
+        error: str,
+        status: int | None,
+        reason_code: str,
+        history_entry: dict[str, Any],
+    ) -> None:
+        key = (durable, message_id)
+        if (row := self.rows.get(key)) is not None:
+            retrying = replace(
+                row,
+                status="retrying",
+                lease_owner=None,
+                lease_until=None,
+                last_error=error,
+                handler_status=status,
+                reason_code=reason_code,
+                retry_history=(*row.retry_history, dict(history_entry)),
+            )
+            self._put(conn, key, retrying)
+
+    async def backlog(self, conn: object, durable: str) -> dict[str, Any]:
+        open_rows = [r for (d, _), r in self.rows.items() if d == durable]
+        open_rows = [r for r in open_rows if r.status != "processed"]
+        oldest = min((r.received_at for r in open_rows), default=None)
+        return {
+            "count": len(open_rows),
+            "oldest_at": oldest.isoformat() if oldest else None,
+            "retrying": sum(1 for r in open_rows if r.status == "retrying"),
+            "failed": sum(1 for r in open_rows if r.status == "failed"),
+        }
