@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from shared.runtime.settings import CommonSettings
-from shared.sdk.handler import handled_events
 from shared.sdk.models import EventSchema, generate_models
+from shared.sdk.topology_events import handled_events
 
 
 def models_source(settings: CommonSettings, context: str) -> str:

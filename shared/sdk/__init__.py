@@ -28,10 +28,11 @@ A handler service answers the inbox-consumer's signed ``POST /handle`` calls
 """
 
 from shared.sdk.auth import authenticate, load_secrets
-from shared.sdk.handler import Handler, Hook, handled_events, one_statement, topology_schemas
+from shared.sdk.handler import Handler, Hook, one_statement
 from shared.sdk.outcomes import GiveUp, Outcome, Reject, Retry
 from shared.sdk.request import Call, Delivery, MalformedRequest, parse_call
 from shared.sdk.store import CLAIMS_DDL, claim
+from shared.sdk.topology_events import handled_events, topology_schemas
 
 __all__ = [
     "CLAIMS_DDL",

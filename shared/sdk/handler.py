@@ -41,7 +41,6 @@ from pydantic import BaseModel
 
 from shared.adapters.postgres import Conn
 from shared.contracts.events import AcceptedEvents
-from shared.contracts.topology import EventSpec, Topology
 from shared.domain.batch_call import (
     BATCH_HEADER,
     MalformedBatch,
@@ -99,10 +98,8 @@ __all__ = [
     "StatementRoute",
     "answer_poison",
     "batch_result",
-    "handled_events",
     "is_one_statement",
     "one_statement",
-    "topology_schemas",
     "typed_payload",
 ]
 
@@ -429,22 +426,3 @@ class Handler:
             detail,
             extra={"message_id": str(message_id) if message_id else None, "handler": self.name},
         )
-
-
-def handled_events(topology: Topology, context: str) -> dict[RouteKey, EventSpec]:
-    """Events ``topology`` sends to ``context`` (handled by a durable targeting it)."""
-    durables = {name for name, d in topology.durables.items() if d.target == context}
-    return {
-        (event.type, event.version): event
-        for event in topology.events
-        if durables.intersection(event.handled_by)
-    }
-
-
-def topology_schemas(topology: Topology, context: str) -> dict[RouteKey, Mapping[str, Any]]:
-    """The payload schemas of the events ``topology`` sends to ``context``."""
-    return {
-        key: event.payload_schema
-        for key, event in handled_events(topology, context).items()
-        if event.payload_schema is not None
-    }
