@@ -28,6 +28,8 @@ import asyncpg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from chaos.engine.breaches import flag
+from chaos.engine.db import fetch
 from chaos.engine.faults import FaultRecord
 from chaos.engine.workload import Intent, Ledger
 from shared.contracts.topology import Topology, subject_matches
@@ -162,14 +164,6 @@ async def read_stream(
     return [m for m in found if m is not None]
 
 
-async def _fetch(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(dsn, timeout=10)
-    try:
-        return list(await conn.fetch(query, *args))
-    finally:
-        await conn.close()
-
-
 async def count_everything(
     *,
     topology: Topology,
@@ -182,7 +176,7 @@ async def count_everything(
     outbox: dict[str, dict[str, bool]] = {}
     for context, spec in topology.contexts.items():
         if spec.stream is not None:
-            rows = await _fetch(
+            rows = await fetch(
                 dsns[context],
                 "SELECT id::text AS id, published_at IS NOT NULL AS published FROM outbox_events",
             )
@@ -233,10 +227,10 @@ async def _count_context(
     count.stream_duplicates = sorted(i for i, n in in_stream.items() if n > 1)
     count.missing_from_stream = sorted(mine - set(in_stream))
     count.phantoms = sorted(set(in_stream) - mine)
-    _flag(violations, f"{context}: committed but never published", count.unpublished)
-    _flag(violations, f"{spec.name}: committed but not in the stream", count.missing_from_stream)
-    _flag(violations, f"{spec.name}: ids more than once in the stream", count.stream_duplicates)
-    _flag(violations, f"{spec.name}: messages the workload never committed", count.phantoms)
+    flag(violations, f"{context}: committed but never published", count.unpublished)
+    flag(violations, f"{spec.name}: committed but not in the stream", count.missing_from_stream)
+    flag(violations, f"{spec.name}: ids more than once in the stream", count.stream_duplicates)
+    flag(violations, f"{spec.name}: messages the workload never committed", count.phantoms)
     return count
 
 
@@ -260,7 +254,7 @@ async def _count_durable(
     dsn = dsns[spec.target]
     inbox = {
         r["id"]: r
-        for r in await _fetch(
+        for r in await fetch(
             dsn,
             "SELECT message_id::text AS id, status, reason_code, duplicates"
             " FROM inbox_messages WHERE durable = $1",
@@ -269,7 +263,7 @@ async def _count_durable(
     }
     dead = {
         r["id"]: r
-        for r in await _fetch(
+        for r in await fetch(
             dsn,
             "SELECT message_id::text AS id, reason_code, source, generation"
             " FROM dead_letters WHERE durable = $1",
@@ -350,7 +344,7 @@ async def _effects(
     faults: list[FaultRecord],
 ) -> None:
     calls: dict[str, list[Call]] = defaultdict(list)
-    for r in await _fetch(
+    for r in await fetch(
         dsn,
         "SELECT id, message_id::text AS mid, status, attempt,"
         " extract(epoch FROM called_at)::float8 AS at"
@@ -360,7 +354,7 @@ async def _effects(
         calls[r["mid"]].append(Call(r["id"], r["mid"], r["status"], r["attempt"], r["at"]))
     applied = {
         r["mid"]: float(r["at"])
-        for r in await _fetch(
+        for r in await fetch(
             dsn,
             "SELECT message_id::text AS mid, extract(epoch FROM applied_at)::float8 AS at"
             " FROM handler_applied WHERE handler = $1",
@@ -420,30 +414,24 @@ def explained(durable: str, applied_at: float, call_at: float, faults: list[Faul
     return False
 
 
-def _flag(violations: list[str], what: str, items: list[str]) -> None:
-    if items:
-        shown = ", ".join(items[:5]) + (" …" if len(items) > 5 else "")
-        violations.append(f"{what}: {len(items)} ({shown})")
-
-
 def _report_durable(count: DurableCount, violations: list[str]) -> None:
     d = count.durable
-    _flag(violations, f"{d}: LOST (no final outcome)", count.lost)
-    _flag(violations, f"{d}: outcome differs from the event's class", count.wrong_outcome)
-    _flag(violations, f"{d}: expected dead letters missing", count.missing_dead_letters)
-    _flag(
+    flag(violations, f"{d}: LOST (no final outcome)", count.lost)
+    flag(violations, f"{d}: outcome differs from the event's class", count.wrong_outcome)
+    flag(violations, f"{d}: expected dead letters missing", count.missing_dead_letters)
+    flag(
         violations,
         f"{d}: dead letters not in the poison/exhausted set",
         count.unexpected_dead_letters,
     )
-    _flag(violations, f"{d}: inbox 'failed' and dead_letters disagree", count.inbox_table_mismatch)
-    _flag(
+    flag(violations, f"{d}: inbox 'failed' and dead_letters disagree", count.inbox_table_mismatch)
+    flag(
         violations, f"{d}: dead-letter stream and dead_letters disagree", count.dlq_stream_mismatch
     )
-    _flag(violations, f"{d}: ids more than once in the dead-letter stream", count.dlq_duplicates)
-    _flag(violations, f"{d}: EFFECTS APPLIED TWICE", count.double_effects)
-    _flag(violations, f"{d}: processed but never applied", count.unapplied_processed)
-    _flag(violations, f"{d}: applied but not processed", count.applied_not_processed)
-    _flag(violations, f"{d}: redundant calls not answered 409", count.redundant_wrong)
-    _flag(violations, f"{d}: redundant calls outside any crash window", count.unexplained)
-    _flag(violations, f"{d}: inbox rows the workload never committed", count.phantoms)
+    flag(violations, f"{d}: ids more than once in the dead-letter stream", count.dlq_duplicates)
+    flag(violations, f"{d}: EFFECTS APPLIED TWICE", count.double_effects)
+    flag(violations, f"{d}: processed but never applied", count.unapplied_processed)
+    flag(violations, f"{d}: applied but not processed", count.applied_not_processed)
+    flag(violations, f"{d}: redundant calls not answered 409", count.redundant_wrong)
+    flag(violations, f"{d}: redundant calls outside any crash window", count.unexplained)
+    flag(violations, f"{d}: inbox rows the workload never committed", count.phantoms)

@@ -27,6 +27,8 @@ from typing import Any
 
 import asyncpg
 
+from chaos.engine.breaches import flag
+from chaos.engine.db import fetch
 from chaos.engine.workload import Intent, Ledger
 from shared.contracts.topology import Topology
 
@@ -60,19 +62,13 @@ class Settled:
     def violations(self) -> list[str]:
         """Every breach, one line each (empty: all invariants hold)."""
         out: list[str] = []
-        _flag(out, "STUCK in the outbox (unpublished, not set aside)", self.stuck)
-        _flag(out, "LOST (published, no final outcome)", self.lost)
-        _flag(out, "dead-lettered without a reason code", self.no_reason)
-        _flag(out, "processed and dead-lettered both", self.conflicting)
-        _flag(out, "EFFECTS APPLIED TWICE", self.effects_twice)
-        _flag(out, "valid events within every limit not processed", self.not_processed_but_should)
+        flag(out, "STUCK in the outbox (unpublished, not set aside)", self.stuck, 4)
+        flag(out, "LOST (published, no final outcome)", self.lost, 4)
+        flag(out, "dead-lettered without a reason code", self.no_reason, 4)
+        flag(out, "processed and dead-lettered both", self.conflicting, 4)
+        flag(out, "EFFECTS APPLIED TWICE", self.effects_twice, 4)
+        flag(out, "valid events within every limit not processed", self.not_processed_but_should, 4)
         return out
-
-
-def _flag(out: list[str], what: str, items: list[str]) -> None:
-    if items:
-        shown = ", ".join(items[:4]) + (" …" if len(items) > 4 else "")
-        out.append(f"{what}: {len(items)} ({shown})")
 
 
 async def _columns(conn: asyncpg.Connection, table: str) -> set[str]:
@@ -117,23 +113,20 @@ async def read_outbox(dsn: str) -> dict[str, dict[str, Any]]:
 
 async def read_inbox(dsn: str, durable: str) -> tuple[dict[str, str], dict[str, str], int]:
     """(id -> inbox status, id -> dead-letter reason, duplicates absorbed) of ``durable``."""
-    conn = await asyncpg.connect(dsn, timeout=10)
-    try:
-        inbox = await conn.fetch(
-            "SELECT message_id::text AS id, status, duplicates FROM inbox_messages"
-            " WHERE durable = $1",
-            durable,
-        )
-        # A dead letter replayed and then processed is settled as processed.
-        dead = await conn.fetch(
-            "SELECT message_id::text AS id, reason_code FROM dead_letters d WHERE durable = $1"
-            " AND NOT (status IN ('replaying', 'replayed') AND EXISTS (SELECT 1 FROM"
-            " inbox_messages i WHERE i.durable = d.durable AND i.message_id = d.message_id"
-            " AND i.status = 'processed'))",
-            durable,
-        )
-    finally:
-        await conn.close()
+    inbox = await fetch(
+        dsn,
+        "SELECT message_id::text AS id, status, duplicates FROM inbox_messages WHERE durable = $1",
+        durable,
+    )
+    # A dead letter replayed and then processed is settled as processed.
+    dead = await fetch(
+        dsn,
+        "SELECT message_id::text AS id, reason_code FROM dead_letters d WHERE durable = $1"
+        " AND NOT (status IN ('replaying', 'replayed') AND EXISTS (SELECT 1 FROM"
+        " inbox_messages i WHERE i.durable = d.durable AND i.message_id = d.message_id"
+        " AND i.status = 'processed'))",
+        durable,
+    )
     return (
         {r["id"]: r["status"] for r in inbox},
         {r["id"]: r["reason_code"] or "" for r in dead},
@@ -143,18 +136,15 @@ async def read_inbox(dsn: str, durable: str) -> tuple[dict[str, str], dict[str, 
 
 async def read_effects(dsn: str, handler: str) -> tuple[Counter[str], set[str]]:
     """(id -> calls answered 200, ids applied) of ``handler``'s effects ledger."""
-    conn = await asyncpg.connect(dsn, timeout=10)
-    try:
-        ok = await conn.fetch(
-            "SELECT message_id::text AS id, count(*) AS n FROM handler_calls"
-            " WHERE handler = $1 AND status = 200 GROUP BY message_id",
-            handler,
-        )
-        applied = await conn.fetch(
-            "SELECT message_id::text AS id FROM handler_applied WHERE handler = $1", handler
-        )
-    finally:
-        await conn.close()
+    ok = await fetch(
+        dsn,
+        "SELECT message_id::text AS id, count(*) AS n FROM handler_calls"
+        " WHERE handler = $1 AND status = 200 GROUP BY message_id",
+        handler,
+    )
+    applied = await fetch(
+        dsn, "SELECT message_id::text AS id FROM handler_applied WHERE handler = $1", handler
+    )
     return Counter({r["id"]: int(r["n"]) for r in ok}), {r["id"] for r in applied}
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import asyncpg
 
+from chaos.engine.db import fetch
 from chaos.engine.settled import Settled
 from chaos.engine.workload import Intent, Ledger
 from chaos.scenarios.ordering.workload import ordering_key_of
@@ -135,14 +136,6 @@ class OrderCount:
         return rows
 
 
-async def _fetch(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(dsn, timeout=10)
-    try:
-        return list(await conn.fetch(query, *args))
-    finally:
-        await conn.close()
-
-
 def inversions(expected: list[str], applied: list[str]) -> int:
     """Pairs of ``applied`` in the reverse of their order in ``expected``."""
     place = {m: i for i, m in enumerate(expected)}
@@ -187,7 +180,7 @@ async def _count_durable(
 ) -> None:
     dead = {
         str(r["id"]): r
-        for r in await _fetch(
+        for r in await fetch(
             dsn,
             "SELECT message_id AS id, status, reason_code, record -> 'ordering' AS ordering"
             " FROM dead_letters WHERE durable = $1",
@@ -197,7 +190,7 @@ async def _count_durable(
     ids = {i.id for i in mine}
     applied = [
         str(r["mid"])
-        for r in await _fetch(
+        for r in await fetch(
             dsn,
             "SELECT message_id AS mid FROM handler_calls WHERE handler = $1 AND status = 200"
             " ORDER BY id",
@@ -262,7 +255,7 @@ def _outcome(d: DurableOrder, intent: Intent, fate: str, dead: asyncpg.Record | 
 
 
 async def _count_traces(d: DurableOrder, dsn: str) -> None:
-    parks = await _fetch(
+    parks = await fetch(
         dsn,
         "SELECT op, ordering_key, message_id, state FROM chaos_parked_trace"
         " WHERE durable = $1 ORDER BY id",
@@ -270,7 +263,7 @@ async def _count_traces(d: DurableOrder, dsn: str) -> None:
     )
     discarded = {
         r["message_id"]
-        for r in await _fetch(
+        for r in await fetch(
             dsn,
             "SELECT message_id FROM dead_letters WHERE durable = $1 AND status = 'discarded'",
             d.durable,
@@ -288,13 +281,13 @@ async def _count_traces(d: DurableOrder, dsn: str) -> None:
     releases = [r for r in parks if r["op"] == "release"]
     d.discarded_heads = sum(1 for r in releases if r["message_id"] in discarded)
     d.released = len(releases) - d.discarded_heads
-    still = await _fetch(
+    still = await fetch(
         dsn, "SELECT count(*) AS n FROM parked_messages WHERE durable = $1", d.durable
     )
     d.still_parked = int(still[0]["n"])
     leases = Counter(
         r["op"]
-        for r in await _fetch(dsn, "SELECT op FROM chaos_lease_trace WHERE durable = $1", d.durable)
+        for r in await fetch(dsn, "SELECT op FROM chaos_lease_trace WHERE durable = $1", d.durable)
     )
     d.takeovers = leases["takeover"]
     d.clean_handovers = leases["after_release"]
