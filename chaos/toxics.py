@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shared.waits import cancel_and_wait, within
@@ -76,14 +76,8 @@ class ToxicSpec:
     attributes: dict[str, int]
 
     def to_json(self) -> dict[str, Any]:
-        """The API representation."""
-        return {
-            "name": self.name,
-            "type": self.type,
-            "stream": self.stream,
-            "toxicity": self.toxicity,
-            "attributes": dict(self.attributes),
-        }
+        """The API representation (every field, the attributes copied)."""
+        return asdict(self)
 
 
 def parse_toxic(doc: object) -> ToxicSpec:
@@ -241,23 +235,36 @@ async def _sleep_until(hooks: LinkHooks, moment: float) -> None:
         await asyncio.sleep(delay)
 
 
-async def run_noop(stage: Stage) -> None:
-    """Pass everything through."""
-    while True:
-        item = await stage.take()
-        stage.emit(item)
-        if item is None:
-            return
-
-
-async def run_latency(stage: Stage) -> None:
-    """Each chunk leaves ``latency ± jitter`` ms after it was read."""
-    attrs = stage.attributes()
+async def _chunks(stage: Stage) -> AsyncIterator[Chunk]:
+    """Each chunk ``stage`` takes, until the end of the stream (passed on when it comes)."""
     while True:
         item = await stage.take()
         if item is None:
             stage.emit(None)
             return
+        yield item
+
+
+def _emit_piece(stage: Stage, item: Chunk, data: bytes, size: int) -> bytes:
+    """Emit the first ``size`` bytes of ``data`` (what is left of ``item``); hold the rest and
+    return it."""
+    piece, data = data[:size], data[size:]
+    stage.emit(Chunk(piece, item.at))
+    if data:
+        stage.held = [Chunk(data, item.at)]
+    return data
+
+
+async def run_noop(stage: Stage) -> None:
+    """Pass everything through."""
+    async for item in _chunks(stage):
+        stage.emit(item)
+
+
+async def run_latency(stage: Stage) -> None:
+    """Each chunk leaves ``latency ± jitter`` ms after it was read."""
+    attrs = stage.attributes()
+    async for item in _chunks(stage):
         delay = float(attrs["latency"])
         if attrs["jitter"]:
             delay += stage.rng.uniform(-attrs["jitter"], attrs["jitter"])
@@ -304,19 +311,12 @@ async def run_bandwidth(stage: Stage) -> None:
     per_second = rate * 1000
     piece_size = max(rate * 100, 1)
     free_at = stage.hooks.now()
-    while True:
-        item = await stage.take()
-        if item is None:
-            stage.emit(None)
-            return
+    async for item in _chunks(stage):
         data = item.data
         while data:
-            piece, data = data[:piece_size], data[piece_size:]
-            free_at = max(free_at, stage.hooks.now()) + len(piece) / per_second
+            free_at = max(free_at, stage.hooks.now()) + min(piece_size, len(data)) / per_second
             await _sleep_until(stage.hooks, free_at)
-            stage.emit(Chunk(piece, item.at))
-            if data:
-                stage.held = [Chunk(data, item.at)]
+            data = _emit_piece(stage, item, data, piece_size)
 
 
 async def run_slow_close(stage: Stage) -> None:
@@ -356,20 +356,13 @@ async def run_slicer(stage: Stage) -> None:
     """Slices of ``average_size ± size_variation`` bytes, ``delay`` µs apart."""
     attrs = stage.attributes()
     average, variation, delay = attrs["average_size"], attrs["size_variation"], attrs["delay"]
-    while True:
-        item = await stage.take()
-        if item is None:
-            stage.emit(None)
-            return
+    async for item in _chunks(stage):
         data = item.data
         while data:
             size = average + (stage.rng.randint(-variation, variation) if variation else 0)
-            piece, data = data[:size], data[size:]
-            stage.emit(Chunk(piece, item.at))
-            if data:
-                stage.held = [Chunk(data, item.at)]
-                if delay:
-                    await asyncio.sleep(delay / 1_000_000)
+            data = _emit_piece(stage, item, data, size)
+            if data and delay:
+                await asyncio.sleep(delay / 1_000_000)
 
 
 RUNNERS: dict[str, Callable[[Stage], Coroutine[Any, Any, None]]] = {
