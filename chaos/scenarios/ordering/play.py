@@ -35,13 +35,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import asyncpg
 from nats.aio.client import Client as NATS
 
 from chaos.engine.config import RunConfig, Size
-from chaos.engine.faults import FaultInjector, FaultRecord, Timeline
+from chaos.engine.faults import FaultInjector, FaultRecord
 from chaos.engine.roles import ROOT
 from chaos.engine.scenario import Play, ScenarioRun
 from chaos.engine.schedule import PlannedFault
@@ -49,7 +51,6 @@ from chaos.engine.settled import Settled
 from chaos.engine.stall import arm_and_wait, disarm_fully, terminate_stalled
 from chaos.engine.tuning import DURABLE_CLOCKS, Tuning
 from chaos.engine.workload import Intent
-from chaos.engine.world import World
 from chaos.scenarios.ordering.accounting import count_order
 from chaos.scenarios.ordering.workload import (
     HELD_PARK,
@@ -115,32 +116,22 @@ class Ordering(Play):
         """See :func:`ordering_tuning`."""
         return ordering_tuning()
 
-    @property
-    def world(self) -> World:
-        """The run's world."""
-        return self.run.world
-
-    @property
-    def timeline(self) -> Timeline:
-        """The run's fault timeline."""
-        return self.run.timeline
-
     # -- the play ---------------------------------------------------------------------
 
     async def before(self) -> None:
         """The traces of the applied order, in every target database."""
-        topo = self.world.topo
+        topo = self.run.world.topo
         for target in sorted({d.target for d in topo.durables.values()}):
-            await install_traces(self.world.direct_dsn(target))
+            await install_traces(self.run.world.direct_dsn(target))
 
     def plan(self) -> list[Intent]:
         """Several events per key, each key's fixed events armed to be fixed later."""
         keys = KEYS.get(self.run.size_name, KEYS["ci"])
         size = self.run.size
         intents = plan_ordered(
-            self.world.topo, self.run.config.seed, size.events, size.seconds, keys
+            self.run.world.topo, self.run.config.seed, size.events, size.seconds, keys
         )
-        arm_fixes(intents, self.timeline.origin)
+        arm_fixes(intents, self.run.timeline.origin)
         self.planned = {i.id: i for i in intents}
         return intents
 
@@ -160,69 +151,62 @@ class Ordering(Play):
             if delay > 0:
                 await asyncio.sleep(delay)
 
+        timetable: list[tuple[float, Callable[[], Awaitable[None]]]] = [
+            (0.10, partial(self._kill_replica, HOLD, 1)),
+            (0.15, partial(self._fault, "kill_publisher", "sea")),
+            (0.20, partial(self._kill_replica, SKIP, 2)),
+            (0.22, partial(self._kill_in_hold_window, 0.12 * length)),
+            (0.30, partial(self._scale, 3)),
+            (0.40, partial(self._fault, "kill_nats", "")),
+            (0.45, partial(self._kill_replica, SKIP, 1)),
+            (0.50, partial(self._fault, "kill_publisher", "vibespro")),
+            (0.55, partial(self._kill_replica, HOLD, 3)),
+            (0.65, partial(self._scale, 1)),
+            (0.75, partial(self._kill_replica, HOLD, 1)),
+            (0.85, partial(self._kill_replica, SKIP, 1)),
+        ]
         if not first:
             await self._scale(2)
-        await at(0.10)
-        await self._kill_replica(HOLD, 1)
-        await at(0.15)
-        await self._fault("kill_publisher", "sea")
-        await at(0.20)
-        await self._kill_replica(SKIP, 2)
-        await at(0.22)
-        await self._kill_in_hold_window(0.12 * length)
-        await at(0.30)
-        await self._scale(3)
-        await at(0.40)
-        await self._fault("kill_nats", "")
-        await at(0.45)
-        await self._kill_replica(SKIP, 1)
-        await at(0.50)
-        await self._fault("kill_publisher", "vibespro")
-        await at(0.55)
-        await self._kill_replica(HOLD, 3)
-        await at(0.65)
-        await self._scale(1)
-        await at(0.75)
-        await self._kill_replica(HOLD, 1)
-        await at(0.85)
-        await self._kill_replica(SKIP, 1)
+        for fraction, step in timetable:
+            await at(fraction)
+            await step()
         await at(1.0)
 
     async def _fault(self, kind: str, target: str) -> None:
-        planned = PlannedFault(time.time() - self.timeline.origin, kind, target, 0.0)
+        planned = PlannedFault(time.time() - self.run.timeline.origin, kind, target, 0.0)
         record = await self.injector.inject(planned)
         if record.ok:
             self.run.faults[kind] += 1
 
     async def _kill_replica(self, durable: str, replica: int) -> None:
         """SIGKILL one consumer replica (if it runs) and restart it 0.3-2 s later."""
-        role = self.world.consumer_replicas(durable)[replica - 1]
+        role = self.run.world.consumer_replicas(durable)[replica - 1]
         if role.name in self.retired or not role.alive:
             return
         record = FaultRecord(
-            "kill_consumer", role.name, time.time() - self.timeline.origin, time.time(),
+            "kill_consumer", role.name, time.time() - self.run.timeline.origin, time.time(),
             affects=role.durables,
         )  # fmt: skip
         async with self.injector.lock(role.name):
             await self.injector._kill_and_restart(record, role)
         record.ended = time.time()
-        self.timeline.records.append(record)
+        self.run.timeline.records.append(record)
         self.run.faults["kill_consumer"] += 1
 
     async def _kill_in_hold_window(self, wait: float) -> None:
         """SIGKILL the hold durable's replicas while one is between a held head's dead
         letter and the parking of its key (stalled there by a trigger), then restart them."""
         table, where = HELD_PARK
-        dsn = self.world.direct_dsn(self.world.topo.durables[HOLD].target)
+        dsn = self.run.world.direct_dsn(self.run.world.topo.durables[HOLD].target)
         record = FaultRecord(
-            "kill_consumer_in_window", HOLD, time.time() - self.timeline.origin, time.time(),
+            "kill_consumer_in_window", HOLD, time.time() - self.run.timeline.origin, time.time(),
             affects=frozenset({HOLD}),
         )  # fmt: skip
         async with self.injector.lock("pg"):
             conn = await asyncpg.connect(dsn, timeout=10)
             try:
                 stalled = await arm_and_wait(conn, table, where, wait)
-                victims = [r for r in self.world.consumer_replicas(HOLD) if r.alive]
+                victims = [r for r in self.run.world.consumer_replicas(HOLD) if r.alive]
                 if stalled:
                     for role in victims:
                         await asyncio.to_thread(role.kill)
@@ -239,13 +223,13 @@ class Ordering(Play):
             role.start()
         record.detail = f"in window (parking a held head); {len(victims)} replica(s) killed"
         record.ended = time.time()
-        self.timeline.records.append(record)
+        self.run.timeline.records.append(record)
         self.run.faults["kill_consumer_in_window (parking a held head)"] += 1
 
     async def _scale(self, wanted: int) -> None:
         """Grow or shrink every durable's replica set to ``wanted`` running processes."""
         for durable in (HOLD, SKIP):
-            replicas = self.world.consumer_replicas(durable)
+            replicas = self.run.world.consumer_replicas(durable)
             for index, role in enumerate(replicas):
                 if index < wanted and (role.name in self.retired or not role.alive):
                     self.retired.discard(role.name)
@@ -261,14 +245,14 @@ class Ordering(Play):
                     else:
                         await asyncio.to_thread(role.kill)
                         self.run.faults["replica killed for good (scale down)"] += 1
-        self.timeline.note(f"replica set of each ordered durable scaled to {wanted}")
+        self.run.timeline.note(f"replica set of each ordered durable scaled to {wanted}")
 
     # -- the operator -----------------------------------------------------------------
 
     async def _operate(self) -> None:
         """Replay fixed held heads, discard the others, until the count begins."""
         nc = await connect_nats(
-            [self.world.nats_server().url], name="chaos-operator", give_up_after=60
+            [self.run.world.nats_server().url], name="chaos-operator", give_up_after=60
         )
         try:
             while not (self.operator_done.is_set() or self.run.engine.stopping.is_set()):
@@ -282,7 +266,7 @@ class Ordering(Play):
 
     async def _operator_round(self, nc: NATS) -> None:
         durable = HOLD
-        dsn = self.world.direct_dsn(self.world.topo.durables[durable].target)
+        dsn = self.run.world.direct_dsn(self.run.world.topo.durables[durable].target)
         conn = await asyncpg.connect(dsn, timeout=10)
         try:
             heads = [
@@ -290,7 +274,7 @@ class Ordering(Play):
                 if h["head_state"] == "held"
             ]  # fmt: skip
             await republish_unconfirmed(
-                conn, nc.jetstream(), durable, older_than=5.0, topology=self.world.topo
+                conn, nc.jetstream(), durable, older_than=5.0, topology=self.run.world.topo
             )
             for head in heads:
                 mid: uuid.UUID = head["head_id"]
@@ -303,7 +287,7 @@ class Ordering(Play):
                     continue  # not recorded yet, or a replay is on its way
                 intent = self.planned.get(str(mid))
                 if intent is not None and intent.klass == "fixed":
-                    if time.time() >= fix_time(intent, self.timeline.origin) + 0.5:
+                    if time.time() >= fix_time(intent, self.run.timeline.origin) + 0.5:
                         await self._replay(conn, nc, durable, mid)
                 else:
                     await self._discard(durable, mid)
@@ -314,7 +298,7 @@ class Ordering(Play):
         try:
             await replay(
                 conn, nc.jetstream(), durable=durable, message_id=mid, actor="chaos-operator",
-                reason="the handler bug is fixed", automatic=False, topology=self.world.topo,
+                reason="the handler bug is fixed", automatic=False, topology=self.run.world.topo,
             )  # fmt: skip
         except NotReplayable as exc:
             self.run.notes.append(f"operator: replay refused: {exc}")
@@ -327,7 +311,7 @@ class Ordering(Play):
         """``ferry dlq discard DURABLE ID`` as an operator runs it."""
         argv = [sys.executable, "-m", "shared.ops.cli", "dlq", "discard", durable, str(mid)]
         argv += ["--reason", "chaos: a poison event, given up", "--actor", "chaos-operator"]
-        env = self.world.operator_env()
+        env = self.run.world.operator_env()
         done = await asyncio.to_thread(
             subprocess.run, argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
         )
@@ -349,7 +333,7 @@ class Ordering(Play):
         """Nothing parked, and every replay's copy processed."""
         waiting: list[str] = []
         for durable in (HOLD, SKIP):
-            dsn = self.world.direct_dsn(self.world.topo.durables[durable].target)
+            dsn = self.run.world.direct_dsn(self.run.world.topo.durables[durable].target)
             try:
                 conn = await asyncpg.connect(dsn, timeout=5)
             except (OSError, asyncpg.PostgresError) as exc:
@@ -377,7 +361,9 @@ class Ordering(Play):
         self.operator_done.set()
         if self.operator is not None:
             await asyncio.gather(self.operator, return_exceptions=True)
-        order = await count_order(self.world.topo, self.run.engine.dsns(), self.run.ledger, settled)
+        order = await count_order(
+            self.run.world.topo, self.run.engine.dsns(), self.run.ledger, settled
+        )
         table = order.table()
         table["partitions per stream"] = PARTITIONS
         table["consumer replicas (start, most, least)"] = f"{AT_START}, {REPLICAS}, 1"
