@@ -71,6 +71,67 @@ class CountedResult:
         return not self.violations
 
 
+class Tabled(Protocol):
+    """What every per-run results table begins and ends with."""
+
+    @property
+    def size(self) -> str:
+        """The size the run was played at (``ci``, ``soak``)."""
+
+    @property
+    def seed(self) -> int:
+        """The run's seed."""
+
+    @property
+    def ok(self) -> bool:
+        """Every invariant holds."""
+
+    @property
+    def drain_seconds(self) -> float | None:
+        """How long the drain took (None: it did not finish)."""
+
+    @property
+    def duration(self) -> float:
+        """Seconds the whole run took."""
+
+    @property
+    def violations(self) -> list[str]:
+        """Every broken invariant."""
+
+    @property
+    def notes(self) -> list[str]:
+        """What the run noted on the way."""
+
+
+def table_head(name: str, run: Tabled) -> dict[str, Any]:
+    """A results table's first rows: which scenario, its size and seed, the verdict."""
+    return {
+        "scenario": name,
+        "size": run.size,
+        "seed": run.seed,
+        "verdict": "PASS" if run.ok else "FAIL",
+    }
+
+
+def table_tail(run: Tabled) -> dict[str, Any]:
+    """A results table's last rows: the drain, the duration, what broke, the notes."""
+    return {
+        "drain seconds": run.drain_seconds,
+        "duration seconds": round(run.duration, 1),
+        "violations": run.violations,
+        "notes": run.notes,
+    }
+
+
+def title(name: str, run: Tabled) -> str:
+    """A results table's first line as text (its head rows say no more)."""
+    return f"Scenario {name} ({run.size}), seed {run.seed}"
+
+
+#: The rows a results table's text leaves out: the title line and the tail say them.
+TITLED = ("scenario", "size", "seed", "violations", "notes")
+
+
 def as_json(doc: Any, indent: int = 2) -> str:
     """A report file's JSON text."""
     return json.dumps(doc, indent=indent, default=str) + "\n"

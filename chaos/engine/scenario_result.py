@@ -9,7 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.engine.results import as_json, render_rows, render_tail
+from chaos.engine.results import (
+    TITLED,
+    as_json,
+    render_rows,
+    render_tail,
+    table_head,
+    table_tail,
+    title,
+)
 from chaos.engine.settled import Settled
 
 
@@ -58,10 +66,7 @@ class ScenarioResult:
         """The per-scenario results table (also written as JSON)."""
         s = self.settled
         return {
-            "scenario": self.name,
-            "size": self.size,
-            "seed": self.seed,
-            "verdict": "PASS" if self.ok else "FAIL",
+            **table_head(self.name, self),
             "events committed": s.committed,
             "refused at the source": dict(s.refused),
             "faults injected": dict(self.faults),
@@ -80,17 +85,13 @@ class ScenarioResult:
             "unexpected exits by cause": dict(self.exit_causes),
             "exits": self.unexpected_exits,
             "restarts": self.restarts,
-            "drain seconds": self.drain_seconds,
-            "duration seconds": round(self.duration, 1),
-            "violations": self.violations,
-            "notes": self.notes,
+            **table_tail(self),
         }
 
     def render(self) -> str:
         """The results table as text."""
-        skip = ("scenario", "size", "seed", "exits", "violations", "notes", "restarts")
-        lines = [f"Scenario {self.name} ({self.size}), seed {self.seed}"]
-        lines += render_rows(self.table(), skip, counted=True)
+        lines = [title(self.name, self)]
+        lines += render_rows(self.table(), (*TITLED, "exits", "restarts"), counted=True)
         lines += render_tail(self.violations, self.notes, more_in="scenario.json")
         return "\n".join(lines)
 

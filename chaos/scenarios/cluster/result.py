@@ -7,7 +7,16 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.engine.results import CountedResult, as_json, render_rows, render_tail
+from chaos.engine.results import (
+    TITLED,
+    CountedResult,
+    as_json,
+    render_rows,
+    render_tail,
+    table_head,
+    table_tail,
+    title,
+)
 
 
 @dataclass
@@ -51,10 +60,7 @@ class ClusterResult(CountedResult):
         """The results table (also written as ``cluster.json``)."""
         a = self.accounts
         return {
-            "scenario": self.name,
-            "size": self.size,
-            "seed": self.seed,
-            "verdict": "PASS" if self.ok else "FAIL",
+            **table_head(self.name, self),
             "events committed": a.committed,
             "faults injected": dict(Counter(f.kind for f in self.faults if f.ok)),
             **a.totals(),
@@ -76,17 +82,13 @@ class ClusterResult(CountedResult):
                 }
                 for f in self.faults
             ],
-            "drain seconds": self.drain_seconds,
-            "duration seconds": round(self.duration, 1),
-            "violations": self.violations,
-            "notes": self.notes,
+            **table_tail(self),
         }
 
     def render(self) -> str:
         """The results table as text."""
-        skip = ("scenario", "size", "seed", "violations", "notes", "faults")
-        lines = [f"Scenario {self.name} ({self.size}), seed {self.seed}"]
-        lines += render_rows(self.table(), skip)
+        lines = [title(self.name, self)]
+        lines += render_rows(self.table(), (*TITLED, "faults"))
         lines.append(
             "  per fault (recovery: fault to the first event committed after it processed)"
         )

@@ -6,7 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.engine.results import CountedResult, as_json, render_rows, render_tail
+from chaos.engine.results import (
+    TITLED,
+    CountedResult,
+    as_json,
+    render_rows,
+    render_tail,
+    table_head,
+    table_tail,
+    title,
+)
 from chaos.scenarios.pg_failover.plan import SCENARIO
 
 
@@ -60,10 +69,7 @@ class FailoverResult(CountedResult):
         """The results table (also written as ``pg-failover.json``)."""
         a = self.accounts
         return {
-            "scenario": SCENARIO,
-            "size": self.size,
-            "seed": self.seed,
-            "verdict": "PASS" if self.ok else "FAIL",
+            **table_head(SCENARIO, self),
             "events committed": a.committed,
             "commit outcome unknown (connection lost)": self.unsure,
             "  of which in the new primary's outbox": self.unsure_committed,
@@ -89,17 +95,13 @@ class FailoverResult(CountedResult):
                 for f in self.failovers
             ],
             "producer errors": self.producer_errors,
-            "drain seconds": self.drain_seconds,
-            "duration seconds": round(self.duration, 1),
-            "violations": self.violations,
-            "notes": self.notes,
+            **table_tail(self),
         }
 
     def render(self) -> str:
         """The results table as text."""
-        skip = ("scenario", "size", "seed", "violations", "notes", "per failover")
-        lines = [f"Scenario {SCENARIO} ({self.size}), seed {self.seed}"]
-        lines += render_rows(self.table(), skip, width=46)
+        lines = [title(SCENARIO, self)]
+        lines += render_rows(self.table(), (*TITLED, "per failover"), width=46)
         lines.append(
             "  per failover (recovery: kill to the first event committed after it processed)"
         )
