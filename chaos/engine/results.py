@@ -72,7 +72,7 @@ class CountedResult:
 
 
 class Tabled(Protocol):
-    """What every per-run results table begins and ends with."""
+    """A run whose results table begins and ends as every scenario's does."""
 
     @property
     def size(self) -> str:
@@ -102,20 +102,19 @@ class Tabled(Protocol):
     def notes(self) -> list[str]:
         """What the run noted on the way."""
 
+    def table(self) -> dict[str, Any]:
+        """The results table (its head and tail from :func:`table_of`)."""
 
-def table_head(name: str, run: Tabled) -> dict[str, Any]:
-    """A results table's first rows: which scenario, its size and seed, the verdict."""
+
+def table_of(name: str, run: Tabled, rows: dict[str, Any]) -> dict[str, Any]:
+    """A run's results table: which scenario, its size, seed and verdict; then ``rows``; last
+    the drain, the duration, what broke and the notes."""
     return {
         "scenario": name,
         "size": run.size,
         "seed": run.seed,
         "verdict": "PASS" if run.ok else "FAIL",
-    }
-
-
-def table_tail(run: Tabled) -> dict[str, Any]:
-    """A results table's last rows: the drain, the duration, what broke, the notes."""
-    return {
+        **rows,
         "drain seconds": run.drain_seconds,
         "duration seconds": round(run.duration, 1),
         "violations": run.violations,
@@ -123,13 +122,14 @@ def table_tail(run: Tabled) -> dict[str, Any]:
     }
 
 
-def title(name: str, run: Tabled) -> str:
-    """A results table's first line as text (its head rows say no more)."""
-    return f"Scenario {name} ({run.size}), seed {run.seed}"
-
-
-#: The rows a results table's text leaves out: the title line and the tail say them.
-TITLED = ("scenario", "size", "seed", "violations", "notes")
+def render_head(
+    name: str, run: Tabled, skip: Iterable[str], *, width: int = 44, counted: bool = False
+) -> list[str]:
+    """A results table's first lines as text: the title, then the rows of ``run.table()``
+    but ``skip`` and those the title and :func:`render_tail` say."""
+    titled = ("scenario", "size", "seed", "violations", "notes")
+    rows = render_rows(run.table(), (*titled, *skip), width=width, counted=counted)
+    return [f"Scenario {name} ({run.size}), seed {run.seed}", *rows]
 
 
 def as_json(doc: Any, indent: int = 2) -> str:

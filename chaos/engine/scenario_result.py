@@ -9,15 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.engine.results import (
-    TITLED,
-    as_json,
-    render_rows,
-    render_tail,
-    table_head,
-    table_tail,
-    title,
-)
+from chaos.engine.results import as_json, render_head, render_tail, table_of
 from chaos.engine.settled import Settled
 
 
@@ -65,33 +57,42 @@ class ScenarioResult:
     def table(self) -> dict[str, Any]:
         """The per-scenario results table (also written as JSON)."""
         s = self.settled
-        return {
-            **table_head(self.name, self),
-            "events committed": s.committed,
-            "refused at the source": dict(s.refused),
-            "faults injected": dict(self.faults),
-            "processed": s.processed,
-            "dead-lettered by reason": dict(s.dead_lettered),
-            "set aside by the publisher": dict(s.set_aside),
-            "held behind a set-aside row": s.held_behind,
-            "stuck in the outbox": len(s.stuck),
-            "lost": len(s.lost),
-            "effects applied twice": len(s.effects_twice),
-            "applied, then dead-lettered": s.applied_then_dead_lettered,
-            "duplicate deliveries absorbed by the inbox": s.duplicates_absorbed,
-            "dead-lettered without cause": len(self.without_cause),
-            **self.extra,
-            "unexpected role exits": len(self.unexpected_exits),
-            "unexpected exits by cause": dict(self.exit_causes),
-            "exits": self.unexpected_exits,
-            "restarts": self.restarts,
-            **table_tail(self),
-        }
+        return table_of(
+            self.name,
+            self,
+            {
+                "events committed": s.committed,
+                "refused at the source": dict(s.refused),
+                "faults injected": dict(self.faults),
+                "processed": s.processed,
+                "dead-lettered by reason": dict(s.dead_lettered),
+                "set aside by the publisher": dict(s.set_aside),
+                "held behind a set-aside row": s.held_behind,
+                "stuck in the outbox": len(s.stuck),
+                "lost": len(s.lost),
+                "effects applied twice": len(s.effects_twice),
+                "applied, then dead-lettered": s.applied_then_dead_lettered,
+                "duplicate deliveries absorbed by the inbox": s.duplicates_absorbed,
+                "dead-lettered without cause": len(self.without_cause),
+                **self.extra,
+                "unexpected role exits": len(self.unexpected_exits),
+                "unexpected exits by cause": dict(self.exit_causes),
+                "exits": self.unexpected_exits,
+                "restarts": self.restarts,
+            },
+        )
 
     def render(self) -> str:
         """The results table as text."""
-        lines = [title(self.name, self)]
-        lines += render_rows(self.table(), (*TITLED, "exits", "restarts"), counted=True)
+        lines = render_head(
+            self.name,
+            self,
+            (
+                "exits",
+                "restarts",
+            ),
+            counted=True,
+        )
         lines += render_tail(self.violations, self.notes, more_in="scenario.json")
         return "\n".join(lines)
 

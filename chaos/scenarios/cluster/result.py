@@ -7,16 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.engine.results import (
-    TITLED,
-    CountedResult,
-    as_json,
-    render_rows,
-    render_tail,
-    table_head,
-    table_tail,
-    title,
-)
+from chaos.engine.results import CountedResult, as_json, render_head, render_tail, table_of
 
 
 @dataclass
@@ -59,36 +50,37 @@ class ClusterResult(CountedResult):
     def table(self) -> dict[str, Any]:
         """The results table (also written as ``cluster.json``)."""
         a = self.accounts
-        return {
-            **table_head(self.name, self),
-            "events committed": a.committed,
-            "faults injected": dict(Counter(f.kind for f in self.faults if f.ok)),
-            **a.totals(),
-            "probe publishes acknowledged": self.probe_acked,
-            "probe publishes without PubAck": sum(self.probe_unacked.values()),
-            "acknowledged but missing (probe)": len(self.acked_missing),
-            "acknowledged but missing (outbox)": len(self.outbox_acked_missing),
-            "role restarts": self.role_restarts,
-            "latency before the faults (median s)": (
-                None if self.baseline_latency is None else round(self.baseline_latency, 2)
-            ),
-            "faults": [
-                {
-                    "kind": f.kind,
-                    "at": f.at,
-                    "target": f.target,
-                    "recovery seconds": f.recovery,
-                    "detail": f.detail,
-                }
-                for f in self.faults
-            ],
-            **table_tail(self),
-        }
+        return table_of(
+            self.name,
+            self,
+            {
+                "events committed": a.committed,
+                "faults injected": dict(Counter(f.kind for f in self.faults if f.ok)),
+                **a.totals(),
+                "probe publishes acknowledged": self.probe_acked,
+                "probe publishes without PubAck": sum(self.probe_unacked.values()),
+                "acknowledged but missing (probe)": len(self.acked_missing),
+                "acknowledged but missing (outbox)": len(self.outbox_acked_missing),
+                "role restarts": self.role_restarts,
+                "latency before the faults (median s)": (
+                    None if self.baseline_latency is None else round(self.baseline_latency, 2)
+                ),
+                "faults": [
+                    {
+                        "kind": f.kind,
+                        "at": f.at,
+                        "target": f.target,
+                        "recovery seconds": f.recovery,
+                        "detail": f.detail,
+                    }
+                    for f in self.faults
+                ],
+            },
+        )
 
     def render(self) -> str:
         """The results table as text."""
-        lines = [title(self.name, self)]
-        lines += render_rows(self.table(), (*TITLED, "faults"))
+        lines = render_head(self.name, self, ("faults",))
         lines.append(
             "  per fault (recovery: fault to the first event committed after it processed)"
         )

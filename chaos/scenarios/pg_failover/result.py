@@ -6,16 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.engine.results import (
-    TITLED,
-    CountedResult,
-    as_json,
-    render_rows,
-    render_tail,
-    table_head,
-    table_tail,
-    title,
-)
+from chaos.engine.results import CountedResult, as_json, render_head, render_tail, table_of
 from chaos.scenarios.pg_failover.plan import SCENARIO
 
 
@@ -68,40 +59,41 @@ class FailoverResult(CountedResult):
     def table(self) -> dict[str, Any]:
         """The results table (also written as ``pg-failover.json``)."""
         a = self.accounts
-        return {
-            **table_head(SCENARIO, self),
-            "events committed": a.committed,
-            "commit outcome unknown (connection lost)": self.unsure,
-            "  of which in the new primary's outbox": self.unsure_committed,
-            "failovers": sum(1 for f in self.failovers if f.ok),
-            **a.totals(),
-            "commits acknowledged to the producers": self.acked,
-            "acknowledged but missing on the new primary": len(self.acked_missing),
-            "role restarts": self.role_restarts,
-            "latency before the failover (median s)": (
-                None if self.baseline_latency is None else round(self.baseline_latency, 2)
-            ),
-            "per failover": [
-                {
-                    "at": f.at,
-                    "killed": f.killed,
-                    "promoted": f.promoted,
-                    "promote seconds": f.promote_seconds,
-                    "writes back seconds": f.writes_back,
-                    "recovery seconds": f.recovery,
-                    "acknowledged in the 5 s before the kill": f.acked_at_risk,
-                    "detail": f.detail,
-                }
-                for f in self.failovers
-            ],
-            "producer errors": self.producer_errors,
-            **table_tail(self),
-        }
+        return table_of(
+            SCENARIO,
+            self,
+            {
+                "events committed": a.committed,
+                "commit outcome unknown (connection lost)": self.unsure,
+                "  of which in the new primary's outbox": self.unsure_committed,
+                "failovers": sum(1 for f in self.failovers if f.ok),
+                **a.totals(),
+                "commits acknowledged to the producers": self.acked,
+                "acknowledged but missing on the new primary": len(self.acked_missing),
+                "role restarts": self.role_restarts,
+                "latency before the failover (median s)": (
+                    None if self.baseline_latency is None else round(self.baseline_latency, 2)
+                ),
+                "per failover": [
+                    {
+                        "at": f.at,
+                        "killed": f.killed,
+                        "promoted": f.promoted,
+                        "promote seconds": f.promote_seconds,
+                        "writes back seconds": f.writes_back,
+                        "recovery seconds": f.recovery,
+                        "acknowledged in the 5 s before the kill": f.acked_at_risk,
+                        "detail": f.detail,
+                    }
+                    for f in self.failovers
+                ],
+                "producer errors": self.producer_errors,
+            },
+        )
 
     def render(self) -> str:
         """The results table as text."""
-        lines = [title(SCENARIO, self)]
-        lines += render_rows(self.table(), (*TITLED, "per failover"), width=46)
+        lines = render_head(SCENARIO, self, ("per failover",), width=46)
         lines.append(
             "  per failover (recovery: kill to the first event committed after it processed)"
         )
