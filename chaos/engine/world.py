@@ -147,6 +147,10 @@ class World:
         await self._start_servers()
         await self._prepare_topology()
         await self._start_toxiproxy()
+        await self._start_roles_behind_proxies()
+
+    async def _start_roles_behind_proxies(self) -> None:
+        """Plan every role, create the proxies of its links, then start the roles."""
         self._plan_roles()
         await self._create_proxies()
         self._start_roles()

@@ -92,9 +92,7 @@ class ClusterWorld(World):
         self.cluster.route_via({pair: self.links[route_link_name(*pair)].port for pair in pairs})
         await self._start_servers()
         await self._prepare_topology()
-        self._plan_roles()
-        await self._create_proxies()
-        self._start_roles()
+        await self._start_roles_behind_proxies()
 
     async def _start_servers(self) -> None:
         self._pg_base = Path(tempfile.mkdtemp(prefix="ferry-chaos-pg-"))
