@@ -20,7 +20,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
 from nats.aio.client import Client as NATS
@@ -29,6 +29,10 @@ from shared.domain.errors import AccessDenied, ConfigurationError, TransientErro
 from shared.domain.reply_subjects import inbox_prefix
 
 log = logging.getLogger("ferry.nats")
+
+#: A connection to NATS, as :func:`connect_nats` opens it (``nc.jetstream()`` gives its
+#: :data:`shared.adapters.jetstream.JetStream`).
+NatsClient: TypeAlias = NATS
 
 #: Pings missed before the client declares the link dead (interval x this = detection).
 MAX_OUTSTANDING_PINGS = 3

@@ -10,10 +10,11 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+from asyncpg.exceptions._base import DataError as ArgumentDataError
 from asyncpg.pool import PoolConnectionProxy
 
 from shared.domain.errors import ConfigurationError, TransientError
@@ -37,10 +38,45 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InternalClientError,
     TimeoutError,
 )
+#: The server refused or failed a statement (any SQLSTATE; not a lost connection).
+SERVER_ERRORS: tuple[type[BaseException], ...] = (asyncpg.PostgresError,)
 #: Connection errors plus server-side errors: what a retry loop around a batch catches.
-DATABASE_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, asyncpg.PostgresError)
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (*CONNECTION_ERRORS, *SERVER_ERRORS)
+#: The transaction lost a race with another (a deadlock, a serialization failure):
+#: worth running again as is.
+LOST_RACE_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.exceptions.SerializationError,
+)
+#: The server was too busy to finish the statement in time (a lock or statement timeout).
+BUSY_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.QueryCanceledError,
+)
+#: A value no column can hold, refused by the server or already by the client encoding
+#: the argument (which subclasses InterfaceError: catch these before CONNECTION_ERRORS).
+UNSTORABLE_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.DataError,
+    ArgumentDataError,
+)
+#: The login lacks a grant the statement needs.
+NOT_PERMITTED_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.InsufficientPrivilegeError,
+)
+#: A table the statement names does not exist (a migration not applied).
+NO_TABLE_ERRORS: tuple[type[BaseException], ...] = (asyncpg.exceptions.UndefinedTableError,)
+#: A connection pool (what a role holds per database).
+Pool: TypeAlias = asyncpg.Pool
 #: A connection or a pool's proxy of one: what repository functions accept.
 Conn = asyncpg.Connection | PoolConnectionProxy
+
+
+def is_unique_violation(exc: BaseException, constraint: str) -> bool:
+    """``exc`` is the server refusing a row that the unique ``constraint`` already holds."""
+    return (
+        isinstance(exc, asyncpg.UniqueViolationError)
+        and getattr(exc, "constraint_name", None) == constraint
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +153,7 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> Pool:
     """A connection pool; see :func:`connect` for error translation."""
     with _connect_errors(dsn):
         pool = await asyncpg.create_pool(
@@ -132,7 +168,15 @@ async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> asy
     return pool
 
 
-async def create_pool_when_up(dsn: str, *, max_size: int, stop: asyncio.Event) -> asyncpg.Pool:
+async def create_default_pool(dsn: str, *, min_size: int, max_size: int) -> Pool:
+    """A pool with asyncpg's own settings: no timeouts, no session reset, no error
+    translation (what the handler SDK's ASGI app opens on the handler's own database)."""
+    pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
+    assert pool is not None
+    return pool
+
+
+async def create_pool_when_up(dsn: str, *, max_size: int, stop: asyncio.Event) -> Pool:
     """A pool, retrying with back-off while the server is unreachable (a role starting first)."""
     delay = 0.2
     while True:

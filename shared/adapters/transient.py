@@ -2,13 +2,16 @@
 
 The dlq-router nak's an advisory that fails with one of these (it comes back; nothing is
 lost), the dlq-replayer leaves a replay unconfirmed and publishes it again on a later
-scan. Anything else is a bug and is reported as such.
+scan. Anything else is a bug and is reported as such. The outbox-publisher's outages
+(a publish JetStream did not answer) are :data:`PUBLISH_OUTAGES`.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 import nats.errors
-from nats.js.errors import APIError, NoStreamResponseError
+from nats.js.errors import APIError, NoStreamResponseError, TooManyStalledMsgsError
 
 from shared.adapters.postgres import DATABASE_ERRORS
 
@@ -29,3 +32,19 @@ NATS_ERRORS: tuple[type[BaseException], ...] = (
 
 #: Transient: the database or JetStream is down or has no leader.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, *NATS_ERRORS, OSError)
+
+#: A publish JetStream did not answer (no PubAck in time, no responders, the connection
+#: stale, closed, draining or reconnecting, no stream answering, too many PubAcks
+#: outstanding): the outbox-publisher's outages. A 503 API error (no stream leader) is
+#: one too (see :func:`shared.adapters.jetstream.api_error_codes`).
+PUBLISH_OUTAGES: tuple[type[BaseException], ...] = (
+    asyncio.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.ConnectionReconnectingError,
+    NoStreamResponseError,
+    TooManyStalledMsgsError,
+)
