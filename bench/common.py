@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 from nats.js import JetStreamContext
 
 #: The repository root (roles run with it as working directory and on PYTHONPATH).
@@ -127,6 +128,16 @@ async def stream_span(js: JetStreamContext, stream: str) -> tuple[float, float, 
     if first.time is None or last.time is None:
         raise RuntimeError(f"stream {stream}: the server returned no message timestamps")
     return first.time.timestamp(), last.time.timestamp(), int(info.state.messages)
+
+
+async def fetch(dsn: str, query: str, *args: Any) -> list[asyncpg.Record]:
+    """The rows of ``query``, on a connection of its own."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows: list[asyncpg.Record] = await conn.fetch(query, *args)
+        return rows
+    finally:
+        await conn.close()
 
 
 def fail(message: str) -> None:

@@ -12,7 +12,7 @@ import asyncpg
 import nats
 
 from bench.books import cpu_delta
-from bench.common import say, stream_span
+from bench.common import fetch, say, stream_span
 from bench.procs import PYTHON, spawn
 from bench.ratios import PROTO_DRAIN_KEY, proto_book
 from bench.sections.base import SEA_STREAM, Bench, wait_for
@@ -151,25 +151,21 @@ async def proto_latencies(
     source_dsn: str, target_dsn: str, since: datetime
 ) -> tuple[dict[str, list[float]], int]:
     """The bare-bones pipeline's latencies, by the definitions of :func:`sea_latencies`."""
-    target = await asyncpg.connect(target_dsn)
-    try:
-        records = await target.fetch(
-            "SELECT extract(epoch FROM i.processed_at - i.occurred_at) * 1000 AS processed,"
-            " extract(epoch FROM a.applied_at - i.occurred_at) * 1000 AS applied,"
-            " extract(epoch FROM i.received_at - i.occurred_at) * 1000 AS received"
-            " FROM proto_inbox i LEFT JOIN proto_applied a USING (id)"
-            " WHERE i.processed_at IS NOT NULL AND i.occurred_at >= $1", since,
-        )  # fmt: skip
-    finally:
-        await target.close()
-    source = await asyncpg.connect(source_dsn)
-    try:
-        published = await source.fetch(
-            "SELECT extract(epoch FROM published_at - occurred_at) * 1000 AS published"
-            " FROM outbox_events WHERE occurred_at >= $1 AND published_at IS NOT NULL", since,
-        )  # fmt: skip
-    finally:
-        await source.close()
+    records = await fetch(
+        target_dsn,
+        "SELECT extract(epoch FROM i.processed_at - i.occurred_at) * 1000 AS processed,"
+        " extract(epoch FROM a.applied_at - i.occurred_at) * 1000 AS applied,"
+        " extract(epoch FROM i.received_at - i.occurred_at) * 1000 AS received"
+        " FROM proto_inbox i LEFT JOIN proto_applied a USING (id)"
+        " WHERE i.processed_at IS NOT NULL AND i.occurred_at >= $1",
+        since,
+    )
+    published = await fetch(
+        source_dsn,
+        "SELECT extract(epoch FROM published_at - occurred_at) * 1000 AS published"
+        " FROM outbox_events WHERE occurred_at >= $1 AND published_at IS NOT NULL",
+        since,
+    )
     out = {
         "processed": [float(r["processed"]) for r in records],
         "applied": [float(r["applied"]) for r in records if r["applied"] is not None],

@@ -15,7 +15,7 @@ import asyncpg
 import nats
 
 from bench.books import batch_delta, cpu_delta
-from bench.common import say, summarize
+from bench.common import fetch, say, summarize
 from bench.procs import PYTHON, run_worker
 from bench.sections.base import SEA_DURABLE, Bench
 from bench.world import Deployment
@@ -199,30 +199,25 @@ async def sea_latencies(
     on the way: ``published`` (occurred_at → the publisher's claiming transaction) and
     ``received`` (occurred_at → the consumer's inbox claim).
     """
-    target = await asyncpg.connect(target_dsn)
-    try:
-        records = await target.fetch(
-            "SELECT i.message_id, i.processed_at,"
-            " extract(epoch FROM i.processed_at - i.occurred_at) * 1000 AS processed,"
-            " extract(epoch FROM a.applied_at - i.occurred_at) * 1000 AS applied,"
-            " extract(epoch FROM i.received_at - i.occurred_at) * 1000 AS received"
-            " FROM inbox_messages i LEFT JOIN handler_applied a"
-            " ON a.message_id = i.message_id AND a.handler = 'vibespro'"
-            " WHERE i.durable = $1 AND i.status = 'processed' AND i.occurred_at >= $2",
-            SEA_DURABLE, since,
-        )  # fmt: skip
-    finally:
-        await target.close()
-    source = await asyncpg.connect(source_dsn)
-    try:
-        rows = await source.fetch(
-            "SELECT id, recorded_at,"
-            " extract(epoch FROM published_at - occurred_at) * 1000 AS published"
-            " FROM outbox_events WHERE occurred_at >= $1",
-            since,
-        )
-    finally:
-        await source.close()
+    records = await fetch(
+        target_dsn,
+        "SELECT i.message_id, i.processed_at,"
+        " extract(epoch FROM i.processed_at - i.occurred_at) * 1000 AS processed,"
+        " extract(epoch FROM a.applied_at - i.occurred_at) * 1000 AS applied,"
+        " extract(epoch FROM i.received_at - i.occurred_at) * 1000 AS received"
+        " FROM inbox_messages i LEFT JOIN handler_applied a"
+        " ON a.message_id = i.message_id AND a.handler = 'vibespro'"
+        " WHERE i.durable = $1 AND i.status = 'processed' AND i.occurred_at >= $2",
+        SEA_DURABLE,
+        since,
+    )
+    rows = await fetch(
+        source_dsn,
+        "SELECT id, recorded_at,"
+        " extract(epoch FROM published_at - occurred_at) * 1000 AS published"
+        " FROM outbox_events WHERE occurred_at >= $1",
+        since,
+    )
     inserted = {r["id"]: r["recorded_at"] for r in rows}
     from_insert = [
         (r["processed_at"] - inserted[r["message_id"]]).total_seconds() * 1000
