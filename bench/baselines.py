@@ -31,6 +31,7 @@ import asyncio
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -120,6 +121,13 @@ _OUTBOX = (
 )
 
 
+async def _together(loop: Callable[[], Awaitable[None]], copies: int) -> tuple[float, float]:
+    """Run ``copies`` of ``loop`` at once: (wall seconds, this process's CPU seconds)."""
+    cpu0, start = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(copies)))
+    return time.perf_counter() - start, time.process_time() - cpu0
+
+
 async def pg_txn(dsn: str, seconds: float, connections: int) -> dict[str, Any]:
     pool = await asyncpg.create_pool(dsn, min_size=connections, max_size=connections)
     async with pool.acquire() as conn:
@@ -142,10 +150,7 @@ async def pg_txn(dsn: str, seconds: float, connections: int) -> dict[str, Any]:
                 await conn.execute(_OUTBOX, uuid.uuid4(), key, body)
             latencies.append((time.perf_counter() - began) * 1000)
 
-    cpu0, start = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(connections)))
-    elapsed = time.perf_counter() - start
-    cpu = time.process_time() - cpu0
+    elapsed, cpu = await _together(loop, connections)
     await pool.close()
     return {"txn_s": len(latencies) / elapsed, "seconds": elapsed, "count": len(latencies),
             "latency_ms": summarize(latencies), "cpu_s": cpu}  # fmt: skip
@@ -171,10 +176,7 @@ async def http_handler(url: str, seconds: float, concurrency: int) -> dict[str, 
             key = str(outcome.status) if isinstance(outcome, HandlerResponse) else outcome.kind
             statuses[key] = statuses.get(key, 0) + 1
 
-    cpu0, start = time.process_time(), time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - start
-    cpu = time.process_time() - cpu0
+    elapsed, cpu = await _together(loop, concurrency)
     await client.close()
     return {"req_s": len(latencies) / elapsed, "seconds": elapsed, "count": len(latencies),
             "statuses": statuses, "latency_ms": summarize(latencies), "cpu_s": cpu}  # fmt: skip

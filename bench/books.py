@@ -91,10 +91,20 @@ def batch_delta(
     before: Mapping[str, tuple[float, float]], after: Mapping[str, tuple[float, float]]
 ) -> dict[str, dict[str, float]]:
     """Batches, messages and the mean batch of each role between two :meth:`batch_counts`."""
+    return {
+        name: {"batches": batches, "messages": messages, "mean": messages / batches}
+        for name, (batches, messages) in pair_delta(before, after).items()
+    }
+
+
+def pair_delta(
+    before: Mapping[str, tuple[float, float]], after: Mapping[str, tuple[float, float]]
+) -> dict[str, tuple[float, float]]:
+    """Each key's pair of running totals (a count, and a sum) between two snapshots: the
+    keys whose count grew (a key missing ``before`` counts from zero)."""
     out = {}
-    for name, (count, total) in after.items():
-        count0, total0 = before.get(name, (0.0, 0.0))
-        batches, messages = count - count0, total - total0
-        if batches > 0:
-            out[name] = {"batches": batches, "messages": messages, "mean": messages / batches}
+    for key, (count, total) in after.items():
+        count0, total0 = before.get(key, (0.0, 0.0))
+        if count > count0:
+            out[key] = (count - count0, total - total0)
     return out

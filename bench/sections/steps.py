@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 import nats
 
-from bench.books import batch_delta, cpu_delta
+from bench.books import batch_delta, cpu_delta, pair_delta
 from bench.common import fetch, say, summarize
 from bench.procs import PYTHON, run_worker
 from bench.sections.base import SEA_DURABLE, Bench
@@ -139,12 +139,7 @@ def statement_delta(
     before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
 ) -> dict[str, tuple[float, float]]:
     """Calls and ms of each statement between two :meth:`Servers.statement_counts`."""
-    out = {}
-    for query, (calls, ms) in after.items():
-        calls0, ms0 = before.get(query, (0.0, 0.0))
-        if calls > calls0:
-            out[query] = (calls - calls0, ms - ms0)
-    return out
+    return pair_delta(before, after)
 
 
 async def wait_idle(bench: Bench, dep: Deployment, timeout: float) -> bool:
