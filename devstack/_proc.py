@@ -82,6 +82,30 @@ def spawn(
     return Spawned(proc=proc, log_path=log_path, log_offset=offset)
 
 
+def run_checked(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    timed_out: str,
+    failed: str,
+    input: str | None = None,
+) -> str:
+    """Run ``argv`` to its end (``input`` on its stdin), its output captured; its stdout.
+
+    Raise :class:`ServerError` saying ``timed_out`` when it outlasts ``timeout`` seconds, or
+    ``failed`` and its stderr when it exits non-zero.
+    """
+    try:
+        result = subprocess.run(
+            argv, input=input, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise ServerError(timed_out) from None
+    if result.returncode != 0:
+        raise ServerError(f"{failed}: {result.stderr.strip()}")
+    return result.stdout
+
+
 def log_tail(path: Path, offset: int = 0, max_lines: int = _TAIL_LINES) -> str:
     """Return the last ``max_lines`` lines of ``path`` written after byte ``offset``."""
     try:

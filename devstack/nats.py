@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -24,6 +23,7 @@ from devstack._proc import (
     ServerError,
     Spawned,
     SpawnedServer,
+    run_checked,
     spawn,
 )
 from devstack.ports import free_port
@@ -124,15 +124,12 @@ def write_config(
 
 def check_config(path: Path) -> None:
     """Validate a config with ``nats-server -t``; raise ServerError with the parser's message."""
-    argv = [str(nats_server_binary()), "-t", "-c", str(path)]
-    try:
-        result = subprocess.run(
-            argv, capture_output=True, text=True, timeout=_CHECK_TIMEOUT, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise ServerError(f"nats-server -t timed out on {path}") from None
-    if result.returncode != 0:
-        raise ServerError(f"invalid nats-server config {path}: {result.stderr.strip()}")
+    run_checked(
+        [str(nats_server_binary()), "-t", "-c", str(path)],
+        timeout=_CHECK_TIMEOUT,
+        timed_out=f"nats-server -t timed out on {path}",
+        failed=f"invalid nats-server config {path}",
+    )
 
 
 def run_foreground(config_path: Path) -> NoReturn:

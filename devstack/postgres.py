@@ -32,6 +32,7 @@ from devstack._proc import (
     ServerError,
     Spawned,
     SpawnedServer,
+    run_checked,
     spawn,
 )
 from devstack.ports import free_port
@@ -241,6 +242,18 @@ def run_foreground(
     os.execve(argv[0], argv, env)
 
 
+def run_psql(argv: list[str], port: int, *, timeout: float, script: str | None = None) -> str:
+    """Run a psql ``argv`` against the server on ``port`` (``script`` on its stdin); its
+    output. ServerError when it times out or fails."""
+    return run_checked(
+        argv,
+        timeout=timeout,
+        timed_out=f"psql on port {port} timed out",
+        failed=f"psql failed on port {port}",
+        input=script,
+    )
+
+
 class PostgresServer(SpawnedServer):
     """A PostgreSQL server child process on a fixed data directory and port.
 
@@ -357,20 +370,7 @@ class PostgresServer(SpawnedServer):
         for key, value in variables.items():
             argv += ["-v", f"{key}={value}"]
         argv += ["-d", f"{self.dsn()}?connect_timeout=10"]
-        try:
-            result = subprocess.run(
-                argv,
-                input=script,
-                capture_output=True,
-                text=True,
-                timeout=_CLIENT_TIMEOUT,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            raise ServerError(f"psql on port {self._port} timed out") from None
-        if result.returncode != 0:
-            raise ServerError(f"psql failed on port {self._port}: {result.stderr.strip()}")
-        return result.stdout
+        return run_psql(argv, self._port, timeout=_CLIENT_TIMEOUT, script=script)
 
     def _is_ready(self) -> bool:
         """Our postmaster reports ready in its pid file and answers on host:port."""

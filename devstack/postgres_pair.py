@@ -31,7 +31,6 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,6 +43,7 @@ from devstack.postgres import (
     _binary,
     _prepare_dirs,
     ensure_initialized,
+    run_psql,
     run_tool,
 )
 
@@ -234,15 +234,7 @@ class PostgresPair:
         """Run ``sql`` on ``server`` as the superuser (psql); its output, unaligned."""
         argv = [_binary("psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql]
         argv += ["-d", f"{server.dsn()}?connect_timeout=10"]
-        try:
-            result = subprocess.run(
-                argv, capture_output=True, text=True, timeout=_CLIENT_TIMEOUT, check=False
-            )
-        except subprocess.TimeoutExpired:
-            raise ServerError(f"psql on port {server.port} timed out") from None
-        if result.returncode != 0:
-            raise ServerError(f"psql failed on port {server.port}: {result.stderr.strip()}")
-        return result.stdout.strip()
+        return run_psql(argv, server.port, timeout=_CLIENT_TIMEOUT).strip()
 
     def stop(self) -> None:
         """Stop whichever server still runs, the primary first."""
