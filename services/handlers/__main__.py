@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import asyncpg
 from aiohttp import web
 from pydantic import ValidationError
 
 from shared.adapters.nats import connect_nats
-from shared.adapters.postgres import CONNECTION_ERRORS, create_pool
+from shared.adapters.postgres import CONNECTION_ERRORS, Pool, create_pool
 from shared.contracts.lint import require_clean_topology
 from shared.contracts.replay_jobs import REPLAY_JOB_EVENT, REPLAY_JOB_VERSION, replay_workers
 from shared.contracts.topology import Topology
@@ -72,7 +71,7 @@ def listen_ports(settings: HandlerSettings, topology: Topology, service: str) ->
 class _Held:
     """What the role opens while starting and closes after the drain."""
 
-    pool: asyncpg.Pool | None = None
+    pool: Pool | None = None
     nc: Any = None
 
 
@@ -212,7 +211,7 @@ async def _start_site(runner: web.AppRunner, host: str, port: int) -> None:
         raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
 
 
-async def _create_pool_retrying(dsn: str, stop: asyncio.Event) -> asyncpg.Pool | None:
+async def _create_pool_retrying(dsn: str, stop: asyncio.Event) -> Pool | None:
     """A pool, retrying while PostgreSQL is away; None if stopped before one was made."""
     delay = 0.2
     while not stop.is_set():
@@ -225,7 +224,7 @@ async def _create_pool_retrying(dsn: str, stop: asyncio.Event) -> asyncpg.Pool |
     return None
 
 
-async def _close_pool(pool: asyncpg.Pool, deadline: float) -> None:
+async def _close_pool(pool: Pool, deadline: float) -> None:
     try:
         await within(deadline, pool.close())
     except TimeoutError:

@@ -15,8 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
-
+from shared.adapters.postgres import Pool
 from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError
 from shared.sdk import Handler, handled_events, one_statement, topology_schemas
@@ -53,7 +52,7 @@ class HandlerService(Handler):
         self,
         *,
         name: str,
-        pool: asyncpg.Pool | None,
+        pool: Pool | None,
         routes: Mapping[RouteKey, AnyRoute | Callable[..., Any]],
         schemas: Mapping[RouteKey, Mapping[str, Any]] | None = None,
         tables: Sequence[str] = (),
@@ -79,7 +78,7 @@ class HandlerService(Handler):
 def build_service(
     spec: ServiceSpec,
     *,
-    pool: asyncpg.Pool | None,
+    pool: Pool | None,
     topology: Topology,
     fault_injection: bool = False,
     platform_routes: Mapping[RouteKey, Callable[..., Any]] | None = None,

@@ -8,8 +8,8 @@ import json
 from datetime import UTC, datetime
 
 import aiohttp
-import asyncpg
 
+from shared.adapters.postgres import SERVER_ERRORS, Conn
 from shared.domain.ack import body_retryable
 from shared.domain.batch_call import ANSWER_LIMIT
 from shared.domain.errors import ConfigurationError
@@ -29,14 +29,14 @@ class Unreachable(Exception):
 class EffectProbe:
     """Runs the effect query on the handler's database (``--effect-sql``)."""
 
-    def __init__(self, conn: asyncpg.Connection, sql: str) -> None:
+    def __init__(self, conn: Conn, sql: str) -> None:
         self.conn, self.sql = conn, sql
 
     async def value(self) -> str:
         """The query's result, as text (compared, never interpreted)."""
         try:
             rows = await self.conn.fetch(self.sql)
-        except asyncpg.PostgresError as exc:
+        except SERVER_ERRORS as exc:
             raise ConfigurationError(f"--effect-sql failed: {exc}") from None
         return json.dumps([list(r.values()) for r in rows], default=str)
 

@@ -10,11 +10,14 @@ import logging
 import math
 from typing import Any
 
-import asyncpg
-from asyncpg.exceptions._base import DataError as ArgumentDataError
 from pydantic import BaseModel, ValidationError
 
-from shared.adapters.postgres import CONNECTION_ERRORS
+from shared.adapters.postgres import (
+    BUSY_ERRORS,
+    CONNECTION_ERRORS,
+    LOST_RACE_ERRORS,
+    UNSTORABLE_ERRORS,
+)
 from shared.contracts.events import MAX_REPORTED
 from shared.domain.batch_call import result_entry
 from shared.domain.errors import PoisonError, TransientError
@@ -27,15 +30,13 @@ log = logging.getLogger("ferry.handlers")
 
 #: The payload (not the database) is at fault: a value no column can hold. Client-side
 #: argument encoding errors subclass InterfaceError, so they must be caught first.
-UNSTORABLE: tuple[type[BaseException], ...] = (asyncpg.exceptions.DataError, ArgumentDataError)
+UNSTORABLE: tuple[type[BaseException], ...] = UNSTORABLE_ERRORS
 #: Worth retrying as is: the database is away, busy or lost a race.
 UNAVAILABLE: tuple[type[BaseException], ...] = (
     *CONNECTION_ERRORS,
     TransientError,
-    asyncpg.exceptions.SerializationError,
-    asyncpg.exceptions.DeadlockDetectedError,
-    asyncpg.exceptions.LockNotAvailableError,
-    asyncpg.exceptions.QueryCanceledError,
+    *LOST_RACE_ERRORS,
+    *BUSY_ERRORS,
 )
 
 

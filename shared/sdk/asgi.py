@@ -16,12 +16,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
-import asyncpg
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from shared.adapters.postgres import create_default_pool
 from shared.domain.signing import DEFAULT_TOLERANCE
 
 from .auth import authenticate, require_secrets
@@ -95,7 +95,7 @@ def asgi_app(
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         pool = None
         if dsn is not None:
-            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=10)
+            pool = await create_default_pool(dsn, min_size=1, max_size=10)
             handler.bind(pool)
         try:
             if install:

@@ -17,9 +17,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 
-import asyncpg
-
-from shared.adapters.postgres import CONNECTION_ERRORS
+from shared.adapters.postgres import CONNECTION_ERRORS, LOST_RACE_ERRORS, Pool
 from shared.domain.errors import PoisonError
 
 from . import store
@@ -43,10 +41,7 @@ log = logging.getLogger("ferry.handlers")
 AT_ONCE_TRIES = 3
 #: What :func:`_apply_at_once` returns when it lost such a race.
 LOST_RACE = "lost a lock race"
-LOCK_RACES: tuple[type[BaseException], ...] = (
-    asyncpg.exceptions.DeadlockDetectedError,
-    asyncpg.exceptions.SerializationError,
-)
+LOCK_RACES: tuple[type[BaseException], ...] = LOST_RACE_ERRORS
 
 
 async def before_claim(hooks: Sequence[Hook], prepared: Prepared | PoisonError) -> Outcome | None:
@@ -63,7 +58,7 @@ async def before_claim(hooks: Sequence[Hook], prepared: Prepared | PoisonError) 
 async def apply_in_one_transaction(
     items: list[tuple[Prepared | PoisonError, CallIds]],
     *,
-    pool: asyncpg.Pool,
+    pool: Pool,
     handler: str,
     ledger: bool,
     hooks: Sequence[Hook],

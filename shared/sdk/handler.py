@@ -36,10 +36,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-import asyncpg
 from pydantic import BaseModel
 
-from shared.adapters.postgres import Conn
+from shared.adapters.postgres import Conn, Pool
 from shared.contracts.events import AcceptedEvents
 from shared.domain.batch_call import (
     BATCH_HEADER,
@@ -125,7 +124,7 @@ class Handler:
         self,
         name: str,
         *,
-        pool: asyncpg.Pool | None = None,
+        pool: Pool | None = None,
         schemas: Mapping[RouteKey, Mapping[str, Any] | None] | None = None,
         models: Mapping[RouteKey, type[BaseModel]] | None = None,
         tables: Sequence[str] = (),
@@ -177,12 +176,12 @@ class Handler:
         """The routing table."""
         return dict(self._routes)
 
-    def bind(self, pool: asyncpg.Pool) -> None:
+    def bind(self, pool: Pool) -> None:
         """Use ``pool`` for the claims and the routes."""
         self._pool = pool
 
     @property
-    def pool(self) -> asyncpg.Pool:
+    def pool(self) -> Pool:
         """The pool (a :class:`ConfigurationError` until one is bound)."""
         if self._pool is None:
             raise ConfigurationError(f"handler {self.name!r} has no database pool: bind() one")

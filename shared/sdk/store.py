@@ -33,9 +33,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-import asyncpg
-
-from shared.adapters.postgres import Conn, with_ctes
+from shared.adapters.postgres import SERVER_ERRORS, Conn, is_unique_violation, with_ctes
 
 log = logging.getLogger("ferry.handlers")
 
@@ -191,9 +189,8 @@ async def claim_apply_log(
     extra: tuple[Any, ...] = (message_id, handler, attempt) if ledger else (message_id, handler)
     try:
         await conn.execute(one_statement_sql(sql, len(args), ledger), *args, *extra)
-    except asyncpg.PostgresError as exc:
-        claim_taken = getattr(exc, "constraint_name", None) == CLAIM_CONSTRAINT
-        if claim_taken and isinstance(exc, asyncpg.UniqueViolationError):
+    except SERVER_ERRORS as exc:
+        if is_unique_violation(exc, CLAIM_CONSTRAINT):
             return False
         # PostgreSQL completes the claim after the effect, so a duplicate's effect can
         # fail first — on a unique index of its own, say. An id applied before is a
