@@ -29,10 +29,8 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-import asyncpg
-
 from shared.adapters import inbox, outbox
-from shared.adapters.postgres import DATABASE_ERRORS, connect, redact
+from shared.adapters.postgres import DATABASE_ERRORS, NOT_PERMITTED_ERRORS, connect, redact
 from shared.domain.durations import parse_duration
 from shared.domain.errors import ConfigurationError, TransientError
 from shared.runtime.logs import configure_logging
@@ -116,7 +114,7 @@ async def _database(settings: CommonSettings, database: str) -> AsyncIterator[An
     conn = await connect(dsn)
     try:
         yield conn
-    except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+    except NOT_PERMITTED_ERRORS as exc:
         raise ConfigurationError(
             f"{redact(dsn)}: {exc}; the purge needs the grants `ferry db-roles` gives the "
             "topology's retention login"

@@ -53,9 +53,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from nats.aio.client import Client as NATS
-
-from shared.adapters.nats import connect_nats
+from shared.adapters.nats import NatsClient, connect_nats
 from shared.adapters.postgres import connect
 from shared.contracts.loading import load_topology
 from shared.contracts.topology import Topology
@@ -121,7 +119,7 @@ class RewindResult:
 async def rewind(
     settings: CommonSettings,
     topology: Topology,
-    nc: NATS,
+    nc: NatsClient,
     *,
     durable: str,
     since: datetime | None = None,

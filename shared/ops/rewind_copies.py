@@ -12,10 +12,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
-from nats.js import api as js_api
-
+from shared.adapters.jetstream import JetStream, from_sequence
+from shared.adapters.nats import NatsClient
 from shared.contracts.topology import Topology
 from shared.domain.errors import TransientError
 from shared.domain.ordering import OrderingKeyError, split_partition
@@ -56,7 +54,7 @@ class _Publisher:
     """
 
     def __init__(
-        self, nc: NATS, js: JetStreamContext, stream: str, tally: Tally, progress: Any
+        self, nc: NatsClient, js: JetStream, stream: str, tally: Tally, progress: Any
     ) -> None:
         self.nc, self.js, self.stream, self.tally, self.progress = nc, js, stream, tally, progress
         self.window: deque[tuple[asyncio.Future[Any], str, bytes, dict[str, str]]] = deque()
@@ -176,7 +174,7 @@ class Rewinder:
     def __init__(
         self,
         topology: Topology,
-        nc: NATS,
+        nc: NatsClient,
         durable: str,
         rewind_id: uuid.UUID,
         *,
@@ -211,12 +209,7 @@ class Rewinder:
         first = await next_match(self.js, self.stream, filters, start) if start <= stop else None
         if first is None or first > stop:
             return
-        config = js_api.ConsumerConfig(
-            deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=first,
-            filter_subject=filters[0] if len(filters) == 1 else None,
-            filter_subjects=filters if len(filters) > 1 else None,
-        )
+        config = from_sequence(first, filters)
         sub = await self.js.subscribe(
             filters[0], stream=self.stream, ordered_consumer=True, config=config
         )

@@ -9,9 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
-
+from shared.adapters.jetstream import NOT_FOUND_ERRORS, JetStream
 from shared.contracts.topology import Topology
 from shared.domain.durations import parse_duration
 from shared.domain.errors import ConfigurationError, MalformedInput
@@ -137,19 +135,19 @@ def durable_filters(topology: Topology, durable: str) -> list[str]:
 # --------------------------------------------------------------------------- stream reads
 
 
-async def _at_or_after(js: JetStreamContext, stream: str, seq: int) -> Any | None:
+async def _at_or_after(js: JetStream, stream: str, seq: int) -> Any | None:
     """The first stored message at or after ``seq`` (None: none)."""
     try:
         return await js.get_msg(stream, seq=max(seq, 1), next=True)
-    except NotFoundError:
+    except NOT_FOUND_ERRORS:
         return None
 
 
-async def kept_of(js: JetStreamContext, stream: str) -> Kept:
+async def kept_of(js: JetStream, stream: str) -> Kept:
     """What ``stream`` keeps now."""
     try:
         info = await js.stream_info(stream)
-    except NotFoundError:
+    except NOT_FOUND_ERRORS:
         raise RewindRefused(f"stream {stream} does not exist (run `ferry provision`)") from None
     state = info.state
     first = int(state.first_seq)
@@ -160,7 +158,7 @@ async def kept_of(js: JetStreamContext, stream: str) -> Kept:
     return Kept(first, last, msg.time if msg is not None else None)
 
 
-async def first_seq_at(js: JetStreamContext, stream: str, kept: Kept, moment: datetime) -> int:
+async def first_seq_at(js: JetStream, stream: str, kept: Kept, moment: datetime) -> int:
     """The first sequence stored at or after ``moment`` (``kept.last_seq + 1``: none), by a
     binary search on stored times (JetStream stamps messages in sequence order)."""
     low, high = kept.first_seq, kept.last_seq + 1
@@ -176,13 +174,13 @@ async def first_seq_at(js: JetStreamContext, stream: str, kept: Kept, moment: da
     return low
 
 
-async def next_match(js: JetStreamContext, stream: str, filters: list[str], seq: int) -> int | None:
+async def next_match(js: JetStream, stream: str, filters: list[str], seq: int) -> int | None:
     """The first sequence at or after ``seq`` that one of ``filters`` takes (None: none)."""
     found = []
     for subject in filters:
         try:
             msg = await js.get_msg(stream, seq=max(seq, 1), subject=subject, next=True)
-        except NotFoundError:
+        except NOT_FOUND_ERRORS:
             continue
         if msg.seq is not None:
             found.append(int(msg.seq))

@@ -8,10 +8,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from nats.aio.client import Client as NATS
-from nats.js.errors import NotFoundError
-
 from shared.adapters import parking
+from shared.adapters.jetstream import NOT_FOUND_ERRORS
+from shared.adapters.nats import NatsClient
 from shared.adapters.postgres import connect
 from shared.contracts.topology import DurableSpec, Topology
 from shared.domain.ordering import (
@@ -47,7 +46,7 @@ WHERE p.durable = $1 AND p.message_id = $2
 
 async def durables(
     settings: CommonSettings,
-    nc: NATS,
+    nc: NatsClient,
     topology: Topology,
     doc: dict[str, Any],
     rows: dict[str, Any],
@@ -249,11 +248,11 @@ def _key_parked(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _delivery_state(nc: NATS, stream: str, consumer: str, seq: int) -> dict[str, Any]:
+async def _delivery_state(nc: NatsClient, stream: str, consumer: str, seq: int) -> dict[str, Any]:
     """JetStream's view: not yet delivered, delivered and awaiting ack, or acknowledged."""
     try:
         info = await nc.jetstream().consumer_info(stream, consumer)
-    except NotFoundError:
+    except NOT_FOUND_ERRORS:
         return {"state": "no such consumer", "consumer": consumer}
     delivered = info.delivered.stream_seq if info.delivered else 0
     floor = info.ack_floor.stream_seq if info.ack_floor else 0

@@ -9,10 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote
 
-from nats.aio.client import Client as NATS
-from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
-
+from shared.adapters.jetstream import NOT_FOUND_ERRORS, from_time
+from shared.adapters.nats import NatsClient
 from shared.contracts.topology import Topology
 from shared.domain.subjects import event_subject
 
@@ -33,7 +31,7 @@ def subject_of(topology: Topology, outbox: dict[str, Any] | None, inbox: dict[st
 
 
 async def locate(
-    nc: NATS,
+    nc: NatsClient,
     topology: Topology,
     outbox: dict[str, Any] | None,
     rows: dict[str, Any],
@@ -53,7 +51,7 @@ async def locate(
             continue
         try:
             msg = await js.get_msg(stream, row["stream_seq"])
-        except NotFoundError:
+        except NOT_FOUND_ERRORS:
             continue
         if _is(msg.headers, msg.data, message_id) and not (msg.subject or "").startswith(
             "ferry.replay."
@@ -106,16 +104,12 @@ def _stored(stream: str, seq: Any, subject: Any, at: Any, headers: Any) -> dict[
 
 
 async def _scan(
-    nc: NATS, stream: str, subject: str, published_at: datetime, message_id: uuid.UUID
+    nc: NatsClient, stream: str, subject: str, published_at: datetime, message_id: uuid.UUID
 ) -> dict[str, Any] | None:
     """Read ``subject`` from shortly before the publish time until the event turns up."""
     js = nc.jetstream()
     start = (published_at - SCAN_SLACK).astimezone(UTC)
-    config = ConsumerConfig(
-        deliver_policy=DeliverPolicy.BY_START_TIME,
-        opt_start_time=start,
-        headers_only=True,
-    )
+    config = from_time(start, headers_only=True)
     sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, config=config)
     try:
         for _ in range(SCAN_LIMIT):
