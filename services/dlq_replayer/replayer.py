@@ -23,12 +23,10 @@ import time
 from dataclasses import dataclass, field
 from uuid import UUID
 
-import asyncpg
-from nats.js import JetStreamContext
-
 from services.dlq_replayer.metrics import ReplayerMetrics
 from shared.adapters import dead_letters
-from shared.adapters.postgres import Conn
+from shared.adapters.jetstream import JetStream
+from shared.adapters.postgres import Conn, Pool
 from shared.adapters.transient import TRANSIENT_ERRORS
 from shared.contracts.topology import Topology
 from shared.domain.throttle import Limit, TokenBucket, default_burst
@@ -91,8 +89,8 @@ class DlqReplayer:
         self,
         *,
         topology: Topology,
-        pools: dict[str, asyncpg.Pool],
-        js: JetStreamContext,
+        pools: dict[str, Pool],
+        js: JetStream,
         batch_size: int = 100,
         metrics: ReplayerMetrics | None = None,
         unconfirmed_after: float = UNCONFIRMED_AFTER,

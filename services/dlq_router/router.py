@@ -32,17 +32,18 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import asyncpg
-from nats.aio.msg import Msg
-from nats.errors import ConnectionClosedError, NoRespondersError
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js import JetStreamContext
-from nats.js.errors import APIError, NotFoundError
-
 from services.dlq_router.metrics import RouterMetrics
 from shared import telemetry
 from shared.access.streams import ROUTER_DURABLE
 from shared.adapters import dead_letters, inbox
+from shared.adapters.jetstream import (
+    NOT_FOUND_ERRORS,
+    REQUEST_FAILED_ERRORS,
+    REQUEST_TIMEOUT_ERRORS,
+    JetStream,
+    JetStreamMsg,
+)
+from shared.adapters.postgres import Pool
 from shared.adapters.transient import TRANSIENT_ERRORS
 from shared.contracts.topology import Topology
 from shared.domain.envelope import SURROGATE_NAMESPACE, identify
@@ -62,6 +63,15 @@ RETRY_DELAYS = (1.0, 5.0, 15.0, 60.0)
 #: Transient (:data:`shared.adapters.transient.TRANSIENT_ERRORS`): the advisory is
 #: nak'ed and comes back; nothing is lost.
 ERRORS = TRANSIENT_ERRORS
+#: A fetch of advisories that failed (closed, no responders, JetStream refusing, the
+#: socket): logged, and fetched again after a pause.
+_FETCH_FAILED: tuple[type[BaseException], ...] = (*REQUEST_FAILED_ERRORS, OSError)
+#: A settlement of an advisory that failed: logged (the advisory comes back).
+_SETTLE_FAILED: tuple[type[BaseException], ...] = (
+    *REQUEST_FAILED_ERRORS,
+    *REQUEST_TIMEOUT_ERRORS,
+    OSError,
+)
 #: Deliveries after which an advisory that fails in an unexpected way is terminated (it
 #: stays in the advisory stream for inspection; the sweep still catches its message).
 GIVE_UP_AFTER = 10
@@ -90,8 +100,8 @@ class DlqRouter:
         self,
         *,
         topology: Topology,
-        pools: dict[str, asyncpg.Pool],
-        js: JetStreamContext,
+        pools: dict[str, Pool],
+        js: JetStream,
         metrics: RouterMetrics | None = None,
         sweep_margin: float = 300.0,
     ) -> None:
@@ -151,16 +161,16 @@ class DlqRouter:
         while not stop.is_set():
             try:
                 msgs = await psub.fetch(batch, timeout=fetch_timeout)
-            except NatsTimeout:
+            except REQUEST_TIMEOUT_ERRORS:
                 continue
-            except (ConnectionClosedError, NoRespondersError, APIError, OSError) as exc:
+            except _FETCH_FAILED as exc:
                 log.warning("fetch failed: %s", exc)
                 await asyncio.sleep(0.5)
                 continue
             for msg in msgs:
                 await self.handle(msg)
 
-    async def handle(self, msg: Msg) -> None:
+    async def handle(self, msg: JetStreamMsg) -> None:
         """Handle one advisory message and settle it, in a ``process`` span of a new trace
         linked to the dead message's own (advisories carry no trace context)."""
         with telemetry.span_scope(
@@ -176,7 +186,7 @@ class DlqRouter:
         ):
             await self._handle(msg)
 
-    async def _handle(self, msg: Msg) -> None:
+    async def _handle(self, msg: JetStreamMsg) -> None:
         self.stats.advisories += 1
         try:
             advisory = Advisory.parse(msg.data)
@@ -265,7 +275,7 @@ class DlqRouter:
         """The original message by stream sequence, or None when the stream dropped it."""
         try:
             return await self.js.get_msg(advisory.stream, advisory.stream_seq)
-        except NotFoundError:
+        except NOT_FOUND_ERRORS:
             return None
 
     async def _identify(
@@ -342,14 +352,14 @@ def _key(advisory: Advisory) -> str:
     return f"{advisory.durable} {advisory.stream}#{advisory.stream_seq}"
 
 
-def _delivered(msg: Msg) -> int:
+def _delivered(msg: JetStreamMsg) -> int:
     try:
         return max(int(msg.metadata.num_delivered), 1)
     except (AttributeError, IndexError, ValueError, TypeError):  # not a JetStream delivery
         return 1
 
 
-def _seq(msg: Msg) -> Any:
+def _seq(msg: JetStreamMsg) -> Any:
     try:
         return msg.metadata.sequence.stream
     except (AttributeError, IndexError, ValueError):  # not a JetStream delivery
@@ -359,5 +369,5 @@ def _seq(msg: Msg) -> Any:
 async def _quiet(ack: Any) -> None:
     try:
         await ack
-    except (ConnectionClosedError, OSError, NatsTimeout, APIError) as exc:
+    except _SETTLE_FAILED as exc:
         log.warning("could not settle advisory: %s", exc)

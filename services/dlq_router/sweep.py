@@ -26,11 +26,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
-from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
-
 from shared.adapters import dead_letters, inbox
+from shared.adapters.jetstream import NOT_FOUND_ERRORS, JetStream
+from shared.adapters.postgres import Pool
 from shared.contracts.topology import DurableSpec, Topology, subject_matches
 from shared.domain.dead_letter import (
     SWEEP_REASON,
@@ -73,8 +71,8 @@ class Sweep:
         self,
         *,
         topology: Topology,
-        pools: dict[str, asyncpg.Pool],
-        js: JetStreamContext,
+        pools: dict[str, Pool],
+        js: JetStream,
         margin: float,
         errors: tuple[type[BaseException], ...],
         on_recorded: Any = None,
@@ -111,7 +109,7 @@ class Sweep:
         for plan in self.topology.consumers(name):
             try:
                 info = await self.js.consumer_info(spec.stream, plan.name)
-            except NotFoundError:
+            except NOT_FOUND_ERRORS:
                 log.warning("consumer %s of %s is not provisioned; not swept", plan.name, name)
                 return {}
             progress[plan.partition] = DurableProgress(
@@ -164,7 +162,7 @@ class Sweep:
         """The partition token of the message at ``seq`` (None: gone, or no token)."""
         try:
             msg = await self.js.get_msg(stream, seq)
-        except NotFoundError:
+        except NOT_FOUND_ERRORS:
             return None
         return split_partition(msg.subject or "")[1]
 
@@ -226,7 +224,7 @@ class Sweep:
         """The original's payload to keep (envelope dict, else raw text) and envelope."""
         try:
             msg = await self.js.get_msg(stream, seq)
-        except NotFoundError:
+        except NOT_FOUND_ERRORS:
             return None, None
         data: bytes = msg.data or b""
         found = identify(

@@ -9,11 +9,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-import asyncpg
-from nats.aio.client import Client as NATS
-
-from shared.adapters.nats import connect_nats
-from shared.adapters.postgres import create_pool_when_up
+from shared.adapters.nats import NatsClient, connect_nats
+from shared.adapters.postgres import Pool, create_pool_when_up
 from shared.contracts.lint import require_clean_topology
 from shared.contracts.topology import Topology
 from shared.runtime.readiness import ReadinessCheck, postgres_probes
@@ -22,10 +19,10 @@ from shared.runtime.settings import CommonSettings
 
 async def target_pools(
     settings: CommonSettings, topology: Topology, stop: asyncio.Event, *, max_size: int = 4
-) -> dict[str, asyncpg.Pool]:
+) -> dict[str, Pool]:
     """A pool per database holding some durable's inbox, keyed by database name."""
     names = sorted({topology.context(d.target).database for d in topology.durables.values()})
-    pools: dict[str, asyncpg.Pool] = {}
+    pools: dict[str, Pool] = {}
     for name in names:
         pools[name] = await create_pool_when_up(settings.dsn(name), max_size=max_size, stop=stop)
     return pools
@@ -36,9 +33,9 @@ class Connected:
 
     def __init__(self) -> None:
         self.up = False
-        self.nc: NATS | None = None
+        self.nc: NatsClient | None = None
 
-    async def open(self, settings: CommonSettings, name: str) -> NATS:
+    async def open(self, settings: CommonSettings, name: str) -> NatsClient:
         """Connect (reconnecting forever) and remember the connection."""
         self.nc = await connect_nats(
             settings.nats_servers(),
@@ -53,7 +50,7 @@ class Connected:
         self.up = up
 
 
-async def close_all(nc: NATS | None, pools: dict[str, asyncpg.Pool]) -> None:
+async def close_all(nc: NatsClient | None, pools: dict[str, Pool]) -> None:
     """Close the connection and every pool, whatever state they are in."""
     if nc is not None:
         await nc.close()
@@ -67,9 +64,9 @@ class TopologyConnections:
     NATS (see :class:`Connected`), for its checked topology."""
 
     topology: Topology
-    pools: dict[str, asyncpg.Pool]
+    pools: dict[str, Pool]
     nats: Connected
-    nc: NATS
+    nc: NatsClient
 
     def checks(self) -> dict[str, ReadinessCheck]:
         """The readiness checks of the connections: ``nats`` and ``postgres``."""
