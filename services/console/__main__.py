@@ -12,10 +12,9 @@ import logging
 import sys
 from collections.abc import Iterable
 
-import asyncpg
 from aiohttp import web
 
-from shared.adapters.postgres import create_pool_when_up
+from shared.adapters.postgres import Pool, create_pool_when_up
 from shared.contracts.lint import require_clean_topology
 from shared.domain.errors import ConfigurationError
 from shared.runtime.connections import Connected
@@ -53,7 +52,7 @@ async def run(settings: ConsoleSettings, stop: asyncio.Event) -> int:
     topology = settings.load_topology()
     require_clean_topology(topology, source=settings.topology)
     auth = authenticator(settings)
-    pools: dict[str, asyncpg.Pool] = {}
+    pools: dict[str, Pool] = {}
     nats = Connected()
     metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
     console = Console(settings, topology, pools, lambda: nats.nc, auth, metrics)

@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-import asyncpg
 import jinja2
 from aiohttp import web
-from nats.aio.client import Client as NATS
 from prometheus_client import Counter, Histogram
 
-from shared.adapters.postgres import DATABASE_ERRORS
+from shared.adapters.nats import NatsClient
+from shared.adapters.postgres import DATABASE_ERRORS, Pool
 from shared.contracts.topology import Topology
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
 from shared.runtime.metrics import RoleMetrics
@@ -65,8 +64,8 @@ class Console:
         self,
         settings: ConsoleSettings,
         topology: Topology,
-        pools: dict[str, asyncpg.Pool],
-        nats: Callable[[], NATS | None],
+        pools: dict[str, Pool],
+        nats: Callable[[], NatsClient | None],
         auth: Authenticator,
         metrics: RoleMetrics,
     ) -> None:
@@ -122,7 +121,7 @@ class Console:
         return app
 
     @property
-    def nc(self) -> NATS | None:
+    def nc(self) -> NatsClient | None:
         """The console's NATS connection (None before it connected)."""
         return self._nats()
 

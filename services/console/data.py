@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
-
 from shared.adapters.dead_letters import subject_regex
+from shared.adapters.postgres import Pool
 from shared.contracts.topology import Topology
 from shared.domain.dead_letter import DISCARDABLE_STATUSES, PARKABLE_STATUSES, REPLAYABLE_STATUSES
 
@@ -99,7 +98,7 @@ def statuses_for(which: str) -> list[str]:
 
 async def failure_groups(
     topology: Topology,
-    pools: dict[str, asyncpg.Pool],
+    pools: dict[str, Pool],
     *,
     durable: str | None,
     reason: str | None,
@@ -123,7 +122,7 @@ async def failure_groups(
 
 async def group_entries(
     topology: Topology,
-    pools: dict[str, asyncpg.Pool],
+    pools: dict[str, Pool],
     key: GroupKey,
     statuses: list[str],
     *,
@@ -142,7 +141,7 @@ async def group_entries(
 
 
 async def statuses_of(
-    topology: Topology, pools: dict[str, asyncpg.Pool], entries: list[tuple[str, uuid.UUID]]
+    topology: Topology, pools: dict[str, Pool], entries: list[tuple[str, uuid.UUID]]
 ) -> dict[tuple[str, uuid.UUID], dict[str, Any]]:
     """The current status of each (durable, message id)."""
     by_durable: dict[str, list[uuid.UUID]] = {}
@@ -214,7 +213,7 @@ def parse_search(text: str) -> tuple[str, Any]:
 
 
 async def search_events(
-    topology: Topology, pools: dict[str, asyncpg.Pool], text: str, *, limit: int = 50
+    topology: Topology, pools: dict[str, Pool], text: str, *, limit: int = 50
 ) -> list[dict[str, Any]]:
     """Events matching a search (see :func:`parse_search`), newest first."""
     kind, value = parse_search(text)
@@ -269,7 +268,7 @@ FROM kpi_runs WHERE topology = $1 ORDER BY as_of DESC LIMIT $2
 
 
 async def kpi_runs(
-    topology: Topology, pools: dict[str, asyncpg.Pool], *, limit: int = 10
+    topology: Topology, pools: dict[str, Pool], *, limit: int = 10
 ) -> list[dict[str, Any]]:
     """The latest KPI runs recorded in any database of the topology, newest first."""
     runs: dict[str, dict[str, Any]] = {}

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import asyncpg
 from aiohttp import web
-from nats.aio.client import Client as NATS
 from prometheus_client import Counter, Histogram
 
+from shared.adapters.nats import NatsClient
+from shared.adapters.postgres import Pool
 from shared.contracts.topology import Topology
 
 from .auth import Session
@@ -22,13 +22,13 @@ class Host(Protocol):
 
     settings: ConsoleSettings
     topology: Topology
-    pools: dict[str, asyncpg.Pool]
+    pools: dict[str, Pool]
     jobs: Jobs
     actions: Counter
     render_seconds: Histogram
 
     @property
-    def nc(self) -> NATS | None: ...
+    def nc(self) -> NatsClient | None: ...
 
     def render(
         self, request: web.Request, template: str, status: int = 200, **context: Any

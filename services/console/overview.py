@@ -19,17 +19,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
-from nats.aio.client import Client as NATS
-from nats.errors import Error as NatsError
-
 from services.console.data import OPEN_STATUSES, durables_by_database
 from shared.adapters import inbox, outbox, parking, throttles
+from shared.adapters.jetstream import NATS_FAILURES
 from shared.adapters.lag import oldest_undelivered_age
+from shared.adapters.nats import NatsClient
+from shared.adapters.postgres import SERVER_ERRORS, Pool
 from shared.contracts.topology import Topology
 
 log = logging.getLogger("ferry.console")
 
+#: A database read that failed: the server away (OSError) or refusing the statement;
+#: the page shows the error instead of the numbers.
+_UNREADABLE: tuple[type[BaseException], ...] = (OSError, *SERVER_ERRORS)
 #: Seconds of processing the rate and the success ratio are computed over.
 RATE_WINDOW = 300
 #: Thresholds of the alert rules (k8s/base/alerts/ferry-alerts.rules.yaml), drawn on the
@@ -139,7 +141,7 @@ def _age(oldest: str | None, now: datetime) -> float | None:
 
 
 async def read_overview(
-    topology: Topology, pools: dict[str, asyncpg.Pool], nc: NATS | None
+    topology: Topology, pools: dict[str, Pool], nc: NatsClient | None
 ) -> Overview:
     """The overview's figures: outboxes, durables (inbox, lag, rate, ratio, dead letters)."""
     started = time.perf_counter()
@@ -163,19 +165,19 @@ async def read_overview(
 
 
 async def _read_outbox(
-    topology: Topology, pools: dict[str, asyncpg.Pool], view: ContextView, now: datetime
+    topology: Topology, pools: dict[str, Pool], view: ContextView, now: datetime
 ) -> None:
     try:
         async with pools[topology.context(view.name).database].acquire() as conn:
             doc = await outbox.backlog(conn)
-    except (OSError, asyncpg.PostgresError) as exc:
+    except _UNREADABLE as exc:
         view.error = _short_error(exc)
         return
     view.backlog, view.failing, view.set_aside = doc["count"], doc["failing"], doc["set_aside"]
     view.oldest_age = _age(doc["oldest_at"], now)
 
 
-async def _read_database(pool: asyncpg.Pool, views: list[DurableView]) -> None:
+async def _read_database(pool: Pool, views: list[DurableView]) -> None:
     try:
         async with pool.acquire() as conn:
             for view in views:
@@ -191,7 +193,7 @@ async def _read_database(pool: asyncpg.Pool, views: list[DurableView]) -> None:
                 if view.ordered:
                     view.parked = await parking.summary(conn, view.name)
             rows = await conn.fetch(_DEAD_BY_REASON, [v.name for v in views], list(OPEN_STATUSES))
-    except (OSError, asyncpg.PostgresError) as exc:
+    except _UNREADABLE as exc:
         for view in views:
             view.error = _short_error(exc)
         return
@@ -201,7 +203,7 @@ async def _read_database(pool: asyncpg.Pool, views: list[DurableView]) -> None:
     await _read_throttles(pool, by_name)
 
 
-async def _read_throttles(pool: asyncpg.Pool, by_name: dict[str, DurableView]) -> None:
+async def _read_throttles(pool: Pool, by_name: dict[str, DurableView]) -> None:
     """Operators' throttle overrides replace the topology's value on the overview (a
     database not migrated that far just shows the topology's)."""
     try:
@@ -210,11 +212,11 @@ async def _read_throttles(pool: asyncpg.Pool, by_name: dict[str, DurableView]) -
                 limit = override.limit()
                 shown = limit.describe() if limit is not None else "no limit"
                 by_name[override.durable].throttle = f"{shown}, override"
-    except (OSError, asyncpg.PostgresError) as exc:
+    except _UNREADABLE as exc:
         log.warning("throttle overrides not read: %s", _short_error(exc))
 
 
-async def _read_lag(topology: Topology, nc: NATS | None, view: DurableView) -> None:
+async def _read_lag(topology: Topology, nc: NatsClient | None, view: DurableView) -> None:
     """JetStream's lag of every consumer of the durable (its partitions summed)."""
     if nc is None or not nc.is_connected:
         view.error = view.error or "NATS is not connected"
@@ -228,7 +230,7 @@ async def _read_lag(topology: Topology, nc: NATS | None, view: DurableView) -> N
             pending += (info.num_pending or 0) + (info.num_ack_pending or 0)
             if info.num_pending:
                 oldest = max(oldest, await oldest_undelivered_age(js, info))
-    except (NatsError, TimeoutError, OSError) as exc:
+    except NATS_FAILURES as exc:
         view.error = view.error or f"JetStream: {_short_error(exc)}"
         return
     view.lag_messages, view.lag_seconds = pending, oldest
