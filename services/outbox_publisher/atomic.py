@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from nats.js import errors as js_errors
+from shared.adapters.jetstream import unavailable
 
 BATCH_ID = "Nats-Batch-Id"
 BATCH_SEQUENCE = "Nats-Batch-Sequence"
@@ -143,9 +143,7 @@ def read_ack(data: bytes, *, batch_id: str, count: int) -> Refused | None:
         text = f"{error.get('description', 'refused')} (err_code {code})"
         if error.get("code") == 503:
             # No stream leader, JetStream unavailable: an outage, as for a single publish.
-            raise js_errors.ServiceUnavailableError(
-                code=503, err_code=code, description=str(error.get("description"))
-            )
+            raise unavailable(code, str(error.get("description")))
         return Refused(text, unsupported=code == ATOMIC_DISABLED)
     if ack.get("batch") != batch_id or ack.get("count") != count:
         return Refused(

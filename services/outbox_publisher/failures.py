@@ -21,27 +21,9 @@ that can never be published must not be retried forever in front of its aggregat
 
 from __future__ import annotations
 
-import asyncio
-
-from nats import errors as nats_errors
-from nats.js import errors as js_errors
-
+from shared.adapters.jetstream import STREAM_MESSAGE_TOO_LARGE, api_error_codes, over_max_payload
 from shared.adapters.outbox import MESSAGE_TOO_LARGE, PAYLOAD_INVALID, Failure
-
-#: JetStream's error code for "message size exceeds maximum allowed" (max_msg_size).
-STREAM_MESSAGE_TOO_LARGE = 10054
-
-_OUTAGES: tuple[type[BaseException], ...] = (
-    asyncio.TimeoutError,
-    nats_errors.NoRespondersError,
-    nats_errors.StaleConnectionError,
-    nats_errors.OutboundBufferLimitError,
-    nats_errors.ConnectionClosedError,
-    nats_errors.ConnectionDrainingError,
-    nats_errors.ConnectionReconnectingError,
-    js_errors.NoStreamResponseError,
-    js_errors.TooManyStalledMsgsError,
-)
+from shared.adapters.transient import PUBLISH_OUTAGES
 
 
 def _text(exc: BaseException) -> str:
@@ -88,16 +70,18 @@ def no_puback(timeout: float) -> Failure:
 def of_publish(exc: BaseException) -> Failure:
     """An exception raised by the publish or carried by its PubAck future."""
     text, kind = _text(exc), type(exc).__name__
-    if isinstance(exc, nats_errors.MaxPayloadError):
+    if over_max_payload(exc):
         return Failure(
             f"{text} (over the server's max_payload)", set_aside=MESSAGE_TOO_LARGE, kind=kind
         )
-    if isinstance(exc, js_errors.APIError):
-        if exc.err_code == STREAM_MESSAGE_TOO_LARGE:
+    codes = api_error_codes(exc)
+    if codes is not None:
+        code, err_code = codes
+        if err_code == STREAM_MESSAGE_TOO_LARGE:
             return Failure(text, set_aside=MESSAGE_TOO_LARGE, kind=kind)
-        if exc.code == 503:  # no stream leader, stream temporarily unavailable
+        if code == 503:  # no stream leader, stream temporarily unavailable
             return Failure(text, outage=True, kind=kind)
-    return Failure(text, outage=isinstance(exc, _OUTAGES), kind=kind)
+    return Failure(text, outage=isinstance(exc, PUBLISH_OUTAGES), kind=kind)
 
 
 def wire_size(body: bytes, headers: dict[str, str]) -> int:

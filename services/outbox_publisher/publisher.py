@@ -25,14 +25,12 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-import asyncpg
-from nats.js import JetStreamContext
-
 from services.outbox_publisher.metrics import PublisherMetrics
 from services.outbox_publisher.stats import PublisherStats
 from shared.adapters import outbox
+from shared.adapters.jetstream import JetStream
 from shared.adapters.outbox import Failure
-from shared.adapters.postgres import DATABASE_ERRORS, Conn
+from shared.adapters.postgres import DATABASE_ERRORS, Conn, Pool
 from shared.adapters.stores import PostgresOutboxStore
 from shared.domain.pacing import ArrivalGap
 from shared.domain.ports import OutboxRecord, OutboxStore
@@ -77,8 +75,8 @@ class OutboxPublisher:
     def __init__(
         self,
         *,
-        pool: asyncpg.Pool,
-        js: JetStreamContext,
+        pool: Pool,
+        js: JetStream,
         context: str,
         namespace: str,
         stream: str,

@@ -16,11 +16,9 @@ import typing
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
-from nats.js import JetStreamContext
-from nats.js.api import PubAck
-
 from services.outbox_publisher.metrics import PublisherMetrics
 from shared import telemetry
+from shared.adapters.jetstream import JetStream, PubAck
 from shared.adapters.outbox import Failure
 from shared.domain.ordering import OrderingKeyError
 from shared.domain.ports import OutboxRecord
@@ -43,7 +41,7 @@ class Sender:
     def __init__(
         self,
         *,
-        js: JetStreamContext,
+        js: JetStream,
         context: str,
         namespace: str,
         stream: str,

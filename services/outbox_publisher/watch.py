@@ -33,9 +33,7 @@ import time
 import uuid
 from typing import Protocol
 
-import asyncpg
-
-from shared.adapters.postgres import DATABASE_ERRORS
+from shared.adapters.postgres import DATABASE_ERRORS, NO_TABLE_ERRORS, NOT_PERMITTED_ERRORS, Pool
 from shared.domain.pacing import ArrivalGap
 from shared.waits import sleep_unless, wait_any
 
@@ -60,10 +58,7 @@ _END = "DELETE FROM outbox_watch WHERE publisher = $1"
 _WRITE_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, TimeoutError)
 #: The table missing (migrations/0014 not applied) or the publisher's login without its
 #: grant (``ferry db-roles`` not run since): the watch turns itself off.
-_SETUP_ERRORS: tuple[type[BaseException], ...] = (
-    asyncpg.UndefinedTableError,
-    asyncpg.InsufficientPrivilegeError,
-)
+_SETUP_ERRORS: tuple[type[BaseException], ...] = (*NO_TABLE_ERRORS, *NOT_PERMITTED_ERRORS)
 #: Promises of publishers long gone (a crash): harmless once past, removed at start.
 _FORGET = "DELETE FROM outbox_watch WHERE watch_until < clock_timestamp() - interval '1 hour'"
 
@@ -97,7 +92,7 @@ class OutboxWatch:
 
     def __init__(
         self,
-        pool: asyncpg.Pool,
+        pool: Pool,
         publisher: Watched,
         *,
         period: float,
