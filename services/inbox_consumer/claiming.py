@@ -15,14 +15,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-import asyncpg
-
 from services.inbox_consumer.deciding import Unexpected
 from services.inbox_consumer.delivery import Delivery
 from services.inbox_consumer.holding import Holder, merge_claims
 from services.inbox_consumer.replies import Replies
 from services.inbox_consumer.stats import ConsumerStats
-from shared.adapters.postgres import Conn
+from shared.adapters.postgres import SERVER_ERRORS, Conn
 from shared.domain.ack import RetryPolicy
 from shared.domain.ports import InboxClaim, InboxStore
 
@@ -73,7 +71,7 @@ class Claimer:
         inbox still away."""
         try:
             claim = await self.holder.run("claim the batch", self._work(deliveries))
-        except asyncpg.PostgresError as exc:
+        except SERVER_ERRORS as exc:
             claim = await self._claim_singly(deliveries, exc)
         if claim is None:
             for delivery in deliveries:
@@ -91,7 +89,7 @@ class Claimer:
         for delivery in deliveries:
             try:
                 one = await self.holder.run("claim one", self._work([delivery]))
-            except asyncpg.PostgresError as refused:
+            except SERVER_ERRORS as refused:
                 self.unexpected("claim", refused, delivery)
                 await self.replies.nak(delivery.msg, self.policy.delay(delivery.attempt))
                 continue

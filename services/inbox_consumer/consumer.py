@@ -16,16 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import asyncpg
-from nats.js import JetStreamContext
-
 from services.inbox_consumer.delivery import DEFAULT_MAX_MESSAGE_BYTES, Delivery, parse_delivery
 from services.inbox_consumer.loop import ConsumerLoop
 from services.inbox_consumer.metrics import ConsumerMetrics
 from services.inbox_consumer.stats import ConsumerStats
 from services.inbox_consumer.throttle import Throttle
 from services.inbox_consumer.wiring import ConsumerConfig, assemble, watch
-from shared.adapters.postgres import Conn
+from shared.adapters.jetstream import JetStream
+from shared.adapters.postgres import Conn, Pool
 from shared.adapters.stores import PostgresInboxStore
 from shared.contracts.topology import DurableSpec
 from shared.domain.ack import RetryPolicy
@@ -47,8 +45,8 @@ class InboxConsumer(ConsumerLoop):
     def __init__(
         self,
         *,
-        pool: asyncpg.Pool,
-        js: JetStreamContext,
+        pool: Pool,
+        js: JetStream,
         durable: str,
         spec: DurableSpec,
         handler: HandlerPort,

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 
-from nats.aio.msg import Msg
-
 from shared import telemetry
 from shared.adapters.inbox import InboxEntry
+from shared.adapters.jetstream import JetStreamMsg
 from shared.domain.envelope import Envelope, Identified, identify
 from shared.domain.errors import PoisonError
 from shared.domain.ordering import split_partition
@@ -36,7 +35,7 @@ EXHAUSTED = "MAX_DELIVERIES_EXCEEDED"
 class Delivery:
     """One fetched message and what we could learn from it."""
 
-    msg: Msg
+    msg: JetStreamMsg
     message_id: uuid.UUID
     attempt: int
     stream_seq: int
@@ -94,7 +93,7 @@ class Delivery:
         )
 
 
-def parse_delivery(msg: Msg, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Delivery:
+def parse_delivery(msg: JetStreamMsg, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Delivery:
     """Parse without raising: a defect is kept as ``poison`` for the dead-letter path.
 
     A body over ``max_bytes`` is not even parsed: it is poison ``MESSAGE_TOO_LARGE``. A
@@ -134,7 +133,7 @@ def parse_delivery(msg: Msg, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Deli
     return Delivery(msg, found.message_id, meta.num_delivered, seq, found.envelope, found.poison)
 
 
-def attempt_of(msg: Msg) -> int:
+def attempt_of(msg: JetStreamMsg) -> int:
     """The delivery count of a message (1 when its metadata cannot be read)."""
     try:
         return int(msg.metadata.num_delivered)

@@ -15,10 +15,8 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-import asyncpg
-
 from shared.adapters.inbox import ClaimResult
-from shared.adapters.postgres import CONNECTION_ERRORS, DATABASE_ERRORS, Conn
+from shared.adapters.postgres import CONNECTION_ERRORS, DATABASE_ERRORS, Conn, Pool
 from shared.domain.ports import InboxClaim
 from shared.waits import sleep_unless
 
@@ -36,7 +34,7 @@ class Holder:
 
     def __init__(
         self,
-        pool: asyncpg.Pool,
+        pool: Pool,
         *,
         first_pause: float,
         longest_pause: float,

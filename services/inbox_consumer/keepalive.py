@@ -15,8 +15,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 
-from nats.errors import Error as NatsError
-
+from shared.adapters.jetstream import NATS_FAILURES
 from shared.domain.ports import MessageInHand
 
 log = logging.getLogger("ferry.inbox_consumer")
@@ -79,6 +78,7 @@ class KeepAlive:
             try:
                 await msg.in_progress()
                 self.beats += 1
-            except (NatsError, OSError) as exc:  # lost: at worst a redelivery the inbox absorbs
+            except NATS_FAILURES as exc:
+                # Lost: at worst a redelivery the inbox absorbs.
                 log.warning("could not send in_progress: %s", exc)
                 return

@@ -18,10 +18,6 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from nats.aio.msg import Msg
-from nats.errors import Error as NatsError
-from nats.js import JetStreamContext
-
 from services.inbox_consumer.claiming import CONTENDED_DELAY
 from services.inbox_consumer.deciding import Decider
 from services.inbox_consumer.delivery import Delivery, attempt_of, parse_delivery
@@ -36,6 +32,7 @@ from services.inbox_consumer.settlement import Settler
 from services.inbox_consumer.stats import ConsumerStats
 from services.inbox_consumer.throttle import Throttle
 from shared import telemetry
+from shared.adapters.jetstream import NATS_FAILURES, JetStream, JetStreamMsg
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.contracts.topology import DurableSpec
 from shared.domain.ack import RetryPolicy
@@ -50,7 +47,7 @@ INBOX_RETRY_MAX = 5.0
 GONE_PAUSE = 5.0
 #: Answers to "is the durable back?" that mean: not yet (or cannot tell yet) — not found,
 #: no connection, no responders, a timeout, no stream leader (APIError 503).
-STILL_GONE: tuple[type[BaseException], ...] = (NatsError, OSError)
+STILL_GONE: tuple[type[BaseException], ...] = NATS_FAILURES
 #: Batches processed at once by default (see ConsumerLoop.pipeline).
 DEFAULT_PIPELINE = 4
 
@@ -59,7 +56,7 @@ DEFAULT_PIPELINE = 4
 class Parts:
     """A consumer's collaborators and settings, as the composition root built them."""
 
-    js: JetStreamContext
+    js: JetStream
     durable: str
     spec: DurableSpec
     #: The JetStream consumer pulled from: the durable, or one partition's consumer.
@@ -171,7 +168,7 @@ class ConsumerLoop:
 
     async def _next_batch(
         self, puller: Puller, stop: asyncio.Event, fetch_timeout: float, linger: float
-    ) -> list[Msg]:
+    ) -> list[JetStreamMsg]:
         """The next batch, within the throttle (:mod:`.throttle`): no more messages than
         the bucket holds tokens, and a pull window shrunk to the limit ([]: stopped)."""
         allowed = await self.throttle.admit(self.spec.batch_size, stop)
@@ -209,7 +206,7 @@ class ConsumerLoop:
         if exc is not None:
             self.settler.unexpected("batch", exc)
 
-    async def process_batch(self, msgs: list[Msg]) -> None:
+    async def process_batch(self, msgs: list[JetStreamMsg]) -> None:
         """Parse, then process one fetched batch; its messages are kept alive until
         settled. Whatever escapes for the batch nak's what is left of it."""
         self.keeper.hold(msgs)
@@ -223,7 +220,7 @@ class ConsumerLoop:
         finally:
             self.keeper.release(msgs)
 
-    async def _process_batch(self, msgs: list[Msg]) -> None:
+    async def _process_batch(self, msgs: list[JetStreamMsg]) -> None:
         # No await before the sequencer has taken its keys' turns (fetch order).
         unique: dict[uuid.UUID, Delivery] = {}
         twice: list[Delivery] = []

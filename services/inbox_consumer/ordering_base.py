@@ -13,8 +13,6 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-import asyncpg
-
 from services.inbox_consumer.batching import BatchGatherer
 from services.inbox_consumer.deciding import Decider
 from services.inbox_consumer.delivery import Delivery
@@ -24,7 +22,7 @@ from services.inbox_consumer.replies import Replies
 from services.inbox_consumer.settlement import Settler
 from services.inbox_consumer.stats import ConsumerStats
 from shared.adapters import parking
-from shared.adapters.postgres import Conn
+from shared.adapters.postgres import Conn, Pool
 from shared.contracts.topology import DurableSpec
 from shared.domain.ack import DeadLetter, Decision, Nak, RetryPolicy
 from shared.domain.errors import PoisonError
@@ -42,7 +40,7 @@ class KeyOrder:
     def __init__(
         self,
         *,
-        pool: asyncpg.Pool,
+        pool: Pool,
         holder: Holder,
         decider: Decider,
         gatherer: BatchGatherer | None,

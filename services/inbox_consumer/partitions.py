@@ -66,10 +66,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-import asyncpg
-
 from shared.adapters import partition_leases as sql
-from shared.adapters.postgres import DATABASE_ERRORS, Conn
+from shared.adapters.postgres import DATABASE_ERRORS, Conn, Pool
 from shared.waits import sleep_unless, within
 
 from .partition_slot import Pending, Slot, SlotRunner, Work
@@ -116,7 +114,7 @@ class PartitionOwnership:
 
     def __init__(
         self,
-        pool: asyncpg.Pool,
+        pool: Pool,
         *,
         durable: str,
         partitions: int,

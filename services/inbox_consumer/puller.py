@@ -27,11 +27,8 @@ import json
 import logging
 import time
 
-from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
-from nats.js import JetStreamContext
-
+from shared.adapters.jetstream import JetStream, JetStreamMsg, Subscription, status_of
+from shared.adapters.nats import NatsClient
 from shared.domain.pacing import ArrivalGap
 from shared.waits import within
 
@@ -54,13 +51,13 @@ class ConsumerGone(Exception):
 class Puller:
     """Keeps pull requests outstanding on one durable and batches what they bring."""
 
-    def __init__(self, js: JetStreamContext, *, stream: str, durable: str, window: int) -> None:
+    def __init__(self, js: JetStream, *, stream: str, durable: str, window: int) -> None:
         # The JetStream context's connection and API prefix (a domain or an account
         # export changes the prefix); nats-py has no public accessor for either.
-        self._nc: NATS = js._nc
+        self._nc: NatsClient = js._nc
         self._subject = f"{js._prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self.window = window
-        self._queue: asyncio.Queue[Msg] = asyncio.Queue()
+        self._queue: asyncio.Queue[JetStreamMsg] = asyncio.Queue()
         self._credit = 0
         self._heard = time.monotonic()
         self._sub: Subscription | None = None
@@ -79,13 +76,13 @@ class Puller:
         self._inbox = self._nc.new_inbox()
         self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
 
-    async def stop(self) -> list[Msg]:
+    async def stop(self) -> list[JetStreamMsg]:
         """Stop asking; return the messages that arrived but were never handed out."""
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
-        left: list[Msg] = []
+        left: list[JetStreamMsg] = []
         while not self._queue.empty():
             left.append(self._queue.get_nowait())
         return left
@@ -97,7 +94,9 @@ class Puller:
             with contextlib.suppress(Exception):
                 await msg.in_progress()
 
-    async def next_batch(self, limit: int, timeout: float, *, linger: float = 0.0) -> list[Msg]:
+    async def next_batch(
+        self, limit: int, timeout: float, *, linger: float = 0.0
+    ) -> list[JetStreamMsg]:
         """Up to ``limit`` messages: waits for the first (at most ``timeout``), then at
         most ``linger`` seconds for the ones right behind it (0: hands over at once)."""
         if self.gone is not None:
@@ -150,9 +149,9 @@ class Puller:
             )
             self._credit = 0
 
-    async def _on_msg(self, msg: Msg) -> None:
+    async def _on_msg(self, msg: JetStreamMsg) -> None:
         self._heard = time.monotonic()
-        status = JetStreamContext.is_status_msg(msg)
+        status = status_of(msg)
         if not status:
             self._credit = max(self._credit - 1, 0)
             self.arrivals.arrived(self._heard)

@@ -12,9 +12,8 @@ import logging
 import math
 from collections.abc import Awaitable
 
-from nats.errors import Error as NatsError
-
 from services.inbox_consumer.keepalive import KeepAlive
+from shared.adapters.jetstream import NATS_FAILURES
 from shared.domain.ports import MessageInHand
 
 log = logging.getLogger("ferry.inbox_consumer")
@@ -50,5 +49,5 @@ async def quiet(reply: Awaitable[None]) -> None:
     """Send an ack/nak/term; a lost one only causes a redelivery the inbox absorbs."""
     try:
         await reply
-    except (NatsError, OSError) as exc:
+    except NATS_FAILURES as exc:
         log.warning("could not send ack/nak: %s", exc)

@@ -15,10 +15,6 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
-from nats.errors import Error as NatsError
-from nats.js import JetStreamContext
-
 from services.inbox_consumer.delivery import EXHAUSTED, Delivery
 from services.inbox_consumer.holding import Holder
 from services.inbox_consumer.metrics import ConsumerMetrics
@@ -26,7 +22,8 @@ from services.inbox_consumer.replies import Replies
 from services.inbox_consumer.spans import settling
 from services.inbox_consumer.stats import ConsumerStats
 from shared.adapters import dead_letters, inbox
-from shared.adapters.postgres import DATABASE_ERRORS, Conn
+from shared.adapters.jetstream import NATS_CLIENT_ERRORS, JetStream
+from shared.adapters.postgres import DATABASE_ERRORS, Conn, Pool
 from shared.contracts.topology import DurableSpec
 from shared.domain.ack import Ack, DeadLetter, Decision, Nak, RetryPolicy
 from shared.domain.envelope import format_timestamp
@@ -39,7 +36,7 @@ RECORD_BODY_LIMIT = 64 * 1024
 #: Failures that leave a dead letter unwritten: the message is nak'ed and tried again.
 #: Any NATS error: no stream leader (NoStreamResponseError, APIError) while NATS
 #: restarts, a timeout, a closed connection.
-DEAD_LETTER_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, NatsError)
+DEAD_LETTER_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, *NATS_CLIENT_ERRORS)
 
 #: A delivery with its decision and the handler status, if the handler was called.
 Decided = tuple[Delivery, tuple[Decision, int | None]]
@@ -51,8 +48,8 @@ class Settler:
     def __init__(
         self,
         *,
-        pool: asyncpg.Pool,
-        js: JetStreamContext,
+        pool: Pool,
+        js: JetStream,
         store: InboxStore[Conn],
         durable: str,
         spec: DurableSpec,

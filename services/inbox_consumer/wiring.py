@@ -23,10 +23,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import asyncpg
-from nats.aio.client import Client as NATS
-from nats.js import JetStreamContext
-
 from services.inbox_consumer.batching import BatchCaller, BatchGatherer
 from services.inbox_consumer.claiming import Claimer
 from services.inbox_consumer.deciding import AUTH_RETRY, Decider
@@ -49,8 +45,9 @@ from services.inbox_consumer.replies import Replies
 from services.inbox_consumer.settlement import Settler
 from services.inbox_consumer.stats import ConsumerStats
 from services.inbox_consumer.throttle import Throttle
-from shared.adapters.nats import connect_nats
-from shared.adapters.postgres import Conn, create_pool_when_up
+from shared.adapters.jetstream import JetStream
+from shared.adapters.nats import NatsClient, connect_nats
+from shared.adapters.postgres import Conn, Pool, create_pool_when_up
 from shared.adapters.stores import PostgresInboxStore
 from shared.contracts.events import AcceptedEvents
 from shared.contracts.events import accepted_events as registry_accepted
@@ -107,8 +104,8 @@ def watch(metrics: ConsumerMetrics, stats: ConsumerStats, pool: Any, js: Any, sp
 def assemble(
     config: ConsumerConfig,
     *,
-    pool: asyncpg.Pool,
-    js: JetStreamContext,
+    pool: Pool,
+    js: JetStream,
     handler: HandlerPort,
     store: InboxStore[Conn],
     stats: ConsumerStats,
@@ -210,7 +207,7 @@ async def wire(settings: ConsumerSettings, stop: asyncio.Event) -> Wired:
     pool = await create_pool_when_up(dsn, max_size=min(4 + 2 * (len(plans) - 1), 20), stop=stop)
     closers.append(pool.close)
     nats_up = {"connected": False}
-    nc: NATS = await connect_nats(
+    nc: NatsClient = await connect_nats(
         settings.nats_servers(),
         name=f"{ROLE}:{settings.durable}",
         ping_interval=settings.nats_ping_interval,
@@ -298,8 +295,8 @@ async def wire(settings: ConsumerSettings, stop: asyncio.Event) -> Wired:
 
 
 def _ownership(
-    lease_pool: asyncpg.Pool,
-    js: JetStreamContext,
+    lease_pool: Pool,
+    js: JetStream,
     consumers: dict[int, ConsumerLoop],
     settings: ConsumerSettings,
     spec: DurableSpec,
