@@ -27,7 +27,7 @@ from shared.adapters.postgres import DATABASE_ERRORS, Conn, Pool
 from shared.contracts.topology import DurableSpec
 from shared.domain.ack import Ack, DeadLetter, Decision, Nak, RetryPolicy
 from shared.domain.envelope import format_timestamp
-from shared.domain.ports import InboxStore
+from shared.domain.ports import FailedAttempt, InboxStore
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -133,13 +133,7 @@ class Settler:
         await self.holder.run(
             f"record the retry of {delivery.message_id}",
             lambda conn: self.store.mark_retrying(
-                conn,
-                self.durable,
-                delivery.message_id,
-                error=error,
-                status=status,
-                reason_code=reason,
-                history_entry=entry,
+                conn, self.durable, delivery.message_id, FailedAttempt(error, status, reason, entry)
             ),
         )
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from shared.adapters.postgres import Conn
+from shared.domain.ports import FailedAttempt, InboxDelivery
 
 _BACKLOG = """
 SELECT count(*) AS count, min(received_at) AS oldest_at,
@@ -126,7 +128,8 @@ _HISTORY = "SELECT retry_history FROM inbox_messages WHERE durable = $1 AND mess
 
 @dataclass(frozen=True, slots=True)
 class InboxEntry:
-    """What the consumer knows of a delivery when it records it."""
+    """What the consumer knows of a delivery when it records it (an
+    :class:`~shared.domain.ports.InboxDelivery`)."""
 
     message_id: UUID
     subject: str
@@ -147,7 +150,7 @@ class ClaimResult:
 
 
 async def claim_batch(
-    conn: Conn, *, durable: str, owner: str, lease_seconds: float, entries: list[InboxEntry]
+    conn: Conn, *, durable: str, owner: str, lease_seconds: float, entries: Sequence[InboxDelivery]
 ) -> ClaimResult:
     """Record and lease ``entries`` (unique ids); classify those that could not be claimed."""
     rows = await conn.fetch(
@@ -187,19 +190,11 @@ async def mark_processed(conn: Conn, durable: str, outcomes: dict[UUID, int]) ->
         await conn.execute(_PROCESSED, durable, ids, status)
 
 
-async def mark_retrying(
-    conn: Conn,
-    durable: str,
-    message_id: UUID,
-    *,
-    error: str,
-    status: int | None,
-    reason_code: str,
-    history_entry: dict[str, Any],
-) -> None:
+async def mark_retrying(conn: Conn, durable: str, message_id: UUID, attempt: FailedAttempt) -> None:
     """No final outcome yet: release the lease, remember why."""
+    history = json.dumps(attempt.history_entry)
     await conn.execute(
-        _RETRYING, durable, message_id, error, status, reason_code, json.dumps(history_entry)
+        _RETRYING, durable, message_id, attempt.error, attempt.status, attempt.reason_code, history
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from uuid import UUID
 
 from shared.adapters.memory import _undo
-from shared.domain.ports import InboxDelivery, InboxStore
+from shared.domain.ports import FailedAttempt, InboxDelivery, InboxStore
 
 # --- inbox ----------------------------------------------------------------------------
 
@@ -115,15 +115,7 @@ class MemoryInboxStore(InboxStore[object]):
                 self._put(conn, key, done)
 
     async def mark_retrying(
-        self,
-        conn: object,
-        durable: str,
-        message_id: UUID,
-        *,
-        error: str,
-        status: int | None,
-        reason_code: str,
-        history_entry: dict[str, Any],
+        self, conn: object, durable: str, message_id: UUID, attempt: FailedAttempt
     ) -> None:
         key = (durable, message_id)
         if (row := self.rows.get(key)) is not None:
@@ -132,10 +124,10 @@ class MemoryInboxStore(InboxStore[object]):
                 status="retrying",
                 lease_owner=None,
                 lease_until=None,
-                last_error=error,
-                handler_status=status,
-                reason_code=reason_code,
-                retry_history=(*row.retry_history, dict(history_entry)),
+                last_error=attempt.error,
+                handler_status=attempt.status,
+                reason_code=attempt.reason_code,
+                retry_history=(*row.retry_history, dict(attempt.history_entry)),
             )
             self._put(conn, key, retrying)
 

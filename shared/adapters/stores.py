@@ -15,6 +15,7 @@ from uuid import UUID
 from shared.adapters import inbox, outbox
 from shared.adapters.postgres import Conn
 from shared.domain.ports import (
+    FailedAttempt,
     InboxDelivery,
     InboxStore,
     OutboxFailure,
@@ -58,32 +59,16 @@ class PostgresInboxStore(InboxStore[Conn]):
             durable=durable,
             owner=owner,
             lease_seconds=lease_seconds,
-            entries=[_entry(e) for e in entries],
+            entries=entries,
         )
 
     async def mark_processed(self, conn: Conn, durable: str, outcomes: Mapping[UUID, int]) -> None:
         await inbox.mark_processed(conn, durable, dict(outcomes))
 
     async def mark_retrying(
-        self,
-        conn: Conn,
-        durable: str,
-        message_id: UUID,
-        *,
-        error: str,
-        status: int | None,
-        reason_code: str,
-        history_entry: dict[str, Any],
+        self, conn: Conn, durable: str, message_id: UUID, attempt: FailedAttempt
     ) -> None:
-        await inbox.mark_retrying(
-            conn,
-            durable,
-            message_id,
-            error=error,
-            status=status,
-            reason_code=reason_code,
-            history_entry=history_entry,
-        )
+        await inbox.mark_retrying(conn, durable, message_id, attempt)
 
     async def backlog(self, conn: Conn, durable: str) -> dict[str, Any]:
         return await inbox.backlog(conn, durable)
@@ -93,17 +78,3 @@ def _failure(failure: OutboxFailure) -> outbox.Failure:
     if isinstance(failure, outbox.Failure):
         return failure
     return outbox.Failure(failure.error, failure.set_aside, failure.outage)
-
-
-def _entry(delivery: InboxDelivery) -> inbox.InboxEntry:
-    if isinstance(delivery, inbox.InboxEntry):
-        return delivery
-    return inbox.InboxEntry(
-        message_id=delivery.message_id,
-        subject=delivery.subject,
-        event_type=delivery.event_type,
-        event_version=delivery.event_version,
-        occurred_at=delivery.occurred_at,
-        stream_seq=delivery.stream_seq,
-        traceparent=delivery.traceparent,
-    )

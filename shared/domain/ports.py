@@ -27,6 +27,7 @@ knowing a driver.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
@@ -170,6 +171,18 @@ class InboxClaim(Protocol):
     def leased(self) -> Mapping[UUID, float]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class FailedAttempt:
+    """Why an attempt failed, as the inbox row keeps it until the next (``mark_retrying``):
+    the error, the handler's status (None: no answer), the reason code, and the entry added
+    to the row's retry history."""
+
+    error: str
+    status: int | None
+    reason_code: str
+    history_entry: dict[str, Any]
+
+
 class InboxStore(Protocol[ConnT_contra]):
     """The inbox of one durable: exactly-once processing over at-least-once delivery.
 
@@ -205,15 +218,7 @@ class InboxStore(Protocol[ConnT_contra]):
         ...
 
     async def mark_retrying(
-        self,
-        conn: ConnT_contra,
-        durable: str,
-        message_id: UUID,
-        *,
-        error: str,
-        status: int | None,
-        reason_code: str,
-        history_entry: dict[str, Any],
+        self, conn: ConnT_contra, durable: str, message_id: UUID, attempt: FailedAttempt
     ) -> None:
         """No final outcome yet: release the lease, remember why."""
         ...

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from shared.domain.ports import InboxStore
+from shared.domain.ports import FailedAttempt, InboxStore
 from tests.contracts.conftest import StoreBackend
 
 DURABLE, OTHER = "sea__from_vibespro", "vibespro__from_sea"
@@ -73,10 +73,12 @@ async def test_a_retrying_message_is_claimable_again_with_one_more_attempt(
         conn,
         DURABLE,
         message,
-        error="503 from the handler",
-        status=503,
-        reason_code="HANDLER_5XX",
-        history_entry={"attempt": 1, "status": 503},
+        FailedAttempt(
+            error="503 from the handler",
+            status=503,
+            reason_code="HANDLER_5XX",
+            history_entry={"attempt": 1, "status": 503},
+        ),
     )
     again = await _claim(inbox_store, conn, "b", message)
     assert dict(again.claimed) == {message: 2}

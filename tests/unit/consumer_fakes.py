@@ -35,6 +35,7 @@ from shared.adapters.memory_inbox import MemoryInboxRow, MemoryInboxStore
 from shared.contracts.topology import DurableSpec, read_topology
 from shared.domain.ack import HandlerResponse, RetryPolicy
 from shared.domain.envelope import Envelope
+from shared.domain.ports import FailedAttempt
 from shared.runtime.metrics import RoleMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,25 +131,9 @@ class MemoryInbox(MemoryInboxStore):
         )
 
     async def mark_retrying(
-        self,
-        conn: object,
-        durable: str,
-        message_id: uuid.UUID,
-        *,
-        error: str,
-        status: int | None,
-        reason_code: str,
-        history_entry: dict[str, Any],
+        self, conn: object, durable: str, message_id: uuid.UUID, attempt: FailedAttempt
     ) -> None:
-        await super().mark_retrying(
-            conn,
-            durable,
-            message_id,
-            error=error,
-            status=status,
-            reason_code=reason_code,
-            history_entry=history_entry,
-        )
+        await super().mark_retrying(conn, durable, message_id, attempt)
         self.retries.append(message_id)
 
 
