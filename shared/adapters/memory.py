@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any
 from uuid import UUID
 
+from shared.adapters.outbox import Claim, OutboxRow
 from shared.domain.ports import (
     OutboxFailure,
     OutboxStore,
@@ -127,36 +128,6 @@ PUBLISH_REFUSED = "PUBLISH_REFUSED"
 
 
 @dataclass(frozen=True, slots=True)
-class MemoryOutboxRow:
-    """A claimed outbox row (the fields of :class:`~shared.domain.ports.OutboxRecord`)."""
-
-    id: UUID
-    seq: int
-    aggregate_type: str
-    aggregate_id: str
-    event_type: str
-    event_version: int
-    payload: str
-    occurred_at: datetime
-    correlation_id: UUID | None = None
-    causation_id: UUID | None = None
-    traceparent: str | None = None
-    tracestate: str | None = None
-
-    @property
-    def aggregate(self) -> tuple[str, str]:
-        return (self.aggregate_type, self.aggregate_id)
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryOutboxClaim:
-    """What one claim locked (:class:`~shared.domain.ports.OutboxClaim`)."""
-
-    rows: list[MemoryOutboxRow]
-    held_back: int
-
-
-@dataclass(frozen=True, slots=True)
 class _OutboxState:
     """A row's publishing state (replaced whole, so a rollback restores the old one)."""
 
@@ -177,7 +148,7 @@ class MemoryOutboxStore(OutboxStore[object]):
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._rows: dict[int, MemoryOutboxRow] = {}
+        self._rows: dict[int, OutboxRow] = {}
         self._state: dict[int, _OutboxState] = {}
         #: seq -> the transaction that wrote it, until that commits.
         self._uncommitted: dict[int, MemoryTransaction] = {}
@@ -200,7 +171,7 @@ class MemoryOutboxStore(OutboxStore[object]):
         """Write one outbox row (the producer's insert, without its validation)."""
         seq, self._next_seq = self._next_seq, self._next_seq + 1
         row_id = event_id or uuid.uuid4()
-        self._rows[seq] = MemoryOutboxRow(
+        self._rows[seq] = OutboxRow(
             id=row_id,
             seq=seq,
             aggregate_type=aggregate_type,
@@ -240,7 +211,7 @@ class MemoryOutboxStore(OutboxStore[object]):
         exponent = min(max(state.attempts, 0), _BACKOFF_EXPONENT_CAP)
         return state.last_attempt >= now - min(_BACKOFF_BASE * 2.0**exponent, _BACKOFF_CAP)
 
-    async def claim(self, conn: object, limit: int) -> MemoryOutboxClaim:
+    async def claim(self, conn: object, limit: int) -> Claim:
         tx, now = _transaction(conn), self.clock()
         pending = [s for s in self._visible(conn) if not self._state[s].published]
         blocked: set[tuple[str, str]] = set()  # aggregates behind a failing row
@@ -269,7 +240,7 @@ class MemoryOutboxStore(OutboxStore[object]):
             if tx is not None and seq not in self._locks:
                 self._locks[seq] = tx
                 tx.on_end(self._unlock(seq))
-        return MemoryOutboxClaim(rows, held_back)
+        return Claim(rows, held_back)
 
     def _update(self, conn: object, seq: int, state: _OutboxState) -> None:
         old = self._state[seq]

@@ -151,7 +151,8 @@ FROM outbox_events WHERE published_at IS NULL
 
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
-    """A claimed outbox row; ``payload`` is the JSON text as stored."""
+    """A claimed outbox row (an :class:`~shared.domain.ports.OutboxRecord`; the in-memory
+    outbox's too); ``payload`` is the JSON text as stored."""
 
     id: UUID
     seq: int
@@ -161,10 +162,10 @@ class OutboxRow:
     event_version: int
     payload: str
     occurred_at: datetime
-    correlation_id: UUID | None
-    causation_id: UUID | None
-    traceparent: str | None
-    tracestate: str | None
+    correlation_id: UUID | None = None
+    causation_id: UUID | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     @property
     def aggregate(self) -> tuple[str, str]:
