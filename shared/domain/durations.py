@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TypeVar
 
 from shared.domain.errors import MalformedInput
 
@@ -32,11 +33,24 @@ MAX_DURATION = 100 * 365 * 86400.0
 MAX_SIZE = 2**63 - 1
 #: Digits a size may have before its unit (``MAX_SIZE`` has 19).
 _MAX_SIZE_DIGITS = len(str(MAX_SIZE))
+_TOO_LONG = "is longer than 100 years"
+_TOO_LARGE = f"exceeds the largest size, {MAX_SIZE} bytes"
+
+_Number = TypeVar("_Number", int, float)
 
 
 def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _bounded(value: object, number: _Number, largest: _Number, too_large: str) -> _Number:
+    """``number`` (read from ``value``) unless it is negative or above ``largest``."""
+    if number < 0:
+        raise MalformedInput(f"{_shown(value)} is negative")
+    if number > largest:
+        raise MalformedInput(f"{_shown(value)} {too_large}")
+    return number
 
 
 def parse_duration(value: object) -> float:
@@ -47,18 +61,14 @@ def parse_duration(value: object) -> float:
         try:
             seconds = float(value)
         except OverflowError:
-            raise MalformedInput(f"{_shown(value)} is longer than 100 years") from None
+            raise MalformedInput(f"{_shown(value)} {_TOO_LONG}") from None
     elif isinstance(value, str) and (match := _DURATION.fullmatch(value)):
         seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
     else:
         raise MalformedInput(f"{_shown(value)} is not a duration (use e.g. 500ms, 30s, 2m, 7d)")
     if math.isnan(seconds):
         raise MalformedInput(f"{_shown(value)} is not a number")
-    if seconds < 0:
-        raise MalformedInput(f"{_shown(value)} is negative")
-    if seconds > MAX_DURATION:
-        raise MalformedInput(f"{_shown(value)} is longer than 100 years")
-    return seconds
+    return _bounded(value, seconds, MAX_DURATION, _TOO_LONG)
 
 
 def parse_size(value: object) -> int:
@@ -70,12 +80,8 @@ def parse_size(value: object) -> int:
     elif isinstance(value, str) and (match := _SIZE.fullmatch(value)):
         digits = match.group(1).lstrip("0") or "0"
         if len(digits) > _MAX_SIZE_DIGITS:
-            raise MalformedInput(f"{_shown(value)} exceeds the largest size, {MAX_SIZE} bytes")
+            raise MalformedInput(f"{_shown(value)} {_TOO_LARGE}")
         size = int(digits) * _SIZE_UNITS[(match.group(2) or "b").lower()]
     else:
         raise MalformedInput(f"{_shown(value)} is not a size (use e.g. 512MB, 10GB)")
-    if size < 0:
-        raise MalformedInput(f"{_shown(value)} is negative")
-    if size > MAX_SIZE:
-        raise MalformedInput(f"{_shown(value)} exceeds the largest size, {MAX_SIZE} bytes")
-    return size
+    return _bounded(value, size, MAX_SIZE, _TOO_LARGE)
