@@ -113,12 +113,8 @@ def result_entry(
 ) -> dict[str, Any]:
     """One event's result in a batch answer."""
     entry: dict[str, Any] = {"id": message_id, "status": status}
-    if retry_after is not None:
-        entry["retry_after"] = retry_after
-    if retryable is not None:
-        entry["retryable"] = retryable
-    if error is not None:
-        entry["error"] = error
+    optional = {"retry_after": retry_after, "retryable": retryable, "error": error}
+    entry.update((key, value) for key, value in optional.items() if value is not None)
     return entry
 
 

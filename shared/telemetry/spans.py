@@ -57,13 +57,13 @@ def messaging_attributes(
         "messaging.operation.type": operation_type,
         "messaging.operation.name": operation_name,
     }
-    if destination is not None:
-        attrs["messaging.destination.name"] = destination
-    if message_id is not None:
-        attrs["messaging.message.id"] = message_id
-    if consumer_group is not None:
-        attrs["messaging.consumer.group.name"] = consumer_group
-    attrs.update({k: v for k, v in (extra or {}).items() if v is not None})
+    named = {
+        "messaging.destination.name": destination,
+        "messaging.message.id": message_id,
+        "messaging.consumer.group.name": consumer_group,
+    }
+    for optional in (named, extra or {}):  # in turn: ``extra`` wins where both name one
+        attrs.update((k, v) for k, v in optional.items() if v is not None)
     return attrs
 
 
