@@ -23,7 +23,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Unpack
 
 from services.outbox_publisher.metrics import PublisherMetrics
 from services.outbox_publisher.stats import PublisherStats
@@ -37,9 +37,8 @@ from shared.domain.ports import OutboxRecord, OutboxStore
 from shared.runtime.metrics import RoleMetrics
 from shared.waits import sleep_unless, wait_any
 
-from . import atomic
-from .messages import OrderingFields, build_message, ordering_fields_of
-from .sending import Sender
+from .messages import build_message, ordering_fields_of
+from .sending import Sender, SendOptions
 from .watch import OutboxWatch
 
 __all__ = [
@@ -86,13 +85,8 @@ class OutboxPublisher:
         retry_max: float = 5.0,
         metrics: PublisherMetrics | None = None,
         max_publish_attempts: int = 20,
-        max_message_bytes: int | None = None,
         store: OutboxStore[Conn] | None = None,
-        partitions: int = 1,
-        ordering_fields: OrderingFields | None = None,
-        atomic_batches: bool = True,
-        atomic_min_rows: int = atomic.MIN_ROWS,
-        nc: atomic.Client | None = None,
+        **sending: Unpack[SendOptions],
     ) -> None:
         self.pool, self.js = pool, js
         #: The outbox (the port; PostgreSQL's unless a test passes another). The commit
@@ -111,10 +105,7 @@ class OutboxPublisher:
         #: Sends a claim's rows: atomic batches or per-aggregate waves (:mod:`.sending`).
         self.sender = Sender(
             js=js, context=context, namespace=namespace, stream=stream,
-            publish_timeout=publish_timeout, stats=self.stats, metrics=self.metrics,
-            max_message_bytes=max_message_bytes, partitions=partitions,
-            ordering_fields=ordering_fields, atomic_batches=atomic_batches,
-            atomic_min_rows=atomic_min_rows, nc=nc,
+            publish_timeout=publish_timeout, stats=self.stats, metrics=self.metrics, **sending,
         )  # fmt: skip
         self._wakeups: list[asyncio.Event] = []
         #: Wake-ups of the workers waiting for work, longest-waiting first.

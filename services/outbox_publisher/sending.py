@@ -35,6 +35,18 @@ log = logging.getLogger("ferry.outbox_publisher")
 ATOMIC_RETRY_AFTER = 60.0
 
 
+class SendOptions(typing.TypedDict, total=False):
+    """How a :class:`Sender` sends, beyond its stream: the keywords the publisher takes and
+    hands on (each defaults as :class:`Sender` says)."""
+
+    max_message_bytes: int | None
+    partitions: int
+    ordering_fields: OrderingFields | None
+    atomic_batches: bool
+    atomic_min_rows: int
+    nc: atomic.Client | None
+
+
 class Sender:
     """Publishes claimed rows into one stream (the publisher's workers share one)."""
 
