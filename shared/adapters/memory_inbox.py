@@ -102,34 +102,42 @@ class MemoryInboxStore(InboxStore[object]):
         self, conn: object, durable: str, outcomes: Mapping[UUID, int]
     ) -> None:
         for message_id, status in outcomes.items():
-            key = (durable, message_id)
-            if (row := self.rows.get(key)) is not None:
-                done = replace(
-                    row,
-                    status="processed",
-                    handler_status=status,
-                    lease_owner=None,
-                    lease_until=None,
-                    last_error=None,
-                )
-                self._put(conn, key, done)
+            self._settle(
+                conn,
+                (durable, message_id),
+                status="processed",
+                handler_status=status,
+                last_error=None,
+            )
 
     async def mark_retrying(
         self, conn: object, durable: str, message_id: UUID, attempt: FailedAttempt
     ) -> None:
-        key = (durable, message_id)
-        if (row := self.rows.get(key)) is not None:
-            retrying = replace(
-                row,
-                status="retrying",
-                lease_owner=None,
-                lease_until=None,
-                last_error=attempt.error,
-                handler_status=attempt.status,
-                reason_code=attempt.reason_code,
-                retry_history=(*row.retry_history, dict(attempt.history_entry)),
-            )
-            self._put(conn, key, retrying)
+        self._settle(
+            conn,
+            (durable, message_id),
+            history=attempt.history_entry,
+            status="retrying",
+            last_error=attempt.error,
+            handler_status=attempt.status,
+            reason_code=attempt.reason_code,
+        )
+
+    def _settle(
+        self,
+        conn: object,
+        key: tuple[str, UUID],
+        *,
+        history: dict[str, Any] | None = None,
+        **changes: Any,
+    ) -> None:
+        """The row of ``key`` (if any) with ``changes``, its lease released, and ``history``
+        (if given) added to its retry history."""
+        if (row := self.rows.get(key)) is None:
+            return
+        if history is not None:
+            changes["retry_history"] = (*row.retry_history, dict(history))
+        self._put(conn, key, replace(row, lease_owner=None, lease_until=None, **changes))
 
     async def backlog(self, conn: object, durable: str) -> dict[str, Any]:
         open_rows = [r for (d, _), r in self.rows.items() if d == durable]
