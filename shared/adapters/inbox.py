@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from shared.adapters.postgres import Conn
+from shared.adapters.postgres import Conn, fetch_backlog
 from shared.domain.ports import FailedAttempt, InboxDelivery
 
 _BACKLOG = """
@@ -26,15 +26,7 @@ async def backlog(conn: Conn, durable: str) -> dict[str, Any]:
     Dead-lettered rows (status 'failed') have no processed_at; they are counted and
     also shown apart, so an operator can tell a stuck consumer from parked poison.
     """
-    row = await conn.fetchrow(_BACKLOG, durable)
-    assert row is not None
-    oldest = row["oldest_at"]
-    return {
-        "count": row["count"],
-        "oldest_at": oldest.isoformat() if oldest else None,
-        "retrying": row["retrying"],
-        "failed": row["failed"],
-    }
+    return await fetch_backlog(conn, _BACKLOG, durable)
 
 
 # Record-before-processing (REQ-051), for a whole fetched batch in one round trip.

@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from shared.adapters.postgres import Conn
+from shared.adapters.postgres import Conn, fetch_backlog
 
 #: Longest back-off between attempts of one failing row.
 ROW_RETRY_CAP_SECONDS = 60
@@ -144,7 +144,7 @@ _BACKLOG = """
 SELECT count(*) AS count, min(occurred_at) AS oldest_at,
        count(*) FILTER (WHERE publish_error IS NOT NULL) AS failing,
        count(*) FILTER (WHERE set_aside_at IS NOT NULL) AS set_aside,
-       max(publish_attempts) AS max_attempts
+       coalesce(max(publish_attempts), 0) AS max_attempts
 FROM outbox_events WHERE published_at IS NULL
 """
 
@@ -267,16 +267,7 @@ def _storable(text: str) -> str:
 
 async def backlog(conn: Conn) -> dict[str, Any]:
     """QRY-050: unpublished count and oldest occurred_at (plus failing and set-aside rows)."""
-    row = await conn.fetchrow(_BACKLOG)
-    assert row is not None
-    oldest = row["oldest_at"]
-    return {
-        "count": row["count"],
-        "oldest_at": oldest.isoformat() if oldest else None,
-        "failing": row["failing"],
-        "set_aside": row["set_aside"],
-        "max_attempts": row["max_attempts"] or 0,
-    }
+    return await fetch_backlog(conn, _BACKLOG)
 
 
 # ----------------------------------------------------------------- set-aside rows

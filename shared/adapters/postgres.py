@@ -79,6 +79,17 @@ def is_unique_violation(exc: BaseException, constraint: str) -> bool:
     )
 
 
+async def fetch_backlog(conn: Conn, query: str, *args: Any) -> dict[str, Any]:
+    """A backlog query's one row (the outbox's, an inbox's) as a dict in its columns' order,
+    its ``oldest_at`` as ISO 8601 text (None when nothing waits)."""
+    row = await conn.fetchrow(query, *args)
+    assert row is not None
+    backlog = dict(row)
+    oldest = backlog["oldest_at"]
+    backlog["oldest_at"] = oldest.isoformat() if oldest else None
+    return backlog
+
+
 @dataclass(frozen=True, slots=True)
 class Statement:
     """One SQL statement and its arguments (``$1``…``$n``): a state change that travels
