@@ -7,8 +7,8 @@ import logging
 import sys
 
 from services.dlq_replayer.metrics import ReplayerMetrics
-from shared.runtime.connections import connect_topology
-from shared.runtime.lifecycle import serve, topology_role_main
+from shared.runtime.connections import TopologyConnections
+from shared.runtime.lifecycle import TopologyWork, serve_topology, topology_role_main
 from shared.runtime.metrics import RoleMetrics
 from shared.runtime.settings import ReplayerSettings
 
@@ -20,9 +20,13 @@ log = logging.getLogger("ferry.dlq_replayer")
 
 async def run(settings: ReplayerSettings, stop: asyncio.Event) -> int:
     """Replay until ``stop``."""
-    connected = await connect_topology(settings, ROLE, stop)
+    return await serve_topology(settings, ROLE, stop, lambda c, m: _replayer(settings, c, m))
+
+
+def _replayer(
+    settings: ReplayerSettings, connected: TopologyConnections, metrics: RoleMetrics
+) -> TopologyWork:
     topology = connected.topology
-    metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
     replayer = DlqReplayer(
         topology=topology,
         pools=connected.pools,
@@ -33,21 +37,12 @@ async def run(settings: ReplayerSettings, stop: asyncio.Event) -> int:
     )
     automatic = replayer.automatic() or ["none: every durable is operator-only"]
     log.info("replaying dead letters of %s (automatic: %s)", topology.name, ", ".join(automatic))
-    try:
-        return await serve(
-            settings=settings,
-            work=lambda inner: replayer.run(inner, interval=settings.interval),
-            checks={
-                **connected.checks(),
-                "scanning": lambda: replayer.ready,
-            },
-            stop=stop,
-            drain_deadline=settings.drain_deadline,
-            metrics=metrics,
-        )
-    finally:
-        await connected.close()
-        log.info("stopped", extra={"replayed": replayer.stats.replayed})
+    return TopologyWork(
+        work=lambda inner: replayer.run(inner, interval=settings.interval),
+        checks={"scanning": lambda: replayer.ready},
+        drain_deadline=settings.drain_deadline,
+        stopped=lambda: log.info("stopped", extra={"replayed": replayer.stats.replayed}),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

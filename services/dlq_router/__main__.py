@@ -7,8 +7,8 @@ import logging
 import sys
 
 from services.dlq_router.metrics import RouterMetrics
-from shared.runtime.connections import connect_topology
-from shared.runtime.lifecycle import serve, topology_role_main
+from shared.runtime.connections import TopologyConnections
+from shared.runtime.lifecycle import TopologyWork, serve_topology, topology_role_main
 from shared.runtime.metrics import RoleMetrics
 from shared.runtime.settings import RouterSettings
 
@@ -20,9 +20,13 @@ log = logging.getLogger("ferry.dlq_router")
 
 async def run(settings: RouterSettings, stop: asyncio.Event) -> int:
     """Route advisories until ``stop``."""
-    connected = await connect_topology(settings, ROLE, stop)
+    return await serve_topology(settings, ROLE, stop, lambda c, m: _router(settings, c, m))
+
+
+def _router(
+    settings: RouterSettings, connected: TopologyConnections, metrics: RoleMetrics
+) -> TopologyWork:
     topology = connected.topology
-    metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
     router = DlqRouter(
         topology=topology,
         pools=connected.pools,
@@ -31,25 +35,16 @@ async def run(settings: RouterSettings, stop: asyncio.Event) -> int:
         sweep_margin=settings.sweep_margin,
     )
     log.info("routing advisories of %s from %s", topology.name, topology.advisory_stream)
-    try:
-        return await serve(
-            settings=settings,
-            work=lambda inner: router.run(
-                inner,
-                fetch_timeout=settings.fetch_timeout,
-                sweep_interval=settings.sweep_interval or None,
-            ),
-            checks={
-                **connected.checks(),
-                "durable": lambda: router.stats.bound,
-            },
-            stop=stop,
-            drain_deadline=settings.drain_deadline + settings.fetch_timeout,
-            metrics=metrics,
-        )
-    finally:
-        await connected.close()
-        log.info("stopped", extra={"recorded": router.stats.recorded})
+    return TopologyWork(
+        work=lambda inner: router.run(
+            inner,
+            fetch_timeout=settings.fetch_timeout,
+            sweep_interval=settings.sweep_interval or None,
+        ),
+        checks={"durable": lambda: router.stats.bound},
+        drain_deadline=settings.drain_deadline + settings.fetch_timeout,
+        stopped=lambda: log.info("stopped", extra={"recorded": router.stats.recorded}),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,10 +14,12 @@ import asyncio
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
 from shared.runtime import loop
+from shared.runtime.connections import TopologyConnections, connect_topology
 from shared.runtime.health import HealthServer
 from shared.runtime.logs import configure_logging
 from shared.runtime.metrics import RoleMetrics
@@ -93,6 +95,43 @@ async def serve(
     finally:
         await health.stop()
     return code
+
+
+@dataclass
+class TopologyWork:
+    """What a whole-topology role hands :func:`serve_topology`: its work, its own readiness
+    checks (beside the connections'), its drain deadline, and what it logs once stopped."""
+
+    work: Callable[[asyncio.Event], Awaitable[Any]]
+    checks: dict[str, ReadinessCheck]
+    drain_deadline: float
+    stopped: Callable[[], None]
+
+
+async def serve_topology(
+    settings: CommonSettings,
+    role: str,
+    stop: asyncio.Event,
+    build: Callable[[TopologyConnections, RoleMetrics], TopologyWork],
+) -> int:
+    """Run a role that serves a whole topology (dlq-router, dlq-replayer): connect to it
+    (:func:`~shared.runtime.connections.connect_topology`), ``build`` the role's work on
+    the connections and the role's metrics, :func:`serve` it, then close the connections."""
+    connected = await connect_topology(settings, role, stop)
+    metrics = RoleMetrics(role, refresh_interval=settings.metrics_refresh_interval)
+    served = build(connected, metrics)
+    try:
+        return await serve(
+            settings=settings,
+            work=served.work,
+            checks={**connected.checks(), **served.checks},
+            stop=stop,
+            drain_deadline=served.drain_deadline,
+            metrics=metrics,
+        )
+    finally:
+        await connected.close()
+        served.stopped()
 
 
 def topology_role_main(
