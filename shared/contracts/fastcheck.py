@@ -254,26 +254,42 @@ def _bound(schema: Mapping[str, Any], keyword: str) -> int | float | None:
     return value
 
 
-def _text_check(schema: Mapping[str, Any]) -> Check | None:
-    shortest, longest = _count(schema, "minLength"), _count(schema, "maxLength")
-    pattern = schema.get("pattern")
-    if pattern is not None and not isinstance(pattern, str):
-        raise _Outside
-    search = re.compile(pattern).search if pattern is not None else None
-    if shortest is None and longest is None and search is None:
+def _sizes(schema: Mapping[str, Any], least: str, most: str) -> tuple[int, int | None] | None:
+    """``schema``'s size bounds (``minLength`` and ``maxLength``, ``minItems`` and
+    ``maxItems``): the least (0 when unset) and the most; None when it sets neither."""
+    shortest, longest = _count(schema, least), _count(schema, most)
+    if shortest is None and longest is None:
         return None
-    low = shortest if shortest is not None else 0
-    high = longest
+    return (shortest if shortest is not None else 0, longest)
 
-    def text(value: Any) -> bool:
-        if not isinstance(value, str):
+
+def _sized(
+    kind: type[str] | type[list[Any]], sizes: tuple[int, int | None] | None, rest: Check | None
+) -> Check | None:
+    """The check of the values of ``kind`` (``str``, ``list``): the size within ``sizes``,
+    then ``rest``; other values pass (their type is checked apart). None: nothing to check."""
+    if sizes is None and rest is None:
+        return None
+    low, high = sizes or (0, None)
+
+    def sized(value: Any) -> bool:
+        if not isinstance(value, kind):
             return True
         size = len(value)
         if size < low or (high is not None and size > high):
             return False
-        return search is None or search(value) is not None
+        return rest is None or rest(value)
 
-    return text
+    return sized
+
+
+def _text_check(schema: Mapping[str, Any]) -> Check | None:
+    sizes = _sizes(schema, "minLength", "maxLength")
+    pattern = schema.get("pattern")
+    if pattern is not None and not isinstance(pattern, str):
+        raise _Outside
+    search = re.compile(pattern).search if pattern is not None else None
+    return _sized(str, sizes, None if search is None else lambda value: search(value) is not None)
 
 
 def _number_check(schema: Mapping[str, Any]) -> Check | None:
@@ -299,26 +315,9 @@ def _number_check(schema: Mapping[str, Any]) -> Check | None:
 
 
 def _array_check(schema: Mapping[str, Any]) -> Check | None:
-    shortest, longest = _count(schema, "minItems"), _count(schema, "maxItems")
+    sizes = _sizes(schema, "minItems", "maxItems")
     item = _compile(schema["items"]) if "items" in schema else None
-    if shortest is None and longest is None and item is None:
-        return None
-    low = shortest if shortest is not None else 0
-    high = longest
-
-    def array(value: Any) -> bool:
-        if not isinstance(value, list):
-            return True
-        size = len(value)
-        if size < low or (high is not None and size > high):
-            return False
-        if item is not None:
-            for element in value:
-                if not item(element):
-                    return False
-        return True
-
-    return array
+    return _sized(list, sizes, None if item is None else lambda value: all(map(item, value)))
 
 
 def _object_parts(
