@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -49,6 +49,8 @@ from shared.domain.ordering import (
 from shared.domain.subjects import replay_subject
 
 _DURABLE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+#: A context or a durable (see :meth:`Topology._named`).
+_Spec = TypeVar("_Spec", ContextSpec, DurableSpec)
 
 
 class Topology(Model):
@@ -93,22 +95,19 @@ class Topology(Model):
 
     def context(self, name: str) -> ContextSpec:
         """The context called ``name``, or a :class:`ConfigurationError` listing the known ones."""
-        try:
-            return self.contexts[name]
-        except KeyError:
-            known = ", ".join(sorted(self.contexts))
-            raise ConfigurationError(
-                f"topology {self.name!r} has no context {name!r} (known: {known})"
-            ) from None
+        return self._named("context", self.contexts, name)
 
     def durable(self, name: str) -> DurableSpec:
         """The durable called ``name``, or a :class:`ConfigurationError` listing the known ones."""
+        return self._named("durable", self.durables, name)
+
+    def _named(self, kind: str, specs: Mapping[str, _Spec], name: str) -> _Spec:
         try:
-            return self.durables[name]
+            return specs[name]
         except KeyError:
-            known = ", ".join(sorted(self.durables))
+            known = ", ".join(sorted(specs))
             raise ConfigurationError(
-                f"topology {self.name!r} has no durable {name!r} (known: {known})"
+                f"topology {self.name!r} has no {kind} {name!r} (known: {known})"
             ) from None
 
     def databases(self) -> list[str]:
