@@ -1,10 +1,48 @@
-"""The ``--reason``/``--actor`` arguments of the CLI's audited changes."""
+"""The ``--reason``/``--actor`` arguments of the CLI's audited changes, and the argument
+types the subcommands share."""
 
 from __future__ import annotations
 
 import argparse
 import getpass
 import socket
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+_T = TypeVar("_T")
+
+
+def argument_type(parse: Callable[[str], _T], *errors: type[Exception]) -> Callable[[str], _T]:
+    """``parse`` as an argparse ``type``: the ``errors`` it raises become argparse's (their
+    text the message)."""
+
+    def convert(text: str) -> _T:
+        try:
+            return parse(text)
+        except errors as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def uuid_argument(what: str) -> Callable[[str], uuid.UUID]:
+    """An argparse ``type`` reading a UUID, ``what`` naming it in the error."""
+
+    def convert(text: str) -> uuid.UUID:
+        try:
+            return uuid.UUID(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} (UUID)") from None
+
+    return convert
+
+
+def nonblank(text: str) -> str:
+    """Any text but blank (an optional ``--actor``, or ``--reason`` where it may be left out)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
 
 
 def nonempty_reason(text: str) -> str:

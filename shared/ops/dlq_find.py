@@ -15,14 +15,11 @@ from typing import Any
 from shared.adapters import dead_letters as store
 from shared.adapters.postgres import connect
 from shared.contracts.topology import Topology
+from shared.ops.audit_args import uuid_argument
 from shared.runtime.settings import CommonSettings
 
-
-def parse_uuid(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a message id (UUID)") from None
+#: A message id argument (``ferry dlq``'s, ``ferry where``'s).
+parse_uuid = uuid_argument("a message id")
 
 
 def query_from_args(topology: Topology, args: argparse.Namespace) -> store.Query:

@@ -24,7 +24,7 @@ from typing import Any
 
 from shared.adapters import outbox
 from shared.adapters.postgres import connect
-from shared.ops.audit_args import actor_of, add_audit_args
+from shared.ops.audit_args import actor_of, add_audit_args, uuid_argument
 from shared.runtime.settings import CommonSettings
 
 Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
@@ -39,11 +39,7 @@ ORDER BY seq LIMIT $1
 """
 
 
-def _uuid(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an outbox event id (UUID)") from None
+_uuid = uuid_argument("an outbox event id")
 
 
 async def _connect(settings: CommonSettings, context: str) -> Any:

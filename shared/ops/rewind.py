@@ -58,7 +58,7 @@ from shared.adapters.postgres import connect
 from shared.contracts.loading import load_topology
 from shared.contracts.topology import Topology
 from shared.domain.errors import MalformedInput
-from shared.ops.audit_args import actor_of
+from shared.ops.audit_args import actor_of, argument_type, nonblank
 from shared.ops.rewind_audit import START, Tally, finish
 from shared.ops.rewind_copies import Progress, Rewinder
 from shared.ops.rewind_range import (
@@ -199,11 +199,7 @@ async def rewind(
 # --------------------------------------------------------------------------- the command
 
 
-def _when(text: str) -> datetime:
-    try:
-        return parse_when(text)
-    except MalformedInput as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+_when = argument_type(parse_when, MalformedInput)
 
 
 def _seq(text: str) -> int:
@@ -214,12 +210,6 @@ def _seq(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("a stream sequence is 1 or more")
     return value
-
-
-def _text(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return text
 
 
 class _Meter:
@@ -318,8 +308,8 @@ def add_commands(sub: Any) -> argparse.ArgumentParser:
     end.add_argument("--until", type=_when, help="up to this time (default: now)")
     end.add_argument("--until-seq", type=_seq, help="up to this stream sequence (inclusive)")
     rw.add_argument("--dry-run", action="store_true", help="count what would be re-delivered")
-    rw.add_argument("--reason", required=True, type=_text, help="why (recorded in the audit)")
-    rw.add_argument("--actor", type=_text, help="who (default: OS user@host)")
+    rw.add_argument("--reason", required=True, type=nonblank, help="why (recorded in the audit)")
+    rw.add_argument("--actor", type=nonblank, help="who (default: OS user@host)")
     rw.add_argument("--json", action="store_true", help="machine-readable output")
     rw.set_defaults(func=cmd_rewind)
     return durable

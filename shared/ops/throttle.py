@@ -24,7 +24,7 @@ from typing import Any
 from shared.adapters import throttles
 from shared.adapters.postgres import connect
 from shared.domain.throttle import MAX_BURST, Limit, RateError, format_rate, parse_rate
-from shared.ops.audit_args import actor_of
+from shared.ops.audit_args import actor_of, argument_type, nonblank
 from shared.runtime.settings import CommonSettings
 
 Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
@@ -32,14 +32,14 @@ Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int
 UNLIMITED = ("none", "off", "unlimited")
 
 
+_rate = argument_type(parse_rate, RateError)
+
+
 def rate_argument(text: str) -> float | None:
     """``--rate``: ``20/s``, ``300/m``, ``1/h`` (per second), or ``none`` (no limit)."""
     if text.strip().lower() in UNLIMITED:
         return None
-    try:
-        return parse_rate(text)
-    except RateError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return _rate(text)
 
 
 def burst_argument(text: str) -> int:
@@ -57,12 +57,6 @@ def _count(text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 1000:
         raise argparse.ArgumentTypeError(f"{text!r} is not a count from 0 to 1000")
     return int(text)
-
-
-def _text(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return text
 
 
 def _describe(limit: Limit | None) -> str:
@@ -204,8 +198,8 @@ def add_commands(sub: Any) -> argparse.ArgumentParser:
     cmd.add_argument(
         "--burst", type=burst_argument, help="messages in a burst (default: one second's worth)"
     )
-    cmd.add_argument("--reason", type=_text, help="why (recorded; required to set or clear)")
-    cmd.add_argument("--actor", type=_text, help="who (default: OS user@host)")
+    cmd.add_argument("--reason", type=nonblank, help="why (recorded; required to set or clear)")
+    cmd.add_argument("--actor", type=nonblank, help="who (default: OS user@host)")
     cmd.add_argument("--history", type=_count, default=10, help="latest changes shown (default 10)")
     cmd.add_argument("--json", action="store_true", help="machine-readable output")
     cmd.set_defaults(func=cmd_throttle)

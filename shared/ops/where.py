@@ -39,6 +39,7 @@ from typing import Any
 
 from shared.adapters.nats import connect_nats
 from shared.contracts.topology import Topology
+from shared.ops.dlq_find import parse_uuid
 from shared.ops.where_durables import durables
 from shared.ops.where_render import render
 from shared.ops.where_rows import database_rows
@@ -54,16 +55,9 @@ def add_where_command(sub: Any) -> None:
     where = sub.add_parser(
         "where", help="every hop of one event: outbox, stream, deliveries, inbox, dead letter"
     )
-    where.add_argument("message_id", type=_message_id, help="the event id (= Nats-Msg-Id)")
+    where.add_argument("message_id", type=parse_uuid, help="the event id (= Nats-Msg-Id)")
     where.add_argument("--json", action="store_true", help="machine-readable output")
     where.set_defaults(func=cmd_where)
-
-
-def _message_id(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a message id (UUID)") from None
 
 
 async def cmd_where(settings: CommonSettings, args: argparse.Namespace) -> int:
