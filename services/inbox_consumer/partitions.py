@@ -67,7 +67,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from shared.adapters import partition_leases as sql
-from shared.adapters.postgres import DATABASE_ERRORS, Conn, Pool
+from shared.adapters.postgres import DATABASE_ERRORS, Pool
 from shared.waits import sleep_unless, within
 
 from .partition_slot import Pending, Slot, SlotRunner, Work
@@ -215,12 +215,14 @@ class PartitionOwnership:
         await event.wait()
         self._wake.set()
 
-    async def _db(self, call: Callable[[Conn], Awaitable[T]]) -> T:
-        """``call`` on a pooled connection, bounded by the ttl (a later answer is useless)."""
+    async def _leases(self, op: Callable[..., Awaitable[T]], **args: Any) -> T:
+        """``op`` of the partition leases (:mod:`shared.adapters.partition_leases`) for this
+        durable and owner, on a pooled connection, bounded by the ttl (a later answer is
+        useless)."""
 
         async def attempt() -> T:
             async with self.pool.acquire() as conn:
-                return await call(conn)
+                return await op(conn, durable=self.durable, owner=self.owner, **args)
 
         return await within(self.ttl, attempt())
 
@@ -243,15 +245,11 @@ class PartitionOwnership:
         started = time.monotonic()
         mine = [slot for slot in self._slots.values() if not slot.fenced]
         try:
-            state = await self._db(
-                lambda conn: sql.heartbeat(
-                    conn,
-                    durable=self.durable,
-                    owner=self.owner,
-                    ttl=self.ttl,
-                    held=[slot.partition for slot in mine],
-                    forget_after=self.ttl * FORGET_AFTER_TTLS,
-                )
+            state = await self._leases(
+                sql.heartbeat,
+                ttl=self.ttl,
+                held=[slot.partition for slot in mine],
+                forget_after=self.ttl * FORGET_AFTER_TTLS,
             )
         except DATABASE_ERRORS as exc:
             self.renew_failures += 1
@@ -292,15 +290,7 @@ class PartitionOwnership:
     async def _acquire(self, partitions: list[int]) -> None:
         started = time.monotonic()
         try:
-            taken = await self._db(
-                lambda conn: sql.acquire(
-                    conn,
-                    durable=self.durable,
-                    owner=self.owner,
-                    ttl=self.ttl,
-                    partitions=partitions,
-                )
-            )
+            taken = await self._leases(sql.acquire, ttl=self.ttl, partitions=partitions)
         except DATABASE_ERRORS as exc:
             log.warning("%s: taking partitions %s failed (%r)", self.durable, partitions, exc)
             return
@@ -376,14 +366,8 @@ class PartitionOwnership:
         while not slot.fenced:
             slot.releasing = True
             try:
-                released = await self._db(
-                    lambda conn: sql.release(
-                        conn,
-                        durable=self.durable,
-                        owner=self.owner,
-                        partition=slot.partition,
-                        clean=slot.clean,
-                    )
+                released = await self._leases(
+                    sql.release, partition=slot.partition, clean=slot.clean
                 )
             except DATABASE_ERRORS as exc:
                 slot.releasing = False
@@ -409,7 +393,7 @@ class PartitionOwnership:
 
     async def _leave(self) -> None:
         try:
-            await self._db(lambda conn: sql.leave(conn, durable=self.durable, owner=self.owner))
+            await self._leases(sql.leave)
         except DATABASE_ERRORS as exc:
             log.warning("%s: could not leave the members (%r); it ages out", self.durable, exc)
 
