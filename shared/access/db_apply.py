@@ -62,7 +62,16 @@ _LOGIN = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION NOBY
 
 def role_sql(role: str, password: str | None, *, owner: bool = False) -> list[str]:
     """Create (if missing) and set the attributes and password of one login."""
-    attributes = _LOGIN.replace("NOCREATEDB", "CREATEDB") if owner else _LOGIN
+    # The owner inherits: on PostgreSQL 15 and later the right to create in a database's
+    # `public` schema comes through the implicit role pg_database_owner, which a NOINHERIT
+    # owner does not use (`ferry migrate` as the owner failed "permission denied for schema
+    # public" the first time the provisioning Job ran, on the podman overlay). It is a
+    # member of no other role, so it inherits nothing else.
+    attributes = (
+        _LOGIN.replace("NOCREATEDB", "CREATEDB").replace("NOINHERIT", "INHERIT")
+        if owner
+        else _LOGIN
+    )
     create = (
         f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {literal(role)}) "
         f"THEN CREATE ROLE {ident(role)}; END IF; END $$"
