@@ -308,15 +308,16 @@ def create_span(
     """
     parent = remote_context(traceparent, tracestate) if traceparent else None
     attributes = messaging_attributes(
-        operation_type="create", operation_name="create", message_id=message_id
+        operation_type="create",
+        operation_name="create",
+        message_id=message_id,
+        extra={
+            "messaging.message.conversation_id": correlation_id,
+            "ferry.event.type": event_type,
+            "ferry.event.version": event_version,
+            "ferry.context": context,
+        },
     )
-    extra = {
-        "messaging.message.conversation_id": correlation_id,
-        "ferry.event.type": event_type,
-        "ferry.event.version": event_version,
-        "ferry.context": context,
-    }
-    attributes.update({k: v for k, v in extra.items() if v is not None})
     span = tracer().start_span(
         f"create {event_type}.v{event_version}",
         context=parent,
