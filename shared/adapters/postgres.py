@@ -133,17 +133,24 @@ def redact(dsn: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+#: Where a role's DSN comes from, named in every error about one (a pod's log line must
+#: say which setting to fix).
+DSN_SETTINGS = "set by FERRY_DATABASES or FERRY_DSN_TEMPLATE"
+
+
 @contextlib.contextmanager
 def _connect_errors(dsn: str) -> Iterator[None]:
     """The driver's errors on connecting, translated to Ferry's kinds."""
     try:
         yield
     except asyncpg.exceptions.InvalidPasswordError as exc:
-        raise ConfigurationError(f"{redact(dsn)}: authentication failed: {exc}") from exc
+        raise ConfigurationError(
+            f"{redact(dsn)} ({DSN_SETTINGS}): authentication failed: {exc}"
+        ) from exc
     except asyncpg.exceptions.InvalidCatalogNameError as exc:
-        raise ConfigurationError(f"{redact(dsn)}: {exc}") from exc
+        raise ConfigurationError(f"{redact(dsn)} ({DSN_SETTINGS}): {exc}") from exc
     except CONNECTION_ERRORS as exc:
-        raise TransientError(f"{redact(dsn)}: cannot connect: {exc}") from exc
+        raise TransientError(f"{redact(dsn)} ({DSN_SETTINGS}): cannot connect: {exc}") from exc
 
 
 async def connect(dsn: str, *, timeout: float = 10.0) -> asyncpg.Connection:
