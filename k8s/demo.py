@@ -18,6 +18,7 @@ from k8s.pods import (
     credential_env,
     disruption_budget,
     dns_name,
+    header,
     health_probes,
     pod_volumes,
     role_secret,
@@ -63,9 +64,7 @@ def demo_handler(topology: Topology, context: str) -> list[Doc]:
     )
     grace = PRESTOP_SLEEP + HANDLER_SHUTDOWN + GRACE_MARGIN
     deployment_doc: Doc = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": instance, "labels": labels},
+        **header("apps/v1", "Deployment", instance, labels),
         "spec": {
             "replicas": 1,
             "revisionHistoryLimit": 5,
@@ -85,9 +84,7 @@ def demo_handler(topology: Topology, context: str) -> list[Doc]:
         },
     }
     service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": instance, "labels": labels},
+        **header("v1", "Service", instance, labels),
         "spec": {
             "selector": selector,
             "ports": [

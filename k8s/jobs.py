@@ -17,6 +17,7 @@ from k8s.pods import (
     copy_pgpass,
     credential_env,
     dsn_template,
+    header,
     pod_mounts,
     pod_volumes,
     role_secret,
@@ -59,9 +60,7 @@ def provision_job(topology: Topology) -> Doc:
         )
 
     return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "labels": labels},
+        **header("batch/v1", "Job", name, labels),
         "spec": {
             "backoffLimit": 6,
             "activeDeadlineSeconds": 900,
@@ -129,9 +128,7 @@ def cron_job(
     tries of a failed run, except on one of ``final_exit_codes`` (a failure a retry
     cannot cure) and not counting a pod evicted or preempted."""
     return {
-        "apiVersion": "batch/v1",
-        "kind": "CronJob",
-        "metadata": {"name": name, "labels": labels},
+        **header("batch/v1", "CronJob", name, labels),
         "spec": {
             "schedule": schedule,
             "timeZone": "Etc/UTC",

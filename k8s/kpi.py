@@ -11,6 +11,7 @@ from k8s.pods import (
     container,
     copy_pgpass,
     credential_env,
+    header,
     pod_mounts,
     pod_volumes,
     role_secret,
@@ -144,9 +145,7 @@ def scheduled_spark_application(topology: Topology) -> Doc:
     name = f"kpi-spark-job-{tname(topology)}"
     labels = workload_labels("kpi-spark-job", name, "kpi", {"ferry/topology": topology.name})
     return {
-        "apiVersion": "sparkoperator.k8s.io/v1beta2",
-        "kind": "ScheduledSparkApplication",
-        "metadata": {"name": name, "labels": labels},
+        **header("sparkoperator.k8s.io/v1beta2", "ScheduledSparkApplication", name, labels),
         "spec": {
             "schedule": KPI_SCHEDULE,
             "concurrencyPolicy": "Forbid",

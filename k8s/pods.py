@@ -423,19 +423,20 @@ def deployment(role: Role, topology: Topology) -> Doc:
         }
     )
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": role.instance, "labels": labels},
+        **header("apps/v1", "Deployment", role.instance, labels),
         "spec": spec,
     }
+
+
+def header(api_version: str, kind: str, name: str, labels: dict[str, str]) -> Doc:
+    """The first keys of every object: its type, then its name and labels."""
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "labels": labels}}
 
 
 def disruption_budget(name: str, instance: str, labels: dict[str, str]) -> Doc:
     """At most one pod of the Deployment down by choice (drains, upgrades) at a time."""
     return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": {"name": instance, "labels": labels},
+        **header("policy/v1", "PodDisruptionBudget", instance, labels),
         "spec": {
             "maxUnavailable": 1,
             "unhealthyPodEvictionPolicy": "AlwaysAllow",

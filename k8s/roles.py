@@ -23,6 +23,7 @@ from k8s.pods import (
     as_seconds,
     common_env,
     dns_name,
+    header,
     selector_labels,
     tname,
     workload_labels,
@@ -175,9 +176,7 @@ def scaled_object(topology: Topology, durable: str) -> Doc:
     floor = min(MIN_REPLICAS, ceiling)
     labels = workload_labels("inbox-consumer", instance, "consumer", {"ferry/durable": durable})
     return {
-        "apiVersion": "keda.sh/v1alpha1",
-        "kind": "ScaledObject",
-        "metadata": {"name": instance, "labels": labels},
+        **header("keda.sh/v1alpha1", "ScaledObject", instance, labels),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": instance},
             "minReplicaCount": floor,
