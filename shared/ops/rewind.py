@@ -62,6 +62,7 @@ from shared.ops.audit_args import actor_of, argument_type, nonblank
 from shared.ops.rewind_audit import START, Tally, finish
 from shared.ops.rewind_copies import Progress, Rewinder
 from shared.ops.rewind_range import (
+    RewindRange,
     RewindRefused,
     check_kept,
     check_range,
@@ -122,16 +123,13 @@ async def rewind(
     nc: NatsClient,
     *,
     durable: str,
-    since: datetime | None = None,
-    from_seq: int | None = None,
-    until: datetime | None = None,
-    until_seq: int | None = None,
+    span: RewindRange,
     dry_run: bool = False,
     actor: str,
     reason: str,
     progress: Progress | None = None,
 ) -> RewindResult:
-    """Re-deliver a range of ``durable``'s stream to ``durable`` alone (module doc).
+    """Re-deliver ``span``, a range of ``durable``'s stream, to ``durable`` alone (module doc).
 
     ``progress(done, selected)`` is called as the rewind goes (``done``: copies published,
     or messages counted for a dry run). Raises :class:`RewindRefused` (a
@@ -142,29 +140,29 @@ async def rewind(
         raise RewindRefused("a rewind needs a reason (--reason)")
     if not actor.strip():
         raise RewindRefused("a rewind needs an actor (--actor)")
-    check_range(since=since, from_seq=from_seq, until=until, until_seq=until_seq,
-                now=datetime.now(UTC))  # fmt: skip
+    check_range(span, now=datetime.now(UTC))
     js = nc.jetstream()
     stream = spec.stream
     kept = await kept_of(js, stream)
-    check_kept(stream, kept, since=since, from_seq=from_seq)
-    if from_seq is not None:
-        start = from_seq
+    check_kept(stream, kept, span)
+    if span.from_seq is not None:
+        start = span.from_seq
     else:
-        assert since is not None  # check_range: exactly one start
-        start = await first_seq_at(js, stream, kept, since)
-    stop = kept.last_seq if until_seq is None else min(until_seq, kept.last_seq)
-    if until is not None:
-        stop = min(
-            stop, await first_seq_at(js, stream, kept, until + timedelta(microseconds=1)) - 1
-        )
+        assert span.since is not None  # check_range: exactly one start
+        start = await first_seq_at(js, stream, kept, span.since)
+    stop = kept.last_seq if span.until_seq is None else min(span.until_seq, kept.last_seq)
+    if span.until is not None:
+        after_until = span.until + timedelta(microseconds=1)
+        stop = min(stop, await first_seq_at(js, stream, kept, after_until) - 1)
     rewind_id = uuid.uuid4()
     tally = Tally()
     began = time.monotonic()
     conn = await connect(settings.dsn(topology.context(spec.target).database))
     try:
-        await conn.execute(START, rewind_id, durable, stream, since, from_seq, until,
-                           until_seq, stop, dry_run, actor, reason)  # fmt: skip
+        await conn.execute(
+            START, rewind_id, durable, stream, span.since, span.from_seq, span.until,
+            span.until_seq, stop, dry_run, actor, reason,
+        )  # fmt: skip
         try:
             rewinder = Rewinder(topology, nc, durable, rewind_id, dry_run=dry_run,
                                 tally=tally, progress=progress)  # fmt: skip
@@ -249,10 +247,7 @@ async def cmd_rewind(settings: CommonSettings, args: argparse.Namespace) -> int:
             topology,
             nc,
             durable=args.durable,
-            since=args.since,
-            from_seq=args.from_seq,
-            until=args.until,
-            until_seq=args.until_seq,
+            span=RewindRange(args.since, args.from_seq, args.until, args.until_seq),
             dry_run=args.dry_run,
             actor=actor,
             reason=args.reason,

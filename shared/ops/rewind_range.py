@@ -55,15 +55,22 @@ def parse_when(text: str, now: datetime | None = None) -> datetime:
     return moment.astimezone(UTC)
 
 
-def check_range(
-    *,
-    since: datetime | None,
-    from_seq: int | None,
-    until: datetime | None,
-    until_seq: int | None,
-    now: datetime,
-) -> None:
+@dataclass(frozen=True)
+class RewindRange:
+    """A rewind's range as given: one start (``since`` a time, or ``from_seq`` a stream
+    sequence) and at most one end (``until`` a time, or ``until_seq`` a sequence, inclusive;
+    none: the stream's last sequence when the rewind starts). :func:`check_range` checks it."""
+
+    since: datetime | None = None
+    from_seq: int | None = None
+    until: datetime | None = None
+    until_seq: int | None = None
+
+
+def check_range(span: RewindRange, *, now: datetime) -> None:
     """Refuse a range that makes no sense (:class:`RewindRefused`), before any I/O."""
+    since, from_seq = span.since, span.from_seq
+    until, until_seq = span.until, span.until_seq
     if (since is None) == (from_seq is None):
         raise RewindRefused("give exactly one start: --since TIME or --from-seq N")
     if until is not None and until_seq is not None:
@@ -101,9 +108,10 @@ class Kept:
         )
 
 
-def check_kept(stream: str, kept: Kept, *, since: datetime | None, from_seq: int | None) -> None:
+def check_kept(stream: str, kept: Kept, span: RewindRange) -> None:
     """Refuse a start older than what the stream keeps: part of the range is gone. A
     stream that still holds its sequence 1 has lost nothing, whatever ``since`` says."""
+    since, from_seq = span.since, span.from_seq
     if kept.first_seq <= 1:
         return
     if from_seq is not None and from_seq < kept.first_seq:

@@ -17,6 +17,7 @@ from shared.domain.errors import ConfigurationError, MalformedInput
 from shared.ops.rewind import _Meter
 from shared.ops.rewind_range import (
     Kept,
+    RewindRange,
     RewindRefused,
     check_kept,
     check_range,
@@ -92,7 +93,7 @@ def test_check_range_refuses_exactly_the_ranges_that_make_no_sense(
         or (from_seq is not None and until_seq is not None and until_seq < from_seq)
     )
     try:
-        check_range(since=since, from_seq=from_seq, until=until, until_seq=until_seq, now=NOW)
+        check_range(RewindRange(since, from_seq, until, until_seq), now=NOW)
     except RewindRefused as exc:
         assert wrong, f"refused a sensible range: {exc}"
         assert isinstance(exc, ConfigurationError)  # the CLI's exit code 2
@@ -101,10 +102,9 @@ def test_check_range_refuses_exactly_the_ranges_that_make_no_sense(
 
 
 def test_refusals_say_why() -> None:
-    def refused(**kw: object) -> str:
-        args = {"since": None, "from_seq": None, "until": None, "until_seq": None, **kw}
+    def refused(**kw: Any) -> str:
         with pytest.raises(RewindRefused) as caught:
-            check_range(now=NOW, **args)  # type: ignore[arg-type]
+            check_range(RewindRange(**kw), now=NOW)
         return str(caught.value)
 
     assert "exactly one start" in refused()
@@ -124,19 +124,19 @@ def test_a_start_before_what_the_stream_keeps_is_refused_naming_what_is_left(
     kept = Kept(first_seq, first_seq + 9, FIRST)
     if first_seq > 1 and from_seq < first_seq:
         with pytest.raises(RewindRefused) as caught:
-            check_kept("S", kept, since=None, from_seq=from_seq)
+            check_kept("S", kept, RewindRange(from_seq=from_seq))
         text = str(caught.value)
         assert f"{first_seq}..{first_seq + 9}" in text
         assert FIRST.isoformat() in text
     else:
-        check_kept("S", kept, since=None, from_seq=from_seq)
+        check_kept("S", kept, RewindRange(from_seq=from_seq))
 
 
 def test_a_stream_that_lost_nothing_takes_any_since() -> None:
-    check_kept("S", Kept(1, 10, FIRST), since=FIRST - timedelta(days=30), from_seq=None)
+    check_kept("S", Kept(1, 10, FIRST), RewindRange(since=FIRST - timedelta(days=30)))
     with pytest.raises(RewindRefused, match=r"keeps sequences 2\.\.10"):
-        check_kept("S", Kept(2, 10, FIRST), since=FIRST - timedelta(seconds=1), from_seq=None)
-    check_kept("S", Kept(2, 10, FIRST), since=FIRST, from_seq=None)
+        check_kept("S", Kept(2, 10, FIRST), RewindRange(since=FIRST - timedelta(seconds=1)))
+    check_kept("S", Kept(2, 10, FIRST), RewindRange(since=FIRST))
 
 
 def test_the_progress_line_gives_done_selected_and_the_rate(

@@ -25,7 +25,7 @@ from shared.adapters.dead_letters.replay import replay
 from shared.domain.errors import TransientError
 from shared.domain.ordering import partition_of
 from shared.ops.rewind import RewindResult, rewind
-from shared.ops.rewind_range import RewindRefused
+from shared.ops.rewind_range import RewindRange, RewindRefused
 from shared.runtime.settings import CommonSettings
 from tests.conftest import CAPS, Env
 from tests.consumer.conftest import (
@@ -48,11 +48,11 @@ def settings_of(env: Env) -> CommonSettings:
     return CommonSettings(topology=env.path, databases=databases, nats_url=env.nats_url)
 
 
-async def run_rewind(env: Env, nc: NATS, **kw: Any) -> RewindResult:
+async def run_rewind(env: Env, nc: NATS, span: RewindRange, **kw: Any) -> RewindResult:
     kw.setdefault("actor", "test")
     kw.setdefault("reason", "database restored")
     kw.setdefault("durable", DURABLE)
-    return await rewind(settings_of(env), env.topology, nc, **kw)
+    return await rewind(settings_of(env), env.topology, nc, span=span, **kw)
 
 
 async def until(check: Any, what: str, timeout: float = 30) -> None:
@@ -105,7 +105,7 @@ async def test_a_rewind_re_delivers_what_was_lost_and_only_to_its_durable(
     assert await pending(nc, OTHER) == (40, 0)
 
     # 1. Everything was processed: every copy is a duplicate, the handler is not called.
-    done = await run_rewind(env, nc, from_seq=1)
+    done = await run_rewind(env, nc, RewindRange(from_seq=1))
     assert (done.selected, done.published, done.skipped) == (40, 40, 0)
     assert (done.first_seq, done.last_seq, done.stop_seq) == (1, 40, 40)
     assert done.by_subject == {"vibespro.event.vibe_created.v1": 40}
@@ -129,7 +129,7 @@ async def test_a_rewind_re_delivers_what_was_lost_and_only_to_its_durable(
     for mid in lost:
         del handler.applied[mid]
     calls_before = Counter(c["body"]["message_id"] for c in handler.calls)
-    again = await run_rewind(env, nc, from_seq=1, until_seq=40)
+    again = await run_rewind(env, nc, RewindRange(from_seq=1, until_seq=40))
     assert (again.selected, again.published) == (40, 40)
     async with RunningConsumer(env, nc, handler.url) as consumer:
         await until(
@@ -179,7 +179,7 @@ async def test_a_dry_run_counts_by_subject_and_publishes_nothing(
     await publish_raw(nc, "vibespro.event.vibe_created.v1", b"not json", str(uuid.uuid4()))
     seen: list[tuple[int, int]] = []
     result = await run_rewind(
-        env, nc, from_seq=3, dry_run=True, progress=lambda d, s: seen.append((d, s))
+        env, nc, RewindRange(from_seq=3), dry_run=True, progress=lambda d, s: seen.append((d, s))
     )
     assert (result.selected, result.skipped, result.published) == (9, 1, 0)
     assert result.dry_run and (result.first_seq, result.last_seq) == (3, 11)
@@ -195,7 +195,7 @@ async def test_a_dry_run_counts_by_subject_and_publishes_nothing(
         True, 9, 0, "done",
     )  # fmt: skip
     assert json.loads(row["by_subject"]) == result.by_subject
-    done = await run_rewind(env, nc, from_seq=3)
+    done = await run_rewind(env, nc, RewindRange(from_seq=3))
     assert (done.selected, done.skipped, done.published) == (9, 1, 8)
     assert (await nc.jetstream().stream_info(STREAM)).state.last_seq == 19
 
@@ -209,13 +209,13 @@ async def test_since_and_until_select_by_the_time_the_stream_stored_them(
     middle = datetime.now(UTC)
     await asyncio.sleep(0.3)
     await publish_events(nc, 7)
-    after = await run_rewind(env, nc, since=middle, dry_run=True)
+    after = await run_rewind(env, nc, RewindRange(since=middle), dry_run=True)
     assert (after.selected, after.first_seq, after.last_seq) == (7, 6, 12)
     before = await run_rewind(
-        env, nc, since=middle - timedelta(minutes=5), until=middle, dry_run=True
+        env, nc, RewindRange(since=middle - timedelta(minutes=5), until=middle), dry_run=True
     )
     assert (before.selected, before.first_seq, before.last_seq) == (5, 1, 5)
-    none = await run_rewind(env, nc, since=datetime.now(UTC), dry_run=True)
+    none = await run_rewind(env, nc, RewindRange(since=datetime.now(UTC)), dry_run=True)
     assert (none.selected, none.first_seq) == (0, None)
 
 
@@ -227,13 +227,13 @@ async def test_a_range_older_than_the_stream_keeps_is_refused_naming_what_is_lef
     js = nc.jetstream()
     await js.purge_stream(STREAM, seq=6)  # sequences 1..5 are gone
     with pytest.raises(RewindRefused) as caught:
-        await run_rewind(env, nc, from_seq=2)
+        await run_rewind(env, nc, RewindRange(from_seq=2))
     assert "keeps sequences 6..10" in str(caught.value)
     with pytest.raises(RewindRefused, match=r"keeps sequences 6\.\.10, the first stored at"):
-        await run_rewind(env, nc, since=datetime.now(UTC) - timedelta(hours=1))
+        await run_rewind(env, nc, RewindRange(since=datetime.now(UTC) - timedelta(hours=1)))
     assert (await js.stream_info(STREAM)).state.last_seq == 10
     assert await sea_rows(env, "SELECT * FROM durable_rewinds") == []
-    ok = await run_rewind(env, nc, from_seq=6, dry_run=True)
+    ok = await run_rewind(env, nc, RewindRange(from_seq=6), dry_run=True)
     assert ok.selected == 5
 
 
@@ -250,7 +250,7 @@ async def test_an_ordered_durable_gets_each_copy_on_its_keys_partition(
         await nc.jetstream().publish(
             f"{event.subject}.{k}", event.to_wire(), headers={"Nats-Msg-Id": event.message_id}
         )
-    result = await run_rewind(env, nc, from_seq=1)
+    result = await run_rewind(env, nc, RewindRange(from_seq=1))
     assert (result.selected, result.published) == (12, 12)
     assert result.by_subject == {"vibespro.event.vibe_created.v1": 12}
     copies = [m for m in await stream_messages(nc.jetstream(), STREAM) if m.seq > 12]
@@ -277,7 +277,7 @@ async def test_a_rewind_does_not_un_hold_a_key_held_by_a_dead_letter(
     async with RunningConsumer(env, nc, handler.url) as consumer:
         await until(lambda: consumer.stats.processed == 3, "the free key's 3 processed")
         await until(lambda: consumer.stats.parked == 3, "the held key's 3 parked")
-        await run_rewind(env, nc, from_seq=1)
+        await run_rewind(env, nc, RewindRange(from_seq=1))
         await until(
             lambda: consumer.stats.duplicates >= 3 and consumer.stats.parked >= 6,
             "the copies settled",
@@ -376,7 +376,7 @@ async def test_an_interrupted_rewind_stays_visible_as_unfinished(
         if done:
             started.set()
 
-    task = asyncio.create_task(run_rewind(env, nc, from_seq=1, progress=progress))
+    task = asyncio.create_task(run_rewind(env, nc, RewindRange(from_seq=1), progress=progress))
     await asyncio.wait_for(started.wait(), timeout=60)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -398,7 +398,7 @@ async def test_a_copy_the_stream_refuses_fails_the_rewind_and_the_audit_says_so(
     assert 3800 < len(big.to_wire()) < 4000  # not with the copy's (about 250 bytes more)
     await publish(nc, big)
     with pytest.raises(TransientError, match=r"copy of sequence 4 .* after 4 attempts"):
-        await run_rewind(env, nc, from_seq=1)
+        await run_rewind(env, nc, RewindRange(from_seq=1))
     [row] = await sea_rows(env, "SELECT * FROM durable_rewinds")
     assert (row["outcome"], row["selected"], row["published"]) == ("failed", 4, 3)
     assert "sequence 4" in row["error"] and row["finished_at"] is not None
