@@ -130,6 +130,11 @@ class Demo:
     #: When this run began: the reckoning counts the events that occurred since.
     since: datetime = field(default_factory=lambda: datetime.now(UTC))
 
+    @property
+    def commands(self) -> list[tuple[str, str, str, int]]:
+        """The demo's commands whose context is in the loaded topologies."""
+        return [c for c in COMMANDS if any(c[0] in t.contexts for t in self.topologies)]
+
     def database(self, context: str) -> str:
         for topology in self.topologies:
             if context in topology.contexts:
@@ -151,7 +156,7 @@ class Demo:
 
     async def command(self, rng: random.Random) -> None:
         """One domain command: state change and event in one transaction."""
-        context, aggregate, event_type, version = rng.choice(COMMANDS)
+        context, aggregate, event_type, version = rng.choice(self.commands)
         key = f"{aggregate[0]}{rng.randint(1, 200)}"
         async with self.pools[self.database(context)].acquire() as conn, conn.transaction():
             await conn.execute(

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -280,7 +281,7 @@ def addresses(plan: Plan) -> dict[str, str]:
     return out
 
 
-def status() -> dict[str, object]:
+def status() -> dict[str, Any]:
     path = var_dir() / "probes.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
