@@ -1,7 +1,7 @@
 """The image built and the dev overlay run for real, by podman (issue 46): ``./dev image``
 then ``./dev kube up`` with the sea-vibespro topology's workloads (the servers, its
 provisioning Job, both publishers, both consumers, the dlq roles, the console and both
-handler services), a few hundred events driven through them while a consumer's container
+handler services), a few hundred events driven through them while a publisher's container
 is SIGKILLed, and the restart policy, the probes and the counts checked.
 
 Needs root (podman, debootstrap); the build is cached by podman between runs.
@@ -32,7 +32,7 @@ from shared.domain.whereabouts import Place
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = "sea-vibespro"
-KILLED = "inbox-consumer-vibespro--from-sea"
+KILLED = "outbox-publisher-sea"
 
 
 def _k8s_podman(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
