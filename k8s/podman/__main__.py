@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p_up = sub.add_parser("up", help="play the dev overlay")
     p_up.add_argument("--demo", action="store_true", help="then drive the demo workload")
-    p_up.add_argument("--timeout", type=float, default=600.0, help="seconds for every pod ready")
+    p_up.add_argument("--timeout", type=float, default=1500.0, help="seconds for every pod ready")
     sub.add_parser("down", help="remove every pod")
     sub.add_parser("status", help="probe tallies per pod")
     sub.add_parser("probe", help=argparse.SUPPRESS)

@@ -200,7 +200,7 @@ def run_job(workload: Workload, var: Path, deadline: float) -> None:
         time.sleep(1.0)
 
 
-def up(*, timeout: float = 600.0) -> Plan:
+def up(*, timeout: float = 1500.0) -> Plan:
     started = time.monotonic()
     deadline = started + timeout
     var = var_dir()
