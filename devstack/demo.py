@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,7 @@ class Demo:
     #: When this run began: the reckoning counts the events that occurred since.
     since: datetime = field(default_factory=lambda: datetime.now(UTC))
 
-    @property
+    @cached_property
     def commands(self) -> list[tuple[str, str, str, int]]:
         """The demo's commands whose context is in the loaded topologies."""
         return [c for c in COMMANDS if any(c[0] in t.contexts for t in self.topologies)]

@@ -15,15 +15,15 @@ import json
 import sys
 
 from k8s.podman import host, image, play
-from k8s.podman.overlay import OverlayError
+from k8s.podman.overlay import OverlayError, Plan
 
 
-def _demo(plan: play.Plan, argv: list[str]) -> int:
+def _demo(plan: Plan, argv: list[str]) -> int:
     from devstack.demo import run_demo
 
     by_name = {w.name: w for w in plan.servers}
-    pg_ip = play.pod_ip(by_name["postgres"])
-    nats_ip = play.pod_ip(by_name["nats"])
+    pg_ip = by_name["postgres"].ip
+    nats_ip = by_name["nats"].ip
     var = play.var_dir()
     secrets = play.secrets(var)
     pg_password = secrets["postgres-dev"]["POSTGRES_PASSWORD"]

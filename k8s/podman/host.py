@@ -59,7 +59,7 @@ def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
 
 
 def ensure_packages() -> None:
-    missing = [p for p in ("podman", "buildah", "debootstrap", "runc") if not _has(p)]
+    missing = [p for p in PACKAGES if not _has(p)]
     if not missing:
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):

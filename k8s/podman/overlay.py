@@ -30,6 +30,7 @@ returned with the reason (``Plan.left_out``) so ``./dev kube`` can list it:
 
 from __future__ import annotations
 
+import base64
 import copy
 import re
 from collections.abc import Iterable
@@ -136,8 +137,6 @@ def _index(docs: Iterable[Doc], kind: str) -> dict[str, Doc]:
 
 
 def secret_data(secret: Doc) -> dict[str, str]:
-    import base64
-
     data = {k: str(v) for k, v in (secret.get("stringData") or {}).items()}
     for k, v in (secret.get("data") or {}).items():
         data[k] = base64.b64decode(v).decode()

@@ -25,9 +25,7 @@ import yaml
 
 from k8s.podman import host
 from k8s.podman.overlay import NETWORK, SUBNET, Plan, Workload, podman_plan, secret_data
-from k8s.podman.probes import Prober, container_name, pod_ip
-
-__all__ = ["Plan", "pod_ip"]
+from k8s.podman.probes import Prober, container_name
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "k8s" / "overlays" / "dev"
@@ -56,7 +54,7 @@ def render(var: Path) -> Plan:
     """The dev overlay and its Secrets, rewritten for podman."""
     var.mkdir(parents=True, exist_ok=True)
     var.chmod(0o700)  # Secrets' files and env values live below
-    kustomize = ["kustomize", "build"] if _which("kustomize") else ["kubectl", "kustomize"]
+    kustomize = ["kustomize", "build"] if shutil.which("kustomize") else ["kubectl", "kustomize"]
     proc = subprocess.run([*kustomize, str(OVERLAY)], text=True, capture_output=True, check=False)
     if proc.returncode != 0:
         raise KubeError(f"kustomize failed on {OVERLAY}:\n{proc.stderr}")
@@ -80,10 +78,6 @@ def render(var: Path) -> Plan:
     )
     secrets = [d for d in yaml.safe_load_all(secrets_file.read_text()) if d]
     return podman_plan(docs, secrets, str(var / "files"), topologies=topologies(), subnet=subnet())
-
-
-def _which(tool: str) -> bool:
-    return shutil.which(tool) is not None
 
 
 def write_files(workload: Workload) -> None:
@@ -276,7 +270,7 @@ def addresses(plan: Plan) -> dict[str, str]:
     out = {}
     for w in plan.roles:
         if w.component == "console":
-            ip = pod_ip(w)
+            ip = w.ip
             out[w.name] = f"http://{ip}:{w.ports.get('health', 8080)}/"
     return out
 

@@ -27,12 +27,6 @@ def container_name(workload: Workload, container: str) -> str:
     return f"{workload.pod}-{container}"
 
 
-def pod_ip(workload: Workload) -> str:
-    """The pod's address on the pod network: fixed by the plan (``podman play kube --ip``),
-    so no podman call is needed to find it (podman answers slowly on a busy machine)."""
-    return workload.ip
-
-
 def call(workload: Workload, probe: Probe, ip: str, timeout: float = 3.0) -> str | None:
     """One probe call: None when it passes, else why it failed."""
     if probe.http is not None:
