@@ -1,6 +1,6 @@
-"""One partition's run under a lease: wait out the old owner's messages, then run the
-work until its stop event, restarting it when it ends by itself (see the documentation
-of :mod:`services.inbox_consumer.partitions`, which holds the leases)."""
+"""One partition's run under a lease: let the old owner's messages come back first, then
+run the work until its stop event, restarting it when it ends by itself (see the
+documentation of :mod:`services.inbox_consumer.partitions`, which holds the leases)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class SlotRunner:
     ttl: float
     restart_pause: float
     wake: asyncio.Event
-    #: Takeovers that waited for ack_wait before starting the work (pending > 0).
+    #: Takeovers that found messages in flight (pending > 0) and waited before starting.
     waits: int = 0
     #: Work tasks restarted after ending by themselves.
     restarts: int = 0
@@ -64,7 +64,7 @@ class SlotRunner:
                     delay = resume_at - time.monotonic()
                     log.info(
                         "%s: partition %d was taken over with messages in flight; "
-                        "starting in %.1fs (ack_wait)",
+                        "starting in %.1fs (they are redeliverable by now)",
                         self.durable,
                         k,
                         delay,

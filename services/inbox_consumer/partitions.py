@@ -20,36 +20,34 @@ awaits its work, and only then marks the lease released, renewing the lease mean
 (its owner's work returned after its stop event: everything it fetched is settled) is
 started at once. A partition whose lease *expired* — its owner died, or lost the database
 and fenced itself — may still have messages its owner fetched and never acked. JetStream
-redelivers those only once their ``ack_wait`` has run out, and from then on hands
+redelivers those once their ``ack_wait`` has run out, and from then on hands
 redeliveries out before new messages; a new owner that fetched earlier would get the key's
-*later* events first. So the new owner asks ``pending(k)`` (the consumer's
+*later* events first. The lease is therefore built so that **its expiry is a moment by
+which everything its owner fetched is redeliverable**: an owner works on a partition only
+while its lease has more than ``hold`` seconds left (``hold`` = the durable's ``ack_wait``
+plus the fetch timeout, plus a margin), so its last ``in_progress`` and the last message
+its last pull request could bring have both run out by the expiry. A dead owner's last
+sign of life is earlier still. The new owner asks ``pending(k)`` (the consumer's
 ``num_ack_pending``): 0 means nothing is in flight and it starts at once; otherwise (or if
-it cannot tell) it waits until ``max(previous expiry, now) + ack_wait`` before calling
-``work(k, stop_k)``. The old owner sent its last ``in_progress`` before its lease expired
-(it stops at the lease's local expiry, see below), so by then every message it held is
-redeliverable. One more source of late deliveries is a pull request the old owner left
-open: it lives for the consumer's fetch timeout, and the old owner died at least
-``ttl - renew_every`` before its lease expired, so keep ``fetch timeout <= 2/3 of the ttl``.
+it cannot tell) it starts :data:`TAKEOVER_MARGIN` after acquiring, never ``ack_wait`` later.
+An owner that gives a partition up uncleanly (its work raised) does not release it: it sets
+the expiry ``hold`` seconds ahead, which keeps the same promise. A takeover therefore costs
+at most the ttl (plus the renewal round that notices it: a replica below its share wakes
+when the earliest lease it could take expires), so an ordered durable wants a short
+``ack_wait`` (heartbeats keep long handler calls alive) and a ttl a few seconds above
+``hold``.
 
-**Self-fencing.** A lease is valid locally until the start of its last successful renewal
-plus ``ttl`` (a little less: :data:`FENCE_MARGIN`), measured with :func:`time.monotonic`
-— the database's expiry is later, since the database set it after that start. When that
-moment passes without a renewal (the database is unreachable or slow), or a renewal finds
-the lease is no longer ours, the partition's stop event is set at once and it stops
-counting as owned; it is not released (it is not ours any more). The work must then stop
-touching the partition's messages (:meth:`PartitionOwnership.lost` tells it apart from a
-graceful stop): no more ``in_progress``, which would push their redelivery past the new
-owner's start, and no pull request left open (unsubscribing the pull inbox is enough: the
-server drops waiting requests nobody listens to). A handler call in flight ends within the
-handler's timeout, which lint keeps below ``ack_wait``. Database outages are retried every
-round, each statement bounded by ``ttl``; fencing happens by the clock alone.
+A handler call the old owner started may still be running when the new owner calls the
+same event (an HTTP request outlives its caller): the handler's claim decides which one
+applies it, and the new owner goes on to the key's next event only after a 200 or a 409
+(a 409 means the claim is committed), so the key's order holds.
 
 **Work.** ``work(k, stop_k)`` consumes partition ``k`` until ``stop_k`` is set. If it ends
 by itself while the lease is held (it raised, or returned), it is logged and restarted
 after :data:`RESTART_PAUSE` (no replica exits because of one partition). A work that
 returns after its stop event has settled its messages (the lease is released cleanly);
-one that raises, or that never ran or crashed, leaves the lease to expire at once
-(unclean: the next owner checks ``pending``).
+one that raises, or that never ran or crashed, leaves the lease to expire ``hold`` seconds
+later (unclean: the next owner checks ``pending``).
 
 **Stop and kill.** When ``stop`` is set, :meth:`PartitionOwnership.run` stops every work
 (sets the events, awaits the tasks, renewing meanwhile), releases every lease, deletes its
@@ -76,15 +74,31 @@ log = logging.getLogger("ferry.inbox_consumer.partitions")
 
 #: Pause before a work task that ended by itself is started again.
 RESTART_PAUSE = 1.0
-#: Share of the ttl by which a lease counts as lost locally before ``last renewal + ttl``
-#: (at most a second): room for the work to stop before the database's expiry.
-FENCE_MARGIN = 0.05
+#: Share of the ttl (at most :data:`FENCE_MARGIN_MAX` seconds) by which a lease counts as
+#: lost locally before ``last renewal + ttl - hold``: room for the work to stop, for the
+#: network and for JetStream's redelivery timer.
+FENCE_MARGIN = 0.1
+FENCE_MARGIN_MAX = 1.0
+#: Seconds a takeover with messages in flight waits after acquiring the lease (the
+#: previous owner's held messages are redeliverable by the expiry already).
+TAKEOVER_MARGIN = 0.5
+#: Seconds past the earliest expiry of a lease we could take that a replica below its
+#: share wakes (instead of waiting for its next renewal round).
+EXPIRY_WAKE = 0.05
 #: Longest wait (s) for the cancelled work tasks when ``run`` itself is cancelled.
 ABANDON_WAIT = 1.0
 #: Members not seen for this many ttls are deleted by the others.
 FORGET_AFTER_TTLS = 10
 
 T = TypeVar("T")
+
+
+def lease_validity(ttl: float, hold: float) -> float:
+    """How long after the start of a renewal a lease of ``ttl`` seconds counts as ours
+    locally, when what its owner fetched takes up to ``hold`` seconds to become
+    redeliverable after the owner stops (ack_wait plus the fetch timeout); not positive:
+    the lease is too short for the durable."""
+    return ttl - hold - min(ttl * FENCE_MARGIN, FENCE_MARGIN_MAX)
 
 
 def fair_share(partitions: int, members: int) -> int:
@@ -120,23 +134,34 @@ class PartitionOwnership:
         partitions: int,
         owner: str,
         ttl: float,
-        ack_wait: float,
+        hold: float,
         work: Work,
         pending: Pending | None = None,
         renew_every: float | None = None,
         restart_pause: float = RESTART_PAUSE,
+        takeover_margin: float = TAKEOVER_MARGIN,
     ) -> None:
         if partitions < 1:
             raise ValueError("partitions must be at least 1")
-        if ttl <= 0 or ack_wait < 0:
-            raise ValueError("ttl must be positive and ack_wait not negative")
+        if ttl <= 0 or hold < 0:
+            raise ValueError("ttl must be positive and hold not negative")
         self.pool, self.durable, self.partitions, self.owner = pool, durable, partitions, owner
-        self.ttl, self.ack_wait = ttl, ack_wait
-        self.renew_every = renew_every if renew_every is not None else ttl / 3
-        if not 0 < self.renew_every < ttl:
-            raise ValueError("renew_every must be positive and shorter than the ttl")
+        self.ttl, self.hold, self.takeover_margin = ttl, hold, takeover_margin
         #: A lease counts as ours until the start of its last renewal plus this.
-        self.valid_for = ttl - min(ttl * FENCE_MARGIN, 1.0)
+        self.valid_for = lease_validity(ttl, hold)
+        if self.valid_for <= 0:
+            raise ValueError(
+                f"a partition lease of {ttl:g}s leaves no time to work: it must exceed the "
+                f"durable's ack_wait plus the fetch timeout ({hold:g}s) and a margin "
+                f"({min(ttl * FENCE_MARGIN, FENCE_MARGIN_MAX):g}s)"
+            )
+        self.renew_every = (
+            renew_every if renew_every is not None else min(ttl / 3, self.valid_for / 2)
+        )
+        if not 0 < self.renew_every < self.valid_for:
+            raise ValueError("renew_every must be positive and shorter than the lease's validity")
+        #: Seconds until the earliest expiry of another owner's lease (last round's view).
+        self._next_expiry: float | None = None
         self._slots: dict[int, Slot] = {}
         #: Fenced partitions whose work has not ended yet: not to be taken again before.
         self._draining: dict[int, Slot] = {}
@@ -163,7 +188,8 @@ class PartitionOwnership:
 
     @property
     def waits(self) -> int:
-        """Takeovers that waited for ack_wait before starting the work (pending > 0)."""
+        """Takeovers that found messages in flight (pending > 0) and waited
+        :data:`TAKEOVER_MARGIN` before starting the work."""
         return self._runner.waits
 
     @property
@@ -187,7 +213,7 @@ class PartitionOwnership:
         return slot is not None and not slot.done.is_set()
 
     def held(self) -> frozenset[int]:
-        """Partitions leased (waiting for ack_wait, running, or being shed)."""
+        """Partitions leased (about to start, running, or being shed)."""
         return frozenset(k for k, slot in self._slots.items() if not slot.fenced)
 
     # -- the loop --------------------------------------------------------------------------
@@ -203,13 +229,21 @@ class PartitionOwnership:
                     self._shed(list(self._slots.values()), reason="stopping")
                     if not self._slots and not self._draining:
                         break
-                await sleep_unless(self._wake, self.renew_every)
+                await sleep_unless(self._wake, self._pause())
             await self._leave()
         except asyncio.CancelledError:
             await self._abandon()
             raise
         finally:
             watcher.cancel()
+
+    def _pause(self) -> float:
+        """Until the next round: the renewal period, or less when a lease we could take (we
+        are below our share) expires sooner."""
+        below = len([s for s in self._slots.values() if not s.shedding]) < self.share
+        if below and self._next_expiry is not None:
+            return max(min(self.renew_every, self._next_expiry + EXPIRY_WAKE), EXPIRY_WAKE)
+        return self.renew_every
 
     async def _wake_on(self, event: asyncio.Event) -> None:
         await event.wait()
@@ -236,6 +270,7 @@ class PartitionOwnership:
             return
         self.members = len(state.members)
         self.share = fair_share(self.partitions, self.members)
+        self._next_expiry = state.next_expiry
         if not stopping:
             await self._balance(state)
 
@@ -300,9 +335,7 @@ class PartitionOwnership:
             took_over = lease.previous_owner not in (None, self.owner)
             if took_over and not lease.clean:
                 self.takeovers += 1
-            resume_at = answered
-            if not lease.clean:
-                resume_at += max(-(lease.expired_for or 0.0), 0.0) + self.ack_wait
+            resume_at = answered if lease.clean else answered + self.takeover_margin
             slot = Slot(lease.partition, asyncio.Event(), started, clean=lease.clean)
             self._slots[lease.partition] = slot
             self._extend(slot, started)
@@ -367,7 +400,7 @@ class PartitionOwnership:
             slot.releasing = True
             try:
                 released = await self._leases(
-                    sql.release, partition=slot.partition, clean=slot.clean
+                    sql.release, partition=slot.partition, clean=slot.clean, hold=self.hold
                 )
             except DATABASE_ERRORS as exc:
                 slot.releasing = False
@@ -386,7 +419,7 @@ class PartitionOwnership:
                 "%s: partition %d released (%s)",
                 self.durable,
                 slot.partition,
-                "clean" if slot.clean else "expired now: messages may be in flight",
+                "clean" if slot.clean else f"expiring in {self.hold:g}s: messages may be in flight",
             )
             break
         self._wake.set()

@@ -39,7 +39,7 @@ from services.inbox_consumer.loop import (
 )
 from services.inbox_consumer.metrics import ConsumerMetrics
 from services.inbox_consumer.ordering import Drainer, KeyOrder, Sequencer
-from services.inbox_consumer.partitions import PartitionOwnership
+from services.inbox_consumer.partitions import PartitionOwnership, lease_validity
 from services.inbox_consumer.pipeline import Unordered
 from services.inbox_consumer.replies import Replies
 from services.inbox_consumer.settlement import Settler
@@ -54,6 +54,7 @@ from shared.contracts.events import accepted_events as registry_accepted
 from shared.contracts.lint import require_clean_topology
 from shared.contracts.topology import DurableSpec, Topology
 from shared.domain.ack import RetryPolicy
+from shared.domain.errors import ConfigurationError
 from shared.domain.ports import HandlerPort, InboxStore
 from shared.runtime.metrics import RoleMetrics
 from shared.runtime.readiness import ReadinessCheck, postgres_probe
@@ -325,13 +326,22 @@ def _ownership(
         finally:
             stopped.cancel()
 
+    hold, ttl = spec.ack_wait + settings.fetch_timeout, settings.lease_ttl(spec.ack_wait)
+    if lease_validity(ttl, hold) <= 0:
+        raise ConfigurationError(
+            f"FERRY_PARTITION_LEASE_TTL={ttl:g} is too short for "
+            f"the ordered durable {settings.durable}: an owner may work on a partition only "
+            f"while its lease outlasts the durable's ack_wait ({spec.ack_wait:g}s, in the "
+            f"topology) plus FERRY_FETCH_TIMEOUT ({settings.fetch_timeout:g}s) and a margin; "
+            "raise the ttl or shorten ack_wait (heartbeats keep long handler calls alive)"
+        )
     ownership = PartitionOwnership(
         lease_pool,
         durable=settings.durable,
         partitions=len(names),
         owner=owner,
-        ttl=settings.partition_lease_ttl,
-        ack_wait=spec.ack_wait,
+        ttl=ttl,
+        hold=hold,
         work=partition_work,
         pending=in_flight,
     )

@@ -41,7 +41,11 @@ SELECT ARRAY(SELECT partition FROM renewed) AS renewed,
              WHERE durable = $1
                AND seen_at > clock_timestamp() - $3::float8 * interval '1 second') AS members,
        (SELECT coalesce(jsonb_object_agg(partition, owner), '{}'::jsonb) FROM partition_leases
-        WHERE durable = $1 AND NOT released AND expires_at > clock_timestamp()) AS taken
+        WHERE durable = $1 AND NOT released AND expires_at > clock_timestamp()) AS taken,
+       (SELECT extract(epoch FROM min(expires_at) - clock_timestamp())::float8
+        FROM partition_leases
+        WHERE durable = $1 AND owner <> $2 AND NOT released
+          AND expires_at > clock_timestamp()) AS next_expiry
 """
 
 # Take the partitions that are free: never leased, released, or expired. ON CONFLICT
@@ -62,12 +66,16 @@ RETURNING l.partition, l.previous_owner, l.previous_released,
 """
 
 # Give a lease up. Clean (released): the work stopped and settled what it fetched, the
-# next owner starts at once. Unclean: the lease just expires now, so the next owner waits
-# for JetStream to make what we left unacked redeliverable (see partitions.py).
+# next owner starts at once. Unclean: the lease expires $5 seconds from now (the time
+# JetStream needs to make what we left unacked redeliverable; sooner if it expires sooner
+# anyway), so that an expiry always means "what the owner held is redeliverable" (see
+# services/inbox_consumer/partitions.py).
 _RELEASE = """
 UPDATE partition_leases
 SET released = $4,
-    expires_at = CASE WHEN $4 THEN expires_at ELSE least(expires_at, clock_timestamp()) END
+    expires_at = CASE WHEN $4 THEN expires_at
+                 ELSE least(expires_at, clock_timestamp() + $5::float8 * interval '1 second')
+                 END
 WHERE durable = $1 AND partition = $2 AND owner = $3 AND NOT released
 """
 
@@ -91,6 +99,8 @@ class Round:
     members: tuple[str, ...]
     #: Partitions with a live lease, and their owner (ours included), before the renewal.
     taken: dict[int, str]
+    #: Seconds until the earliest expiry of another owner's live lease (None: none).
+    next_expiry: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +155,7 @@ async def heartbeat(
         renewed=frozenset(row["renewed"]),
         members=tuple(sorted({*row["members"], owner})),
         taken={int(partition): str(who) for partition, who in taken.items()},
+        next_expiry=row["next_expiry"],
     )
 
 
@@ -167,9 +178,12 @@ async def acquire(
     )
 
 
-async def release(conn: Conn, *, durable: str, owner: str, partition: int, clean: bool) -> bool:
-    """Give the lease up (``clean``: released, else expired now); False if it was not ours."""
-    status = await conn.execute(_RELEASE, durable, partition, owner, clean)
+async def release(
+    conn: Conn, *, durable: str, owner: str, partition: int, clean: bool, hold: float = 0.0
+) -> bool:
+    """Give the lease up (``clean``: released, else expiring ``hold`` seconds from now);
+    False if it was not ours."""
+    status = await conn.execute(_RELEASE, durable, partition, owner, clean, hold)
     return bool(status == "UPDATE 1")
 
 

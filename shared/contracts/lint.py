@@ -50,11 +50,6 @@ Rules (what each protects against):
     An event's ``ordering_key`` must name a property its schema requires, at every level
     of the dotted path, of type string or integer: otherwise a valid payload can lack its
     key (the publisher would set the row aside) or carry one that is not a scalar.
-``ordering-timeout``
-    On an ``ordering: key`` durable the handler timeout must stay below ``ack_wait``:
-    a replica that stops renewing its partition loses it after ``ack_wait``, and a call
-    it started could then outlive the takeover and run beside the new owner's call for
-    the same key — heartbeats do not help, they only keep the message.
 ``ordering-unused``
     ``on_dead_letter`` on a durable with ``ordering: none`` has no effect: nothing is held
     or skipped after a dead letter of an unordered durable. Declare ``ordering: key`` or

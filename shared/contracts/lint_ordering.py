@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from shared.contracts.lint_findings import Problem, format_duration
+from shared.contracts.lint_findings import Problem
 from shared.contracts.topology import Topology
 
 
@@ -32,17 +32,6 @@ def ordering(topology: Topology, source: str) -> Iterator[Problem]:
                 "go on past the dead letter, and the automatic replay of it then arrives "
                 "after them (order broken twice); use on_dead_letter: hold, whose key waits "
                 "for the replay, or replay: operator",
-            )
-        if durable.handler.timeout >= durable.ack_wait:
-            yield Problem(
-                source,
-                f"{prefix}.handler.timeout",
-                "ordering-timeout",
-                f"{format_duration(durable.handler.timeout)} is not below ack_wait "
-                f"{format_duration(durable.ack_wait)}: with ordering: key a partition whose "
-                "owner stops renewing it is taken over after ack_wait, and a handler call "
-                "the old owner started could outlive the takeover and run beside the new "
-                "owner's call for the same key",
             )
     for event in topology.events:
         if event.ordering_key is None:

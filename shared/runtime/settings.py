@@ -26,6 +26,9 @@ from shared.domain.errors import ConfigurationError
 
 #: Default DSN template: ``{database}`` is replaced by the context's database name.
 DEFAULT_DSN_TEMPLATE = "postgresql://postgres@127.0.0.1:5432/{database}"
+#: A default partition lease outlasts ``ack_wait + fetch_timeout`` by this (a second of
+#: margin and about five to work between renewals).
+DEFAULT_LEASE_SLACK = 6.0
 
 
 def read_secret(value: SecretStr | None, path: Path | None, name: str) -> bytes | None:
@@ -307,9 +310,20 @@ class ConsumerSettings(CommonSettings):
     #: Largest message body parsed; a larger one is dead-lettered as MESSAGE_TOO_LARGE.
     max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
     #: ``ordering: key`` durables: seconds a replica's lease on a partition lasts without
-    #: renewal (renewed every third of it). A dead replica's partitions are taken over
-    #: after at most this; keep ``fetch_timeout`` under two thirds of it.
-    partition_lease_ttl: float = Field(default=15.0, gt=0)
+    #: renewal; a dead replica's partitions are taken over after at most this. A replica
+    #: works on a partition only while its lease outlasts the durable's ``ack_wait`` plus
+    #: ``fetch_timeout`` and a second (so that what it fetched is redeliverable when the
+    #: lease expires), so the ttl must exceed that sum (the role refuses to start
+    #: otherwise). Unset: that sum plus 5 s (12 s for an ``ack_wait`` of 5 s). Renewed
+    #: every third of the ttl, or every half of the time left to work, if shorter.
+    partition_lease_ttl: float | None = Field(default=None, gt=0)
+
+    def lease_ttl(self, ack_wait: float) -> float:
+        """The partition lease ttl for a durable of ``ack_wait`` (see the setting)."""
+        if self.partition_lease_ttl is not None:
+            return self.partition_lease_ttl
+        return ack_wait + self.fetch_timeout + DEFAULT_LEASE_SLACK
+
     #: Seconds between reads of the durable's throttle override (``ferry durable
     #: throttle``): a changed rate limit is in force within about this long, no restart.
     throttle_poll_interval: float = Field(default=2.0, gt=0, le=60)

@@ -26,9 +26,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from devstack.postgres import PostgresServer
-from services.inbox_consumer.partitions import PartitionOwnership, fair_share, preference
+from services.inbox_consumer.partitions import (
+    PartitionOwnership,
+    fair_share,
+    lease_validity,
+    preference,
+)
 from shared.adapters import partition_leases
 from shared.adapters.postgres import migrate_database
+from shared.runtime.settings import ConsumerSettings
 
 DURABLE = "sea__ordered"
 
@@ -53,6 +59,25 @@ def test_preferred_stripes_are_disjoint_and_cover_every_partition(
 
 def test_fair_share_rounds_up() -> None:
     assert [fair_share(4, m) for m in (1, 2, 3, 4, 5)] == [4, 2, 2, 1, 1]
+
+
+async def test_a_lease_must_outlast_what_its_owner_holds() -> None:
+    """An owner works only while its lease outlasts ack_wait + the fetch timeout (hold)
+    and a margin; a lease too short for that is refused, and the default ttl fits."""
+    assert lease_validity(12.0, 6.0) == pytest.approx(5.0)
+    assert lease_validity(6.0, 2.5) == pytest.approx(2.9)
+
+    async def work(k: int, stop: asyncio.Event) -> None:
+        return None
+
+    with pytest.raises(ValueError, match=r"must exceed the durable's ack_wait"):
+        PartitionOwnership(
+            None, durable=DURABLE, partitions=2, owner="a", ttl=6.0, hold=5.5, work=work
+        )
+    settings = ConsumerSettings(fetch_timeout=1.0)
+    assert settings.lease_ttl(5.0) == 12.0
+    assert lease_validity(settings.lease_ttl(60.0), 61.0) > 0
+    assert ConsumerSettings(partition_lease_ttl=9.0).lease_ttl(60.0) == 9.0
 
 
 # -- the world --------------------------------------------------------------------------------
@@ -146,11 +171,12 @@ class Replica:
         *,
         partitions: int,
         ttl: float = 1.5,
-        ack_wait: float = 1.0,
+        hold: float = 0.5,
         pending: dict[int, int] | int | None = 0,
         crash: dict[int, str] | None = None,
         on_stop: Callable[[int], None] | None = None,
         restart_pause: float = 0.1,
+        takeover_margin: float = 0.2,
     ) -> None:
         self.owner, self.stop = owner, asyncio.Event()
         #: When pending(k) was asked, per partition (that is, just after acquiring it).
@@ -169,10 +195,11 @@ class Replica:
             partitions=partitions,
             owner=owner,
             ttl=ttl,
-            ack_wait=ack_wait,
+            hold=hold,
             work=record.work(owner, crash=crash, on_stop=stopped),
             pending=None if pending is None else self._pending(pending),
             restart_pause=restart_pause,
+            takeover_margin=takeover_margin,
         )
         self.task = asyncio.create_task(self.ownership.run(self.stop))
 
@@ -305,9 +332,9 @@ async def test_two_owners_split_the_partitions_and_never_overlap(pool: asyncpg.P
 
 async def test_a_joining_owner_gets_its_share_from_graceful_sheds(pool: asyncpg.Pool) -> None:
     record = Record()
-    # Every partition has messages in flight and ack_wait is long: only a released lease
-    # lets the newcomer start before the polls give up.
-    kw: dict[str, Any] = {"partitions": 6, "pending": 5, "ack_wait": 120.0}
+    # Every partition has messages in flight and a takeover would wait long: only a
+    # released lease lets the newcomer start before the polls give up.
+    kw: dict[str, Any] = {"partitions": 6, "pending": 5, "takeover_margin": 120.0}
     a = Replica(pool, "a", record, **kw)
     b = Replica(pool, "b", record, **kw)
     async with watching(a, b) as clashes:
@@ -333,28 +360,36 @@ async def test_a_killed_owner_is_taken_over_at_once_when_nothing_is_pending(
     a = Replica(pool, "a", record, partitions=4)
     await until(lambda: a.owned() == ALL4, "a owns everything")
     await a.kill()
-    # ack_wait is long: with nothing pending, b must not wait for it.
-    b = Replica(pool, "b", record, partitions=4, pending=0, ack_wait=120.0)
+    # A takeover's wait is long: with nothing pending, b must not wait at all.
+    b = Replica(pool, "b", record, partitions=4, pending=0, takeover_margin=120.0)
     await until(lambda: b.owned() == ALL4, "b took every partition over")
     assert b.ownership.takeovers == 4 and b.ownership.waits == 0
     await b.stop_cleanly()
     record.assert_no_overlap()
 
 
-async def test_a_taker_waits_ack_wait_for_partitions_with_messages_in_flight(
-    pool: asyncpg.Pool,
-) -> None:
+async def test_a_taker_starts_after_the_dead_owners_lease_expired(pool: asyncpg.Pool) -> None:
+    """The dead owner's lease must expire first (by then what it held is redeliverable);
+    partitions with messages in flight then start after the takeover margin, the others
+    at once. b is already a member when a dies, so it takes the partitions on the round
+    their leases expire, not a whole renewal period later."""
     record = Record()
-    a = Replica(pool, "a", record, partitions=4)
-    await until(lambda: a.owned() == ALL4, "a owns everything")
+    a = Replica(pool, "a", record, partitions=4, ttl=3.0)
+    b = Replica(pool, "b", record, partitions=4, pending={2: 3, 3: 1}, takeover_margin=0.6)
+    await until(lambda: len(a.owned()) == 2 and len(b.owned()) == 2, "a and b own two each")
+    a_parts = a.owned()
+    renewed = a.ownership.renew_every
     await a.kill()
-    ack_wait = 1.5
-    b = Replica(pool, "b", record, partitions=4, pending={2: 3, 3: 1}, ack_wait=ack_wait)
+    killed = time.monotonic()
     await until(lambda: b.owned() == ALL4, "b took every partition over")
-    assert b.ownership.takeovers == 4 and b.ownership.waits == 2
     started = record.started("b")
-    for k in (2, 3):  # not before the old owner's unacked messages are redeliverable
-        assert started[k] - b.asked[k] >= ack_wait - 0.05
+    for k in a_parts:
+        # The lease ran at least ttl from a's last renewal, at most a period before the kill.
+        assert started[k] - killed >= 3.0 - renewed - 0.05
+        if k in (2, 3):
+            assert started[k] - b.asked[k] >= 0.6 - 0.05
+    assert b.ownership.takeovers == len(a_parts)
+    assert b.ownership.waits == len(a_parts & {2, 3})
     await b.stop_cleanly()
     record.assert_no_overlap()
 
@@ -388,7 +423,7 @@ async def test_an_owner_cut_off_from_the_database_fences_itself(
 ) -> None:
     record = Record()
     flaky = FlakyPool(pool)
-    kw: dict[str, Any] = {"partitions": 4, "pending": 1, "ack_wait": 0.5}
+    kw: dict[str, Any] = {"partitions": 4, "pending": 1, "hold": 0.5}
     a = Replica(flaky, "a", record, **kw)
     b = Replica(pool, "b", record, **kw)
     async with watching(a, b) as clashes:
@@ -405,6 +440,12 @@ async def test_an_owner_cut_off_from_the_database_fences_itself(
         await until(lambda: b.owned() == ALL4, "b took a's partitions over")
         assert b.ownership.takeovers == 2 and b.ownership.waits == 2
         assert set(record.started("b")) >= lost
+        # a stopped touching its partitions at least ``hold`` before their leases expired,
+        # so what it held was redeliverable before b could take them.
+        stopped = {run.partition: run.end for run in a_runs if run.partition in lost}
+        for k in lost:
+            end = stopped[k]
+            assert end is not None and record.started("b")[k] - end >= 0.5
         # The database comes back: a rejoins and b sheds to make room for it.
         shed_before = b.ownership.sheds
         flaky.mode = ""
@@ -431,7 +472,7 @@ async def test_a_work_that_ends_by_itself_is_restarted(pool: asyncpg.Pool) -> No
 
 async def test_a_work_that_fails_to_stop_leaves_its_lease_unreleased(pool: asyncpg.Pool) -> None:
     """A work that raises when stopped may have left messages unacked: its lease is not
-    released but expired, and the next owner waits for ack_wait before it starts."""
+    released but expires ``hold`` later, and the next owner checks what is in flight."""
 
     def unsettled(k: int) -> None:
         if k == 0:
@@ -442,9 +483,9 @@ async def test_a_work_that_fails_to_stop_leaves_its_lease_unreleased(pool: async
     await until(lambda: a.owned() == ALL4, "a owns everything")
     await a.stop_cleanly()
     rows = {r.partition: r for r in await lease_rows(pool)}
-    assert not rows[0].released and not rows[0].held
+    assert not rows[0].released
     assert all(rows[k].released for k in (1, 2, 3))
-    b = Replica(pool, "b", record, partitions=4, pending=2, ack_wait=120.0)
+    b = Replica(pool, "b", record, partitions=4, pending=2, takeover_margin=120.0)
     await until(lambda: b.owned() == {1, 2, 3} and b.ownership.held() == ALL4, "b holds all")
     assert b.ownership.waits == 1 and b.ownership.takeovers == 1
     await b.stop_cleanly()
@@ -454,7 +495,7 @@ async def test_a_work_that_fails_to_stop_leaves_its_lease_unreleased(pool: async
 async def churn(pool: asyncpg.Pool, record: Record, everyone: list[Replica]) -> Replica:
     """Start, stop and kill replicas at random (2 to 4 live); stop all but one, return it."""
     rng = random.Random(23)
-    kw: dict[str, Any] = {"partitions": 8, "ttl": 0.6, "ack_wait": 0.3, "pending": {1: 1, 5: 2}}
+    kw: dict[str, Any] = {"partitions": 8, "ttl": 0.8, "hold": 0.3, "pending": {1: 1, 5: 2}}
     live: list[Replica] = []
     for step in range(30):
         action = rng.choice(["start", "start", "stop", "kill"])
@@ -518,7 +559,7 @@ async def test_a_renewal_that_finds_another_owner_fences_the_partition(
     assert rows[2].owner == "intruder" and rows[2].held
 
 
-async def test_a_partition_given_up_while_waiting_for_ack_wait_is_not_released_clean(
+async def test_a_partition_given_up_while_waiting_to_start_is_not_released_clean(
     pool: asyncpg.Pool,
 ) -> None:
     """The wait for the dead owner's messages is not laundered by a release: the next
@@ -527,13 +568,13 @@ async def test_a_partition_given_up_while_waiting_for_ack_wait_is_not_released_c
     a = Replica(pool, "a", record, partitions=2)
     await until(lambda: a.owned() == {0, 1}, "a owns everything")
     await a.kill()
-    kw: dict[str, Any] = {"partitions": 2, "pending": 4, "ack_wait": 120.0}
+    kw: dict[str, Any] = {"partitions": 2, "pending": 4, "takeover_margin": 120.0}
     b = Replica(pool, "b", record, **kw)
     await until(lambda: b.ownership.held() == {0, 1}, "b took both over")
     assert b.owned() == frozenset() and b.ownership.waits == 2
     await b.stop_cleanly()
     rows = await lease_rows(pool)
-    assert [(r.owner, r.released, r.held) for r in rows] == [("b", False, False)] * 2
+    assert [(r.owner, r.released) for r in rows] == [("b", False)] * 2
     c = Replica(pool, "c", record, **kw)
     await until(lambda: c.ownership.held() == {0, 1}, "c took both over")
     assert c.owned() == frozenset() and c.ownership.waits == 2

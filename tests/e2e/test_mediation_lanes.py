@@ -52,7 +52,6 @@ async def mediation(
         ctx["database"] = f"{prefix}_{ctx['database']}"
     for durable in doc["durables"].values():  # test clocks: a retry in a second, not minutes
         durable.update(ack_wait="5s", backoff=["300ms", "300ms", "300ms", "300ms", "300ms"])
-        # An ordered durable's handler timeout stays below ack_wait (lint: ordering-timeout).
         durable["handler"]["timeout"] = "4s"
     # G's handler here is the per-message ScriptedHandler (it keeps each request body);
     # F's is the real module_f service, which answers the shipped batch calls.
