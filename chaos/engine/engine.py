@@ -21,7 +21,7 @@ from chaos.engine import db
 from chaos.engine.accounting import Accounts, count_everything
 from chaos.engine.config import RunConfig
 from chaos.engine.faults import FaultRecord, Timeline
-from chaos.engine.recovery import processed_times, recovery_times
+from chaos.engine.recovery import baseline_latency, processed_times, recovery_times
 from chaos.engine.roles import READY_LINES, Role
 from chaos.engine.workload import Intent, Ledger, Producer, plan_events
 from chaos.engine.world import World
@@ -372,7 +372,7 @@ class Engine:
     async def recoveries(
         self, records: list[FaultRecord], *, tolerate_unreachable: bool = False
     ) -> tuple[list[float | None], float | None]:
-        """Per fault: its recovery time, and the latency before the first
+        """Per fault of ``records``: its recovery, and the latency before the first
         (:mod:`chaos.engine.recovery`); ``tolerate_unreachable``: all None when the
         databases cannot be reached."""
         try:
@@ -381,8 +381,9 @@ class Engine:
             if not tolerate_unreachable:
                 raise
             return [None for _ in records], None
-        starts = [r.started for r in records]
-        return recovery_times(processed, self.ledger.intents.values(), starts)
+        intents = list(self.ledger.intents.values())
+        figures = recovery_times(records, processed, intents)
+        return figures, baseline_latency(processed, intents, records)
 
     def outcome(self, started: float, drain: float | None) -> dict[str, Any]:
         """What a result says of the run as a whole (the fields of

@@ -56,6 +56,10 @@ class FaultRecord:
     detail: str = ""
     #: Durables whose handler calls this fault could make redundant ("*": all).
     affects: frozenset[str] = frozenset()
+    #: When the run took the fault's cause away (the network back, the server started
+    #: again); 0 when the platform must recover by itself (a kill). Recovery counts from it
+    #: (:mod:`chaos.engine.recovery`).
+    restored: float = 0.0
 
     def line(self, origin: float) -> str:
         """A timeline line, times relative to ``origin``."""
@@ -211,6 +215,7 @@ class FaultInjector:
             down = self.rng.uniform(*SERVER_DOWN)
             await asyncio.sleep(down)
             await asyncio.to_thread(start)
+            record.restored = time.time()
             record.detail = f"down {down:.1f}s, {after}"
 
     # -- network -----------------------------------------------------------------------
@@ -238,6 +243,7 @@ class FaultInjector:
             for proxy in added:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(proxy.destroy_toxic, name)
+            record.restored = time.time()
 
     async def _nats_reset_peer(self, record: FaultRecord, planned: PlannedFault) -> None:
         links = [link.name for link in self.world.links_of("nats")]
@@ -298,3 +304,4 @@ class FaultInjector:
             await asyncio.sleep(planned.duration)
         finally:
             await asyncio.to_thread(proxy.enable)
+            record.restored = time.time()

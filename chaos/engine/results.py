@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from chaos.engine.accounting import Accounts
+from chaos.engine.recovery_table import KindRecovery
 
 
 class Result(Protocol):
@@ -48,6 +49,8 @@ class CountedResult:
     notes: list[str] = field(default_factory=list)
     #: Median seconds from commit to processed before the first fault (recovery's yardstick).
     baseline_latency: float | None = None
+    #: Per fault kind: rounds, p50 and max recovery (:mod:`chaos.engine.recovery_table`).
+    recovery: dict[str, KindRecovery] = field(default_factory=dict)
 
     @property
     def role_restarts(self) -> int:

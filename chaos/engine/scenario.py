@@ -2,7 +2,9 @@
 starts a tuned world, plays the workload with the scenario's own steps beside it, settles,
 drains, and counts every committed event's fate (:mod:`chaos.engine.settled`): processed,
 dead-lettered with a reason code or set aside; 0 effects applied twice; 0 unexpected exits
-of Ferry's roles. The results table goes to ``scenario.json`` and ``scenario.txt``.
+of Ferry's roles; and how long each fault on the timeline held its lanes back
+(:mod:`chaos.engine.recovery`, per kind). The results table goes to ``scenario.json`` and
+``scenario.txt``.
 
 What a scenario does is its :class:`Play` (``long-outage``, ``hostile-handler``,
 ``hostile-payloads``, ``ordering``, ``restore``: :mod:`chaos.scenarios`); the run hands
@@ -20,6 +22,7 @@ import asyncpg
 from chaos.engine.config import RunConfig, Size, sized
 from chaos.engine.engine import Engine
 from chaos.engine.faults import Timeline
+from chaos.engine.recovery_table import KindRecovery, recovery_table
 from chaos.engine.roles import exit_causes
 from chaos.engine.scenario_result import ScenarioResult
 from chaos.engine.settled import Settled, count_settled, read_outbox
@@ -130,6 +133,7 @@ class ScenarioRun:
                 self.world.topo, engine.dsns(), self.ledger, self.must_process
             )
             extra, extra_violations = await play.count_more(settled)
+            recovery = await self._recovery()
         unexplained = play.after_stop(settled)
         ferry_roles = [r for r in self.world.roles.values() if r.kind != "front"]
         return ScenarioResult(
@@ -149,7 +153,17 @@ class ScenarioRun:
             without_cause=unexplained,
             extra=extra,
             extra_violations=extra_violations,
+            recovery=recovery,
         )
+
+    async def _recovery(self) -> dict[str, KindRecovery]:
+        """Per fault kind on the timeline, its recovery (the inboxes are read only when
+        there is a fault to measure)."""
+        records = self.timeline.records
+        if not records:
+            return {}
+        figures, _ = await self.engine.recoveries(records, tolerate_unreachable=True)
+        return recovery_table(records, figures)
 
     # -- the drain ----------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """A scenario's results (:mod:`chaos.engine.scenario`): the per-scenario table, as text and
 as the files :mod:`chaos.engine.results` writes (``scenario.json``, ``scenario.txt``,
-``fates.json``)."""
+``fates.json``), with the recovery per fault kind (:mod:`chaos.engine.recovery_table`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chaos.engine.recovery_table import KindRecovery, recovery_doc, render_recovery
 from chaos.engine.results import as_json, render_head, render_tail, table_of
 from chaos.engine.settled import Settled
 
@@ -37,6 +38,9 @@ class ScenarioResult:
     extra: dict[str, Any] = field(default_factory=dict)
     #: A scenario's own broken invariants.
     extra_violations: list[str] = field(default_factory=list)
+    #: Per fault kind on the timeline: rounds, p50 and max recovery
+    #: (:mod:`chaos.engine.recovery_table`).
+    recovery: dict[str, KindRecovery] = field(default_factory=dict)
 
     @property
     def violations(self) -> list[str]:
@@ -79,6 +83,7 @@ class ScenarioResult:
                 "unexpected exits by cause": dict(self.exit_causes),
                 "exits": self.unexpected_exits,
                 "restarts": self.restarts,
+                "recovery": recovery_doc(self.recovery),
             },
         )
 
@@ -87,12 +92,10 @@ class ScenarioResult:
         lines = render_head(
             self.name,
             self,
-            (
-                "exits",
-                "restarts",
-            ),
+            ("exits", "restarts", "recovery"),
             counted=True,
         )
+        lines += render_recovery(self.recovery)
         lines += render_tail(self.violations, self.notes, more_in="scenario.json")
         return "\n".join(lines)
 

@@ -15,7 +15,7 @@ import socket
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +25,7 @@ from toxiproxy import Toxiproxy
 from toxiproxy.proxy import Proxy
 
 from chaos.engine.config import RunConfig
+from chaos.engine.recovery_table import KindRecovery, recovery_doc
 from chaos.engine.scenario_result import ScenarioResult
 from chaos.launcher import CHOICE_ENV, running_toxiproxy
 from chaos.registry import run_scenario
@@ -217,3 +218,16 @@ async def told_scenario(run_dir: Path, name: str, seed: int) -> tuple[Any, dict[
         + "\n".join(progress)
     )
     return result, json.loads((run_dir / "scenario.json").read_text()), story
+
+
+def recovery_gaps(
+    recovery: Mapping[str, KindRecovery], written: Mapping[str, Any], injected: Iterable[str]
+) -> list[str]:
+    """What the recovery table of a run lacks: a kind ``injected`` without a line, a line
+    without a figure (no affected event came through after any fault of the kind), or a
+    report (``written``: its ``recovery`` entry) that says otherwise than the result."""
+    gaps = [f"{kind}: no line" for kind in sorted(set(injected) - set(recovery))]
+    gaps += [f"{kind}: no figure" for kind, line in recovery.items() if line.max is None]
+    if dict(written) != recovery_doc(recovery):
+        gaps.append(f"the report's recovery differs: {dict(written)}")
+    return gaps

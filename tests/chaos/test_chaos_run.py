@@ -13,6 +13,7 @@ same plan again by hand.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pytest
 
 from chaos.engine.config import RunConfig
 from chaos.scenarios.fault_schedule.result import RunResult, render_timeline
-from tests.chaos.conftest import run_as
+from tests.chaos.conftest import recovery_gaps, run_as
 
 pytestmark = pytest.mark.integration
 
@@ -65,3 +66,6 @@ async def test_ci_schedule_loses_nothing_and_applies_nothing_twice(tmp_path: Pat
     ), story
     # Roles ride faults out; none may die by itself.
     assert result.unexpected_exits == [], story
+    # The recovery table: a figure for every fault kind injected, in the report too.
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert recovery_gaps(result.recovery, report["recovery"], injected) == [], story

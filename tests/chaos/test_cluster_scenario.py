@@ -23,7 +23,7 @@ from chaos.engine.config import RunConfig
 from chaos.registry import SCENARIOS
 from chaos.scenarios.cluster.plan import CLUSTER_SCENARIOS, SIZES, ClusterSize, cluster_plan
 from chaos.scenarios.cluster.result import ClusterResult
-from tests.chaos.conftest import run_as
+from tests.chaos.conftest import recovery_gaps, run_as
 
 SEED = int(os.environ.get("FERRY_CHAOS_SEED", "20261126"))
 
@@ -72,6 +72,8 @@ async def test_leader_kill_and_partition_lose_no_acknowledged_publish(tmp_path: 
     assert result.accounts.committed >= 0.95 * 300, story
     # The pipeline came back after each fault.
     assert all(f.recovery is not None for f in result.faults), story
+    injected = ("kill_stream_leader", "partition")
+    assert recovery_gaps(result.recovery, table["recovery"], injected) == [], story
     assert result.violations == [], story
 
 

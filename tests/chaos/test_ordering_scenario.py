@@ -29,7 +29,7 @@ from chaos.scenarios.ordering.play import HOLD, PARTITIONS, SKIP, ordering_tunin
 from chaos.scenarios.ordering.workload import CLASSES, ordering_key_of, plan_ordered
 from shared.contracts.lint import require_clean_topology
 from shared.contracts.loading import load_topology
-from tests.chaos.conftest import run_as
+from tests.chaos.conftest import recovery_gaps, run_as
 
 SEED = int(os.environ.get("FERRY_CHAOS_SEED", "20261126"))
 
@@ -111,4 +111,7 @@ async def test_per_key_order_holds_through_kills_restarts_scaling_and_dead_lette
     assert table["held heads"] > 0 and table["replayed held heads (operator)"] > 0, story
     assert table["discarded held heads (operator)"] > 0, story
     assert table["skipped (dead letter, order_broken_after)"] > 0, story
+    # The recovery table: a figure for every kind of fault the play put on the timeline.
+    injected = ("kill_consumer", "kill_publisher", "kill_nats", "scale_down")
+    assert recovery_gaps(result.recovery, table["recovery"], injected) == [], story
     assert result.violations == [], story

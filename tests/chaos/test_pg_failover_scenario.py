@@ -24,7 +24,7 @@ from chaos.engine.config import RunConfig
 from chaos.run import main
 from chaos.scenarios.pg_failover.plan import SIZES, FailoverSize, failover_times
 from chaos.scenarios.pg_failover.result import FailoverResult
-from tests.chaos.conftest import run_as
+from tests.chaos.conftest import recovery_gaps, run_as
 
 SEED = int(os.environ.get("FERRY_CHAOS_SEED", "20261126"))
 
@@ -81,4 +81,5 @@ async def test_primary_killed_and_standby_promoted_lose_no_acknowledged_commit(
     # Writes and processing came back by themselves on the promoted server.
     assert failover.writes_back is not None and failover.recovery is not None, story
     assert failover.recovery < 30, story
+    assert recovery_gaps(result.recovery, table["recovery"], ["pg_failover"]) == [], story
     assert result.violations == [], story

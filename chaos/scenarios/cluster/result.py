@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from chaos.engine.recovery_table import recovery_doc, render_recovery
 from chaos.engine.results import CountedResult, as_json, render_head, render_tail, table_of
 
 
@@ -65,6 +66,7 @@ class ClusterResult(CountedResult):
                 "latency before the faults (median s)": (
                     None if self.baseline_latency is None else round(self.baseline_latency, 2)
                 ),
+                "recovery": recovery_doc(self.recovery),
                 "faults": [
                     {
                         "kind": f.kind,
@@ -80,10 +82,9 @@ class ClusterResult(CountedResult):
 
     def render(self) -> str:
         """The results table as text."""
-        lines = render_head(self.name, self, ("faults",))
-        lines.append(
-            "  per fault (recovery: fault to the first event committed after it processed)"
-        )
+        lines = render_head(self.name, self, ("faults", "recovery"))
+        lines += render_recovery(self.recovery)
+        lines.append("  per fault (recovery: the longest wait of an event it held back)")
         for f in self.faults:
             recovery = "-" if f.recovery is None else f"{f.recovery:.1f}s"
             lines.append(f"    t+{f.at:6.1f}s {f.kind:<20} {f.target:<10} recovery {recovery:>7}")

@@ -24,8 +24,10 @@ PubAck's (stream, sequence, message id): afterwards each acknowledged sequence m
 its message (*acknowledged but missing*: 0); every outbox row the publisher marked
 published (it does only on a PubAck) must be in its stream; and no role may need a restart
 (the engine's monitor restarts and counts a role that died). Each fault's
-**recovery time** is the time from the fault to the first event committed after it being
-processed, in the slowest direction.
+**recovery time** is the longest any event waited on it (:mod:`chaos.engine.recovery`): from
+the later of its commit and the fault — for a partition, the moment the routes are back —
+to its processing, so a stalled lane counts, not only the first event through; the
+results give it per fault and per kind (p50, max: :mod:`chaos.engine.recovery_table`).
 
 The pieces live in sibling modules: :mod:`chaos.scenarios.cluster.world` (the cluster's
 world), :mod:`chaos.scenarios.cluster.plan` (the scenarios, their sizes and each one's
@@ -44,6 +46,7 @@ from collections.abc import Awaitable, Callable
 from chaos.engine.config import RunConfig, sized
 from chaos.engine.engine import Engine, sleep_until
 from chaos.engine.faults import FaultRecord
+from chaos.engine.recovery_table import recovery_table
 from chaos.engine.schedule import PlannedFault
 from chaos.scenarios.cluster.plan import CLUSTER_SCENARIOS, SIZES, cluster_plan
 from chaos.scenarios.cluster.probe import Probe
@@ -119,6 +122,7 @@ class ClusterRun:
                 if i not in set(c.unpublished)
             ],
             baseline_latency=baseline,
+            recovery=recovery_table(self.records, recoveries),
             **engine.outcome(started, drain),
         )
 
@@ -214,6 +218,7 @@ class ClusterRun:
         finally:
             for proxy in proxies:
                 await asyncio.to_thread(proxy.enable)
+            record.restored = time.time()
         record.detail = (
             f"{leader} ({stream} leader) cut from the others for {planned.duration:.0f}s"
             f" ({len(names)} route proxies); the majority's {stream} leader: {moved}"

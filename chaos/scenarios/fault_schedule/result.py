@@ -1,17 +1,19 @@
 """The result of the ordinary chaos run (:mod:`chaos.scenarios.fault_schedule.run`): the
-fault timeline, the summary table, and the files :mod:`chaos.engine.results` writes to the
-run directory (``report.json``, ``summary.txt``, ``timeline.txt``).
+fault timeline, the summary table (with the recovery per fault kind), and the files
+:mod:`chaos.engine.results` writes to the run directory (``report.json``, ``summary.txt``,
+``timeline.txt``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from chaos.engine.accounting import Accounts
 from chaos.engine.faults import FaultRecord, Timeline
+from chaos.engine.recovery_table import KindRecovery, recovery_doc, render_recovery
 from chaos.engine.results import as_json
 from chaos.engine.schedule import FAULT_KINDS, Schedule
 
@@ -33,6 +35,8 @@ class RunResult:
     producer: dict[str, Any]
     run_dir: Path
     summary: str = ""
+    #: Per fault kind: rounds, p50 and max recovery (:mod:`chaos.engine.recovery_table`).
+    recovery: dict[str, KindRecovery] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -100,6 +104,7 @@ def render_summary(result: RunResult) -> str:
         lines.append(_row("crash-window kills inside the window", f"{hit}/{len(window)}", width=10))
     if failed:
         lines.append(_row("faults that could not be injected", len(failed), width=10))
+    lines += ["", *render_recovery(result.recovery, indent="")]
     lines += ["", _row("Per durable", *a.durables).replace("  Per", "Per", 1)]
     d = list(a.durables.values())
     reasons = sorted({r for c in d for r in c.dead_letters})
@@ -157,6 +162,7 @@ def _report_doc(result: RunResult) -> dict[str, Any]:
         "drain_seconds": result.drain_seconds,
         "violations": result.violations,
         "faults_by_kind": dict(result.timeline.by_kind()),
+        "recovery": recovery_doc(result.recovery),
         "faults": [_fault_doc(r, result.timeline.origin) for r in result.timeline.records],
         "notes": [[at - result.timeline.origin, text] for at, text in result.timeline.events],
         "accounts": _accounts_doc(result.accounts),
@@ -183,6 +189,7 @@ def _fault_doc(record: FaultRecord, origin: float) -> dict[str, Any]:
     doc: dict[str, Any] = _plain(record)
     doc["started"] = round(record.started - origin, 3)
     doc["ended"] = round(record.ended - origin, 3)
+    doc["restored"] = round(record.restored - origin, 3) if record.restored else None
     return doc
 
 

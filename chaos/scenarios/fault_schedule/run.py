@@ -8,7 +8,8 @@
    dies by itself (and recording it), printing progress;
 3. remove every toxic, make sure every server and role is up, and wait for the drain:
    every committed event settled, every JetStream consumer idle;
-4. count everything (:mod:`chaos.engine.accounting`); the fault timeline and the summary
+4. count everything (:mod:`chaos.engine.accounting`) and how long each fault held its
+   lanes back (:mod:`chaos.engine.recovery`, per kind); the fault timeline and the summary
    (:mod:`chaos.scenarios.fault_schedule.result`) are printed and written (``report.json``,
    ``summary.txt``, ``timeline.txt``) to the run directory.
 
@@ -26,6 +27,7 @@ from typing import Any
 from chaos.engine.config import RunConfig
 from chaos.engine.engine import Engine, sleep_until
 from chaos.engine.faults import FaultInjector
+from chaos.engine.recovery_table import recovery_table
 from chaos.engine.schedule import (
     Schedule,
     Targets,
@@ -109,6 +111,8 @@ class ScheduleRun:
             await engine.connect([world.nats_server().url], "chaos-accounting")
             drain = await engine.drain(schedule.drain_timeout)
             accounts = await engine.count()
+            records = engine.timeline.records
+            figures, _ = await engine.recoveries(records, tolerate_unreachable=True)
         result = RunResult(
             seed=config.seed,
             schedule=schedule,
@@ -126,6 +130,7 @@ class ScheduleRun:
                 "errors": dict(engine.ledger.errors),
             },
             run_dir=config.run_dir,
+            recovery=recovery_table(records, figures),
         )
         result.summary = render_summary(result)
         return result

@@ -70,6 +70,7 @@ class LinkFault:
 
     async def __aexit__(self, *_: object) -> None:
         await self._each(self.undo)
+        self.record.restored = time.time()  # the recovery counts from here
         self.record.detail = self.detail
         _close(self.record, self.run.timeline, self.run.faults)
 

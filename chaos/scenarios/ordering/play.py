@@ -24,7 +24,9 @@ replayed (the function ``ferry dlq replay`` calls), anything else held is discar
 **Count** (:mod:`chaos.scenarios.ordering.accounting`): besides the scenario invariants (nothing
 stuck or lost, no effect applied twice, no unexpected exit), per key the applied order
 against the commit order: 0 order violations, every class's outcome as planned, nothing
-left parked; the table gives keys, events, parked, released, takeovers.
+left parked; the table gives keys, events, parked, released, takeovers, and the recovery
+per fault kind (:mod:`chaos.engine.recovery`; each durable's scale-down is one fault,
+``scale_down``, on the timeline).
 """
 
 from __future__ import annotations
@@ -229,23 +231,42 @@ class Ordering(Play):
     async def _scale(self, wanted: int) -> None:
         """Grow or shrink every durable's replica set to ``wanted`` running processes."""
         for durable in (HOLD, SKIP):
-            replicas = self.run.world.consumer_replicas(durable)
-            for index, role in enumerate(replicas):
-                if index < wanted and (role.name in self.retired or not role.alive):
-                    self.retired.discard(role.name)
-                    role.start()
-                    self.run.faults["replica started (scale up)"] += 1
-                elif index >= wanted and role.name not in self.retired and role.alive:
-                    self.retired.add(role.name)
-                    # Scale-down as Kubernetes does it (SIGTERM: the partitions are shed),
-                    # and a node lost for good (SIGKILL: they are taken over).
-                    if index == wanted:
-                        await asyncio.to_thread(role.stop)
-                        self.run.faults["replica stopped (SIGTERM, scale down)"] += 1
-                    else:
-                        await asyncio.to_thread(role.kill)
-                        self.run.faults["replica killed for good (scale down)"] += 1
+            began = time.time()
+            retired = await self._scale_durable(durable, wanted)
+            if retired:
+                self._scaled_down(durable, began, retired)
         self.run.timeline.note(f"replica set of each ordered durable scaled to {wanted}")
+
+    async def _scale_durable(self, durable: str, wanted: int) -> list[str]:
+        """One durable's replica set to ``wanted``; what became of each replica retired."""
+        retired = []
+        for index, role in enumerate(self.run.world.consumer_replicas(durable)):
+            if index < wanted and (role.name in self.retired or not role.alive):
+                self.retired.discard(role.name)
+                role.start()
+                self.run.faults["replica started (scale up)"] += 1
+            elif index >= wanted and role.name not in self.retired and role.alive:
+                self.retired.add(role.name)
+                # Scale-down as Kubernetes does it (SIGTERM: the partitions are shed),
+                # and a node lost for good (SIGKILL: they are taken over).
+                if index == wanted:
+                    await asyncio.to_thread(role.stop)
+                    self.run.faults["replica stopped (SIGTERM, scale down)"] += 1
+                    retired.append(f"{role.name} stopped (SIGTERM)")
+                else:
+                    await asyncio.to_thread(role.kill)
+                    self.run.faults["replica killed for good (scale down)"] += 1
+                    retired.append(f"{role.name} killed for good (SIGKILL)")
+        return retired
+
+    def _scaled_down(self, durable: str, began: float, retired: list[str]) -> None:
+        """A scale-down on the timeline, as one fault: the partitions of the replicas taken
+        away are handed over or taken over, and the recovery table says what that cost."""
+        record = FaultRecord(
+            "scale_down", durable, began - self.run.timeline.origin, began, time.time(),
+            detail="; ".join(retired), affects=frozenset({durable}),
+        )  # fmt: skip
+        self.run.timeline.records.append(record)
 
     # -- the operator -----------------------------------------------------------------
 

@@ -37,9 +37,11 @@ letters exactly the expected set, each id once per stream, 0 effects applied twi
   outbox of the new primary afterwards;
 * **no role restarted** — the publishers, consumers, handlers and the router reconnect to
   the promoted server on their own (the engine's monitor restarts and counts a role that died);
-* per failover, **recovery time**: from the kill to the first event committed after it
-  being processed, in the slowest durable; and **writes back**: from the kill to the first
-  commit the producers saw acknowledged again.
+* per failover, **recovery time**: the longest any event waited on the failover
+  (:mod:`chaos.engine.recovery`), from the later of its commit and the kill to its
+  processing — events held by a role still on the dead server count, not only the first
+  one through — also per kind (p50, max: :mod:`chaos.engine.recovery_table`); and
+  **writes back**: from the kill to the first commit the producers saw acknowledged again.
 
 The code is split by what it does: :mod:`chaos.scenarios.pg_failover.plan` holds the sizes
 and the failover times; :mod:`chaos.scenarios.pg_failover.world` the pair world;
@@ -57,6 +59,7 @@ from chaos.engine import db
 from chaos.engine.config import RunConfig, sized
 from chaos.engine.engine import Engine, sleep_until
 from chaos.engine.faults import FaultRecord
+from chaos.engine.recovery_table import recovery_table
 from chaos.scenarios.pg_failover.plan import SCENARIO, SIZES, failover_times
 from chaos.scenarios.pg_failover.result import FailoverResult, FailoverRow
 from chaos.scenarios.pg_failover.world import PgFailoverWorld
@@ -111,6 +114,7 @@ class PgFailoverRun:
             unsure=len(unsure),
             unsure_committed=sum(1 for i in unsure if self.ledger.intents[i].status == "committed"),
             baseline_latency=baseline,
+            recovery=recovery_table(self.records, recoveries),
             **engine.outcome(started, drain),
         )
 
