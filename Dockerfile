@@ -50,7 +50,7 @@ ENV PATH=/opt/ferry/bin:$PATH \
     FERRY_HEALTH_HOST=0.0.0.0
 USER 10001:10001
 ENTRYPOINT ["python"]
-CMD ["-m", "shared.ops.cli", "--help"]
+CMD ["-m", "shared.cli", "--help"]
 
 # ---- the KPI job: spark-submit in local mode (CronJob) or driver/executor pods (Spark operator)
 FROM roles AS kpi

@@ -272,7 +272,7 @@ def capture_parser(entry: Callable[..., Any], *args: Any) -> argparse.ArgumentPa
 
 #: (module, function, arguments) of every command whose parser is documented, in order.
 COMMANDS: list[tuple[str, str, tuple[Any, ...]]] = [
-    ("shared.ops.cli", "build_parser", ()),
+    ("shared.cli.main", "build_parser", ()),
     ("services.outbox_publisher.__main__", "main", ([],)),
     ("services.inbox_consumer.__main__", "main", ([],)),
     ("services.dlq_router.__main__", "main", ([],)),

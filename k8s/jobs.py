@@ -53,7 +53,7 @@ def provision_job(topology: Topology) -> Doc:
     def step(step_name: str, args: list[str], env: list[Doc]) -> Doc:
         return container(
             step_name,
-            ["-m", "shared.ops.cli", *args],
+            ["-m", "shared.cli", *args],
             common_env("ferry-provision", topology, {}) + env,
             SMALL,
             mounts=pod_mounts(ADMIN_DIR),
@@ -95,7 +95,7 @@ def purge_cronjob(topology: Topology) -> Doc:
     labels = workload_labels("ferry-purge", name, "retention", {"ferry/topology": topology.name})
     main = container(
         "purge",
-        ["-m", "shared.ops.cli", "purge"],
+        ["-m", "shared.cli", "purge"],
         common_env("ferry-purge", topology, {}) + credential_env(identity),
         SMALL,
     )

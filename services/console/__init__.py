@@ -14,7 +14,7 @@ per topology, like the dlq-router), server-rendered HTML that reads without Java
   ``ferry where`` prints, the trace's spans, a link to Jaeger;
 * **KPI** — the latest reports of the KPI job with their plots and verdicts.
 
-Every action goes through the functions the ``ferry`` CLI runs (shared/ops), so the page
+Every action goes through the use-cases the ``ferry`` CLI runs (shared/ops), so the page
 and the command are one code path with one audit trail (``dead_letter_actions``,
 ``parked_actions``). Sign-in is required (accounts with scrypt password hashes from a
 file, or a bearer token), with a read-only and an operator role; every form carries a

@@ -1,8 +1,8 @@
 """The console's web application: routes, sign-in, CSRF, health, rendering, the overview.
 
 Reading needs a signed-in user (read-only or operator); every POST that changes something
-needs an operator and the session's CSRF token, and goes through the ``ferry`` CLI's own
-functions (:mod:`shared.ops.dlq`, :mod:`shared.ops.parked`, :mod:`shared.ops.where`).
+needs an operator and the session's CSRF token, and goes through the use-cases the ``ferry``
+CLI runs (:mod:`shared.ops.dlq`, :mod:`shared.ops.parked`, :mod:`shared.ops.where`).
 Errors are shown in the page in words; a stack trace only reaches the log.
 
 The pages live beside it: :mod:`.failures` (dead letters, actions, bulk replay jobs),

@@ -1,6 +1,6 @@
 """The console's dead-letter pages: failure groups, one entry, the actions, bulk replay jobs.
 
-Every action goes through the ``ferry`` CLI's own functions (:mod:`shared.ops.dlq`,
+Every action goes through the use-cases the ``ferry`` CLI runs (:mod:`shared.ops.dlq`,
 :mod:`shared.ops.parked`) and needs an operator; a read-only user may look and dry-run.
 """
 

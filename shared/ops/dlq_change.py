@@ -1,82 +1,16 @@
-"""The changing ``ferry dlq`` commands (see :mod:`shared.ops.dlq`): ``replay``, ``park``
-and ``discard`` of one dead letter or every match of a filter, each change audited in
-``dead_letter_actions``."""
+"""The changes to a dead letter (see :mod:`shared.ops.dlq`): replay, park and discard of
+one dead letter, each audited in ``dead_letter_actions`` (``ferry dlq``, the console)."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import sys
 import uuid
 from typing import Any
 
 from shared.adapters import dead_letters as store
 from shared.adapters import parking
-from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import connect
 from shared.contracts.topology import DurableSpec, Topology
-from shared.domain.errors import ConfigurationError
-from shared.ops.audit_args import actor_of
-from shared.ops.dlq_find import find_dead_letters, parse_uuid, query_from_args, row_line
 from shared.runtime.settings import CommonSettings
-
-
-async def _selected(settings: CommonSettings, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The entries a change command targets: one by key, or a filter (with --all)."""
-    topology = settings.load_topology()
-    if args.key:
-        durable, message_id = args.key
-        topology.durable(durable)
-        query = store.Query(durables=[durable], message_ids=[parse_uuid(message_id)])
-    else:
-        query = query_from_args(topology, args)
-        if not (query.durables or query.reasons or query.statuses or query.subject
-                or query.since or query.until):  # fmt: skip
-            raise ConfigurationError(
-                "name one dead letter (DURABLE MESSAGE_ID) or give at least one filter"
-            )
-    return await find_dead_letters(settings, query)
-
-
-def _check_count(args: argparse.Namespace, rows: list[dict[str, Any]]) -> int | None:
-    if not rows:
-        print("no dead letters match", file=sys.stderr)
-        return 1
-    if len(rows) > 1 and not args.all and not args.dry_run:
-        print(
-            f"ferry: {len(rows)} dead letters match; add --all to change them all "
-            "(or --dry-run to see them)",
-            file=sys.stderr,
-        )
-        return 2
-    return None
-
-
-async def cmd_replay(settings: CommonSettings, args: argparse.Namespace) -> int:
-    """Replay one dead letter or every match of a filter, at most --rate per second."""
-    rows = await _selected(settings, args)
-    early = _check_count(args, rows)
-    if early is not None:
-        return early
-    if args.dry_run:
-        for row in rows:
-            print("would replay " + row_line(row))
-        print(f"{len(rows)} would be replayed (dry run: nothing changed)")
-        return 0
-    topology = settings.load_topology()
-    nc = await connect_nats(
-        settings.nats_servers(), name="ferry-dlq", auth=settings.nats_auth(), give_up_after=10
-    )
-    failures = 0
-    try:
-        for index, row in enumerate(rows):
-            if index:
-                await asyncio.sleep(1.0 / args.rate)
-            failures += await _replay_one(settings, topology, nc, row, args)
-    finally:
-        await nc.close()
-    print(f"{len(rows) - failures} replayed, {failures} refused")
-    return 1 if failures else 0
 
 
 async def replay_dead_letter(
@@ -105,23 +39,6 @@ async def replay_dead_letter(
         )
     finally:
         await conn.close()
-
-
-async def _replay_one(
-    settings: CommonSettings, topology: Topology, nc: Any, row: dict[str, Any], args: Any
-) -> int:
-    durable = row["durable"]
-    try:
-        done = await replay_dead_letter(
-            settings, topology, nc, row, actor=actor_of(args), reason=args.reason
-        )
-    except store.NotReplayable as exc:
-        print(f"refused: {exc}", file=sys.stderr)
-        return 1
-    print(
-        f"replayed {durable} {row['message_id']} (replay {done.replay_attempt}) on {done.subject}"
-    )
-    return 0
 
 
 async def set_dead_letter_status(
@@ -170,41 +87,3 @@ async def change_status(
         # Its key's later events wait behind it no longer.
         released = await parking.discard_held(conn, durable, message_id, actor=actor, reason=reason)
     return done, released
-
-
-async def _set_status(settings: CommonSettings, args: argparse.Namespace, status: str) -> int:
-    rows = await _selected(settings, args)
-    early = _check_count(args, rows)
-    if early is not None:
-        return early
-    verb = "park" if status == "parked" else "discard"
-    if args.dry_run:
-        for row in rows:
-            print(f"would {verb} " + row_line(row))
-        print(f"{len(rows)} would be {status} (dry run: nothing changed)")
-        return 0
-    topology = settings.load_topology()
-    refused = 0
-    for row in rows:
-        durable = row["durable"]
-        done, released = await set_dead_letter_status(
-            settings, topology, row, status, actor=actor_of(args), reason=args.reason
-        )
-        if done:
-            print(f"{status} {durable} {row['message_id']}")
-            if released is not None:
-                print(f"  released key {released}: its parked events go on")
-        else:
-            refused += 1
-            print(f"refused: {durable} {row['message_id']} is {row['status']}", file=sys.stderr)
-    return 1 if refused else 0
-
-
-async def cmd_park(settings: CommonSettings, args: argparse.Namespace) -> int:
-    """Park: no automatic replay until an operator replays it."""
-    return await _set_status(settings, args, "parked")
-
-
-async def cmd_discard(settings: CommonSettings, args: argparse.Namespace) -> int:
-    """Discard: give up on it for good (the record stays, for the audit)."""
-    return await _set_status(settings, args, "discarded")

@@ -1,11 +1,9 @@
-"""``ferry dlq show`` (see :mod:`shared.ops.dlq`): one dead letter in full, with its
-trace id, operator actions and, for an ``ordering: key`` durable, its key's parked queue."""
+"""One dead letter in full (see :mod:`shared.ops.dlq`): its record, trace id, operator
+actions and, for an ``ordering: key`` durable, its key's parked queue."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import uuid
 from typing import Any
 
@@ -14,40 +12,6 @@ from shared.adapters import parking
 from shared.adapters.postgres import connect
 from shared.ops.dlq_find import public
 from shared.runtime.settings import CommonSettings
-
-
-async def cmd_show(settings: CommonSettings, args: argparse.Namespace) -> int:
-    """One dead letter in full: record (payload, history), trace id, operator actions."""
-    row = await show_dead_letter(settings, args.target_durable, args.message_id)
-    if row is None:
-        print(f"ferry: no dead letter {args.target_durable}/{args.message_id}", file=sys.stderr)
-        return 1
-    done = row["actions"]
-    ordering = row["ordering"]
-    if args.json:
-        print(json.dumps(row, indent=2, default=str))
-        return 0
-    record = row.pop("record")
-    for key in (
-        "durable", "message_id", "status", "reason_code", "last_error", "original_subject",
-        "stream", "stream_seq", "attempts", "generation", "replay_attempts", "next_replay_at",
-        "dead_lettered_at", "source", "trace_id",
-    ):  # fmt: skip
-        print(f"{key:>17}: {row.get(key)}")
-    if ordering is not None:
-        print(f"{'ordering':>17}: {_ordering_line(ordering)}")
-    print("    retry history:")
-    for entry in record.get("retryHistory", []):
-        print(f"      {json.dumps(entry, default=str)}")
-    print("   replay history:")
-    for entry in row.get("replay_history", []):
-        print(f"      {json.dumps(entry, default=str)}")
-    print("          actions:")
-    for action in done:
-        print(f"      {action['at']} {action['action']} by {action['actor']}: {action['reason']}")
-    print("          payload:")
-    print(json.dumps(record.get("payload"), indent=2, default=str))
-    return 0
 
 
 async def show_dead_letter(
@@ -96,20 +60,6 @@ async def _ordering(conn: Any, durable: str, row: dict[str, Any]) -> dict[str, A
     else:
         doc["parked"] = None
     return doc
-
-
-def _ordering_line(doc: dict[str, Any]) -> str:
-    text = f"key {doc['key']} (on_dead_letter: {doc.get('policy')})"
-    parked = doc.get("parked")
-    if doc.get("order_broken_after"):
-        text += "; its later events went on: order broken after it"
-    if parked is None:
-        return text + "; nothing of the key is parked now"
-    who = "this dead letter" if parked["this_is_the_head"] else f"head {parked['head_id']}"
-    return (
-        f"{text}; parked behind {who} ({parked['head_state']}): "
-        f"{parked['waiting_behind_head']} event(s) waiting"
-    )
 
 
 def _trace_id(traceparent: Any) -> str | None:

@@ -1,4 +1,5 @@
-"""``ferry handler-check URL --durable NAME``: does a handler service keep the contract?
+"""Does a handler service keep the contract? (``ferry handler-check URL --durable NAME``,
+shared/cli/handler_check.py.)
 
 The conformance test a team runs in its own CI against its handler (docs: Handler
 contract). It sends the handler calls built as the durable's inbox-consumer builds them —
@@ -44,18 +45,14 @@ handler (or the effect database) cannot be reached, or a usage or configuration 
 
 The pieces: the calls (:mod:`shared.ops.handler_check_calls`), judging their answers
 (:mod:`shared.ops.handler_check_judge`), sending them (:mod:`shared.ops.handler_check_send`)
-and the batch checks (:mod:`shared.ops.handler_check_batch`); this module runs them, and
-holds the report and the command.
+and the batch checks (:mod:`shared.ops.handler_check_batch`); this module runs them
+(:func:`check_handler`) and holds the report.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -82,8 +79,6 @@ from shared.ops.handler_check_send import (
     post_batch,
 )
 from shared.runtime.settings import CommonSettings, ConsumerSettings
-
-Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
 
 #: Exit codes of the command.
 EXIT_CONFORMS, EXIT_BREACH, EXIT_UNREACHABLE = 0, 1, 2
@@ -254,95 +249,32 @@ async def run_batch_checks(
     return found
 
 
-# --- the command --------------------------------------------------------------------------
+# --- one run ------------------------------------------------------------------------------
 
 
-def add_command(sub: Any) -> None:
-    """Register ``ferry handler-check`` on the ``ferry`` parser's subcommands."""
-    check = sub.add_parser(
-        "handler-check",
-        help="conformance test of a handler service: signed calls as the durable's consumer "
-        "sends them (a valid event, a redelivery, poison, unknown events, forged and stale "
-        "signatures), each answer judged against the handler contract; exit 0 all conform, "
-        "1 a breach, 2 unreachable or usage",
-    )
-    check.add_argument("url", help="the handler's URL (e.g. http://127.0.0.1:8101/handle)")
-    check.add_argument(
-        "--durable", required=True, help="the durable whose calls to send (its events, secret)"
-    )
-    check.add_argument(
-        "--event",
-        action="append",
-        metavar="TYPE.vN",
-        help="check only this event (repeatable; default: every event the durable accepts)",
-    )
-    check.add_argument(
-        "--payload",
-        action="append",
-        metavar="TYPE.vN=FILE",
-        help="a JSON file holding a valid payload of TYPE.vN, sent instead of one built from "
-        "the schema (repeatable)",
-    )
-    check.add_argument(
-        "--timeout",
-        type=float,
-        help="seconds each call may take (default: the durable's handler timeout)",
-    )
-    check.add_argument(
-        "--stale-seconds",
-        type=float,
-        default=DEFAULT_STALE_SECONDS,
-        help="how old the expired-timestamp call's signature is (default 3600; must exceed "
-        "the handler's FERRY_SIGNATURE_TOLERANCE)",
-    )
-    check.add_argument(
-        "--effect-sql",
-        metavar="SQL",
-        help="a query over the handler's database whose result changes when an event is "
-        "applied (e.g. SELECT count(*) FROM my_table): run around every call, so a second "
-        "effect of the redelivery, or any effect of a refused call, is a breach",
-    )
-    check.add_argument(
-        "--effect-dsn",
-        metavar="DSN",
-        help="the database of --effect-sql (default: the durable's target context database)",
-    )
-    check.add_argument(
-        "--batch",
-        action="store_true",
-        help="also send batch calls (for a durable with handler.batch >= 2): unsigned, "
-        "signed, and the same events again; each must be answered 200 with one result per "
-        "event",
-    )
-    check.add_argument("--json", action="store_true", help="machine-readable output")
-    check.set_defaults(func=cmd_handler_check)
+@dataclass(frozen=True)
+class CheckOptions:
+    """How one run checks: the events (``only``: all the durable accepts), valid payloads
+    given instead of built, the expired signature's age, each call's timeout (None: the
+    durable's handler timeout), the effect query and its database, the batch checks."""
+
+    only: list[str] | None = None
+    payloads: dict[str, dict[str, Any]] | None = None
+    stale_seconds: float = DEFAULT_STALE_SECONDS
+    timeout: float | None = None
+    effect_sql: str | None = None
+    effect_dsn: str | None = None
+    batch: bool = False
 
 
-def read_payloads(items: list[str] | None) -> dict[str, dict[str, Any]]:
-    """``TYPE.vN=FILE`` options as event name → payload."""
-    found: dict[str, dict[str, Any]] = {}
-    for item in items or ():
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise ConfigurationError(f"--payload {item!r}: write TYPE.vN=FILE")
-        try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigurationError(
-                f"--payload {name}: cannot read {path}: {exc.strerror}"
-            ) from None
-        except ValueError as exc:
-            raise ConfigurationError(f"--payload {name}: {path} is not JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise ConfigurationError(f"--payload {name}: {path} must hold a JSON object")
-        found[name] = doc
-    return found
-
-
-async def cmd_handler_check(settings: CommonSettings, args: argparse.Namespace) -> int:
-    """Run the checks; print the report."""
+async def check_handler(
+    settings: CommonSettings, url: str, durable: str, options: CheckOptions
+) -> Report:
+    """Send ``durable``'s calls to the handler at ``url`` and judge its answers (the
+    module doc); :class:`Unreachable` when the handler or the effect database cannot be
+    reached, :class:`ConfigurationError` when the durable's signing secret is not set."""
     topology = settings.load_topology()
-    secret = ConsumerSettings(durable=args.durable).signing_secret()
+    secret = ConsumerSettings(durable=durable).signing_secret()
     if secret is None:
         raise ConfigurationError(
             "FERRY_HANDLER_SECRET (or _FILE) is not set: the durable's signing secret is "
@@ -350,31 +282,28 @@ async def cmd_handler_check(settings: CommonSettings, args: argparse.Namespace) 
         )
     plan = plan_for(
         topology,
-        args.durable,
-        only=args.event,
-        payloads=read_payloads(args.payload),
-        stale_seconds=args.stale_seconds,
+        durable,
+        only=options.only,
+        payloads=options.payloads,
+        stale_seconds=options.stale_seconds,
     )
-    timeout = args.timeout or plan.durable.handler.timeout
+    timeout = options.timeout or plan.durable.handler.timeout
     conn = None
+    effects = None
     try:
-        if args.effect_sql:
-            dsn = args.effect_dsn or settings.dsn(topology.context(plan.durable.target).database)
+        if options.effect_sql:
+            dsn = options.effect_dsn or settings.dsn(topology.context(plan.durable.target).database)
             try:
                 conn = await connect(dsn)
             except TransientError as exc:
                 raise Unreachable(f"effect database {redact(dsn)}: {exc}") from None
-        effects = EffectProbe(conn, args.effect_sql) if conn is not None else None
-        report = await run_checks(plan, args.url, secret, timeout=timeout, effects=effects)
-        if args.batch:
+            effects = EffectProbe(conn, options.effect_sql)
+        report = await run_checks(plan, url, secret, timeout=timeout, effects=effects)
+        if options.batch:
             report.results += await run_batch_checks(
-                plan, args.url, secret, timeout=timeout, effects=effects
+                plan, url, secret, timeout=timeout, effects=effects
             )
-    except Unreachable as exc:
-        print(json.dumps({"error": str(exc)}) if args.json else f"ferry: {exc}")
-        return EXIT_UNREACHABLE
     finally:
         if conn is not None:
             await conn.close()
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.render())
-    return report.exit_code()
+    return report

@@ -1,4 +1,5 @@
-"""Retention: ``ferry purge`` deletes what the topology says need not be kept.
+"""Retention: what ``ferry purge`` (shared/cli/purge.py) runs, deleting what the topology
+says need not be kept.
 
 Per context, published outbox rows older than ``outbox_retention``; per durable, inbox
 rows processed longer ago than its target context's ``inbox_retention``. Nothing
@@ -17,23 +18,19 @@ logins may not delete. In Kubernetes a daily CronJob runs it (``k8s/generate.py`
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
 from shared.adapters import inbox, outbox
 from shared.adapters.postgres import DATABASE_ERRORS, NOT_PERMITTED_ERRORS, connect, redact
-from shared.domain.durations import parse_duration
 from shared.domain.errors import ConfigurationError, TransientError
-from shared.runtime.logs import configure_logging
 from shared.runtime.settings import CommonSettings
 from shared.waits import sleep_unless
 
@@ -175,50 +172,3 @@ def _stop_on_signals() -> asyncio.Event:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     return stop
-
-
-async def cmd_purge(settings: CommonSettings, args: argparse.Namespace) -> int:
-    """``ferry purge``: print what was (or would be) purged, per table and scope."""
-    if args.batch < 1:
-        raise SystemExit("ferry purge: --batch must be at least 1")
-    if args.every is not None:
-        if args.dry_run:
-            raise SystemExit("ferry purge: --every cannot be combined with --dry-run")
-        every = _interval(args.every)
-        configure_logging("retention", settings.log_level)
-        return await purge_forever(settings, every, batch=args.batch, only=args.scope)
-    report = await purge(settings, batch=args.batch, dry_run=args.dry_run, only=args.scope)
-    if args.json:
-        doc = {"dry_run": args.dry_run, "tables": [asdict(p) for p in report]}
-        print(json.dumps(doc, indent=2, default=str))
-    else:
-        print("\n".join(p.line(args.dry_run) for p in report) or "nothing to purge")
-    return 0
-
-
-def add_purge_command(sub: Any) -> None:
-    """Register ``ferry purge`` on the CLI's subparsers."""
-    cmd = sub.add_parser(
-        "purge",
-        help="delete published outbox rows and processed inbox rows past their retention",
-    )
-    cmd.add_argument("scope", nargs="?", help="one context or durable (default: all)")
-    cmd.add_argument("--dry-run", action="store_true", help="count, delete nothing")
-    cmd.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="rows per statement")
-    cmd.add_argument(
-        "--every",
-        metavar="DURATION",
-        help="run forever: purge now, then at this interval (e.g. 1h), logging JSON lines",
-    )
-    cmd.add_argument("--json", action="store_true", help="machine-readable output")
-    cmd.set_defaults(func=cmd_purge)
-
-
-def _interval(text: str) -> float:
-    try:
-        seconds = parse_duration(text)
-    except (TypeError, ValueError) as exc:
-        raise SystemExit(f"ferry purge: --every {text!r}: {exc}") from None
-    if seconds < 1:
-        raise SystemExit(f"ferry purge: --every {text!r}: at least one second")
-    return seconds

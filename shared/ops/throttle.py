@@ -1,206 +1,113 @@
-"""``ferry durable throttle``: change a durable's processing rate limit while it runs.
-
-    ferry durable throttle --durable D --rate 5/s [--burst N] --reason WHY [--actor A]
-    ferry durable throttle --durable D --rate none --reason WHY     lift the topology's limit
-    ferry durable throttle --durable D --clear --reason WHY          back to the topology's
-    ferry durable throttle --durable D                               show what is in force
+"""A durable's throttle: its processing rate limit, changed while it runs (``ferry durable
+throttle``, shared/cli/throttle.py).
 
 The override is a row of ``throttle_overrides`` (migration 0012) in the database of the
 durable's target context; the durable's running consumers read it every
 ``FERRY_THROTTLE_POLL_INTERVAL`` seconds (2 s by default) and change their token bucket
 in place: no restart, no message lost or redelivered (INFRA-005 §7.3). Every set and
 clear is recorded in ``throttle_actions`` with who, when and why. A ``criticality:
-high`` durable is never throttled: the command refuses it (exit 1).
+high`` durable is never throttled: :class:`ThrottleRefused`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from shared.adapters import throttles
 from shared.adapters.postgres import connect
-from shared.domain.throttle import MAX_BURST, Limit, RateError, format_rate, parse_rate
-from shared.ops.audit_args import actor_of, argument_type, nonblank
+from shared.contracts.topology import Topology
+from shared.domain.errors import ConfigurationError
+from shared.domain.throttle import Limit
 from shared.runtime.settings import CommonSettings
 
-Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
-#: ``--rate`` values that lift every limit (the override says: no throttle).
-UNLIMITED = ("none", "off", "unlimited")
+
+class ThrottleRefused(ConfigurationError):
+    """A throttle the durable may not have (a ``criticality: high`` durable)."""
 
 
-_rate = argument_type(parse_rate, RateError)
+@dataclass(frozen=True)
+class ThrottleState:
+    """What limits a durable: the topology's, the override in force, the latest changes."""
+
+    durable: str
+    criticality: str
+    #: The topology's limit (None: no limit).
+    default: Limit | None
+    override: throttles.Override | None
+    history: list[dict[str, Any]]
+
+    @property
+    def in_force(self) -> Limit | None:
+        """The override's limit when there is one, else the topology's."""
+        return self.override.limit() if self.override is not None else self.default
 
 
-def rate_argument(text: str) -> float | None:
-    """``--rate``: ``20/s``, ``300/m``, ``1/h`` (per second), or ``none`` (no limit)."""
-    if text.strip().lower() in UNLIMITED:
-        return None
-    return _rate(text)
+def topology_limit(topology: Topology, durable: str) -> Limit | None:
+    """The limit the topology declares for ``durable`` (None: no limit)."""
+    spec = topology.durable(durable)
+    return spec.throttle.limit() if spec.throttle else None
 
 
-def burst_argument(text: str) -> int:
-    """``--burst``: a whole number of messages, 1 to MAX_BURST."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"burst {text!r} is not a whole number") from None
-    if not 1 <= value <= MAX_BURST:
-        raise argparse.ArgumentTypeError(f"burst {value} must be between 1 and {MAX_BURST}")
-    return value
-
-
-def _count(text: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) <= 1000:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count from 0 to 1000")
-    return int(text)
-
-
-def _describe(limit: Limit | None) -> str:
-    return limit.describe() if limit is not None else "no limit"
-
-
-async def cmd_throttle(settings: CommonSettings, args: argparse.Namespace) -> int:
-    """Set, clear or show a durable's throttle override."""
-    topology = settings.load_topology()
-    spec = topology.durable(args.durable)
-    changing = args.clear or args.rate is not False
-    if changing and not args.reason:
-        print("refused: --reason is required to set or clear a throttle", file=sys.stderr)
-        return 2
-    if args.rate is not False and args.rate is not None and spec.criticality == "high":
-        print(
-            f"refused: {args.durable} is declared criticality: high and is never throttled "
-            "(INFRA-005 §7: a critical lane's messages must not wait)",
-            file=sys.stderr,
+def check_throttleable(topology: Topology, durable: str, rate: float | None) -> None:
+    """:class:`ThrottleRefused` when ``rate`` (None: no limit) may not be set on ``durable``."""
+    if rate is not None and topology.durable(durable).criticality == "high":
+        raise ThrottleRefused(
+            f"{durable} is declared criticality: high and is never throttled "
+            "(INFRA-005 §7: a critical lane's messages must not wait)"
         )
-        return 1
-    if args.burst is not None and not args.rate:
-        print("refused: --burst goes with a --rate", file=sys.stderr)
-        return 2
-    default = spec.throttle.limit() if spec.throttle else None
-    actor = actor_of(args)
+
+
+@asynccontextmanager
+async def _connect(
+    settings: CommonSettings, topology: Topology, durable: str
+) -> AsyncIterator[Any]:
+    spec = topology.durable(durable)
     conn = await connect(settings.dsn(topology.context(spec.target).database))
     try:
-        if args.clear:
-            cleared = await throttles.clear_override(
-                conn, args.durable, actor=actor, reason=args.reason
-            )
-            note = "" if cleared else " (there was no override)"
-            print(f"{args.durable}: override cleared{note}; in force: {_describe(default)} "
-                  "(topology)")  # fmt: skip
-            return 0
-        if args.rate is not False:
-            rate: float | None = args.rate
-            limit = None if rate is None else Limit.of(rate, args.burst)
-            await throttles.set_override(
-                conn, args.durable, rate, args.burst, actor=actor, reason=args.reason
-            )
-            print(f"{args.durable}: override set: {_describe(limit)} (topology: "
-                  f"{_describe(default)}); running consumers apply it within "
-                  "FERRY_THROTTLE_POLL_INTERVAL")  # fmt: skip
-            return 0
-        found = await throttles.current(conn, args.durable)
-        history = await throttles.actions(conn, args.durable, limit=args.history)
+        yield conn
     finally:
         await conn.close()
-    return _show(args, spec.criticality, default, found, history)
 
 
-def _show(
-    args: argparse.Namespace,
-    criticality: str,
-    default: Limit | None,
-    found: throttles.Override | None,
-    history: list[dict[str, Any]],
-) -> int:
-    in_force = found.limit() if found is not None else default
-    if args.json:
-        doc = {
-            "durable": args.durable,
-            "criticality": criticality,
-            "topology": _limit_doc(default),
-            "override": None
-            if found is None
-            else {
-                **(_limit_doc(found.limit()) or {"rate_per_second": None}),
-                "actor": found.actor,
-                "reason": found.reason,
-                "set_at": found.set_at.isoformat() if found.set_at else None,
-            },
-            "in_force": _limit_doc(in_force),
-            "source": "override" if found else ("topology" if default else "none"),
-            "actions": [{**a, "at": a["at"].isoformat()} for a in history],
-        }
-        print(json.dumps(doc, indent=2, sort_keys=True))
-        return 0
-    print(f"{args.durable} (criticality: {criticality})")
-    print(f"  topology: {_describe(default)}")
-    if found is not None:
-        print(f"  override: {_describe(found.limit())}, by {found.actor} at "
-              f"{found.set_at:%Y-%m-%d %H:%M:%S}: {found.reason}")  # fmt: skip
-    print(f"  in force: {_describe(in_force)}")
-    for action in history:
-        what = (
-            "clear"
-            if action["action"] == "clear"
-            else "set "
-            + (format_rate(action["rate"]) if action["rate"] is not None else "no limit")
-        )
-        print(f"  {action['at']:%Y-%m-%d %H:%M:%S}  {what:<16} {action['actor']}: "
-              f"{action['reason']}")  # fmt: skip
-    return 0
+async def set_throttle(
+    settings: CommonSettings,
+    topology: Topology,
+    durable: str,
+    rate: float | None,
+    burst: int | None,
+    *,
+    actor: str,
+    reason: str,
+) -> Limit | None:
+    """Override ``durable``'s limit with ``rate`` per second (None: no limit) and ``burst``,
+    audited; the limit set."""
+    check_throttleable(topology, durable, rate)
+    limit = None if rate is None else Limit.of(rate, burst)
+    async with _connect(settings, topology, durable) as conn:
+        await throttles.set_override(conn, durable, rate, burst, actor=actor, reason=reason)
+    return limit
 
 
-def _limit_doc(limit: Limit | None) -> dict[str, Any] | None:
-    if limit is None:
-        return None
-    return {"rate": format_rate(limit.rate), "rate_per_second": limit.rate, "burst": limit.burst}
+async def clear_throttle(
+    settings: CommonSettings, topology: Topology, durable: str, *, actor: str, reason: str
+) -> bool:
+    """Remove ``durable``'s override (audited): the topology's limit again; False when
+    there was none."""
+    async with _connect(settings, topology, durable) as conn:
+        return await throttles.clear_override(conn, durable, actor=actor, reason=reason)
 
 
-def durable_verbs(sub: Any) -> Any:
-    """The ``ferry durable`` group's verbs: the group another module registered already
-    (``ferry durable rewind``, shared/ops/rewind.py), or a new one."""
-    top = sub.choices.get("durable") if hasattr(sub, "choices") else None
-    if top is None:
-        top = sub.add_parser("durable", help="operations on one durable: rewind, throttle")
-        return top.add_subparsers(dest="durable_command", required=True)
-    for action in top._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action
-    return top.add_subparsers(dest="durable_command", required=True)
-
-
-def add_commands(sub: Any) -> argparse.ArgumentParser:
-    """Register ``ferry durable throttle`` (in the ``durable`` group, made if missing)."""
-    verbs = durable_verbs(sub)
-    cmd: argparse.ArgumentParser = verbs.add_parser(
-        "throttle",
-        help="set, clear or show a durable's processing rate limit (live, audited)",
-        description="Set, clear or show a durable's processing rate limit (INFRA-005 §7.3). "
-        "Running consumers apply a change within FERRY_THROTTLE_POLL_INTERVAL seconds, "
-        "without a restart; every change is recorded with who, when and why.",
+async def throttle_state(
+    settings: CommonSettings, topology: Topology, durable: str, history: int = 10
+) -> ThrottleState:
+    """``durable``'s limits now, with its ``history`` latest changes."""
+    spec = topology.durable(durable)
+    async with _connect(settings, topology, durable) as conn:
+        found = await throttles.current(conn, durable)
+        actions = await throttles.actions(conn, durable, limit=history)
+    return ThrottleState(
+        durable, spec.criticality, topology_limit(topology, durable), found, actions
     )
-    cmd.add_argument("--durable", required=True, help="the durable")
-    what = cmd.add_mutually_exclusive_group()
-    what.add_argument(
-        "--rate",
-        type=rate_argument,
-        default=False,
-        help="the new limit: 20/s, 300/m, 1/h (none: no limit, the topology's lifted)",
-    )
-    what.add_argument(
-        "--clear", action="store_true", help="remove the override: the topology's value again"
-    )
-    cmd.add_argument(
-        "--burst", type=burst_argument, help="messages in a burst (default: one second's worth)"
-    )
-    cmd.add_argument("--reason", type=nonblank, help="why (recorded; required to set or clear)")
-    cmd.add_argument("--actor", type=nonblank, help="who (default: OS user@host)")
-    cmd.add_argument("--history", type=_count, default=10, help="latest changes shown (default 10)")
-    cmd.add_argument("--json", action="store_true", help="machine-readable output")
-    cmd.set_defaults(func=cmd_throttle)
-    return cmd

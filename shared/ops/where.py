@@ -1,4 +1,5 @@
-"""``ferry where MESSAGE_ID``: every hop of one event, from the outbox to its handlers.
+"""One event's journey: every hop of it, from the outbox to its handlers (what ``ferry where
+MESSAGE_ID`` — shared/cli/where.py — and the console's event page show).
 
 Read-only, across every database and stream of the topology:
 
@@ -23,49 +24,22 @@ Read-only, across every database and stream of the topology:
 The pieces live beside it: :mod:`shared.ops.where_rows` (the database reads),
 :mod:`shared.ops.where_stream` (the subject and the stream lookups),
 :mod:`shared.ops.where_durables` (per durable: delivery state, ordering key, parked queue)
-and :mod:`shared.ops.where_render` (the human output); this module holds the command and
-puts the journey together.
-
-Exit codes: 0 found, 1 the id is nowhere in this topology.
+and :mod:`shared.ops.where_render` (the journey as text); this module puts the journey
+together (:func:`journey`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import uuid
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 from shared.adapters.nats import connect_nats
 from shared.contracts.topology import Topology
-from shared.ops.dlq_find import parse_uuid
 from shared.ops.where_durables import durables
-from shared.ops.where_render import render
 from shared.ops.where_rows import database_rows
 from shared.ops.where_stream import locate
 from shared.runtime.settings import CommonSettings
 from shared.telemetry import parse_traceparent
-
-Command = Callable[[CommonSettings, argparse.Namespace], Coroutine[Any, Any, int]]
-
-
-def add_where_command(sub: Any) -> None:
-    """Register ``ferry where`` on the ``ferry`` parser's subcommands."""
-    where = sub.add_parser(
-        "where", help="every hop of one event: outbox, stream, deliveries, inbox, dead letter"
-    )
-    where.add_argument("message_id", type=parse_uuid, help="the event id (= Nats-Msg-Id)")
-    where.add_argument("--json", action="store_true", help="machine-readable output")
-    where.set_defaults(func=cmd_where)
-
-
-async def cmd_where(settings: CommonSettings, args: argparse.Namespace) -> int:
-    """Find the event everywhere; print the journey."""
-    topology = settings.load_topology()
-    doc = await journey(settings, topology, args.message_id)
-    print(json.dumps(doc, indent=2, default=str) if args.json else render(doc))
-    return 0 if doc["found"] else 1
 
 
 async def journey(settings: CommonSettings, topology: Topology, message_id: uuid.UUID) -> Any:

@@ -228,7 +228,7 @@ async def test_db_roles_command_then_migrations_as_the_owner(tmp_path: Path) -> 
 
         def ferry(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
-                [PYTHON, "-m", "shared.ops.cli", *args],
+                [PYTHON, "-m", "shared.cli", *args],
                 cwd=ROOT,
                 env=env,
                 capture_output=True,

@@ -322,7 +322,7 @@ def test_generated_block_is_a_valid_server_config_for_both_topologies(tmp_path: 
 
 def test_cli_prints_no_password_and_writes_inlined_ones_privately(tmp_path: Path) -> None:
     secrets = tmp_path / "secrets"
-    base = [PYTHON, "-m", "shared.ops.cli", "nats-auth", "--topology", "topologies/mediation.yaml"]
+    base = [PYTHON, "-m", "shared.cli", "nats-auth", "--topology", "topologies/mediation.yaml"]
     printed = subprocess.run(base, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert printed.returncode == 0, printed.stderr
     assert "password: $FERRY_NATS_PASSWORD_INBOX_CONSUMER_CG_F_INGEST" in printed.stdout

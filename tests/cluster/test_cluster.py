@@ -212,7 +212,7 @@ async def test_ferry_provision_with_the_seed_list_creates_every_stream_at_3_repl
     assert settings["FERRY_MAX_STREAM_REPLICAS"] == "3"
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "shared.ops.cli", "provision"],
+        [sys.executable, "-m", "shared.cli", "provision"],
         cwd=ROOT,
         env=settings,
         capture_output=True,

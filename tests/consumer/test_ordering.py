@@ -38,7 +38,7 @@ async def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
     """The ``ferry`` command against the test's servers."""
     return await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "shared.ops.cli", *args],
+        [sys.executable, "-m", "shared.cli", *args],
         env=env.settings_env(),
         capture_output=True,
         text=True,

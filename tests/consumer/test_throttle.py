@@ -24,8 +24,8 @@ from services.inbox_consumer.consumer import InboxConsumer
 from services.inbox_consumer.throttle import Throttle
 from shared.access.identities import Identity
 from shared.access.streams import provision
+from shared.cli import main as cli
 from shared.domain.throttle import Limit
-from shared.ops import cli
 from tests.conftest import CAPS, ROOT, Env
 from tests.consumer.conftest import (
     DURABLE,
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.integration
 
 def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.ops.cli", *args],
+        [sys.executable, "-m", "shared.cli", *args],
         cwd=ROOT,
         env=env.settings_env(),
         capture_output=True,

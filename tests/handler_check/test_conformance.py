@@ -33,7 +33,7 @@ SEA_EFFECT_SQL = "SELECT count(*), max(updated_at) FROM handler_sea_vibes"
 
 async def ferry_check(world: Env, url: str, *options: str) -> tuple[int, dict[str, Any]]:
     """Run ``ferry handler-check URL --durable DURABLE --json`` as a process."""
-    argv = [sys.executable, "-m", "shared.ops.cli", "handler-check", url, "--durable", DURABLE]
+    argv = [sys.executable, "-m", "shared.cli", "handler-check", url, "--durable", DURABLE]
     proc = await asyncio.create_subprocess_exec(
         *argv,
         *options,
@@ -137,7 +137,7 @@ async def test_without_the_secret_or_the_handler_it_exits_2(world: Env) -> None:
     argv = [
         sys.executable,
         "-m",
-        "shared.ops.cli",
+        "shared.cli",
         "handler-check",
         "http://127.0.0.1:1/handle",
         "--durable",

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shared.cli.handler_check import read_payloads
 from shared.contracts.events import accepted_events
 from shared.contracts.topology import Topology
 from shared.domain.envelope import Envelope
 from shared.domain.errors import ConfigurationError
 from shared.domain.signing import SignatureError, verify
-from shared.ops.handler_check import read_payloads
 from shared.ops.handler_check_calls import AUTH_CHECKS, Probe, plan_for, signed_request
 from shared.ops.handler_check_judge import EXPECTED, Answer, consumer_action, judge
 from shared.ops.handler_check_send import _answer

@@ -318,7 +318,7 @@ async def test_each_unbuildable_row_is_set_aside_at_once(
 
 def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.ops.cli", *args], cwd=ROOT, env=env.settings_env(),
+        [sys.executable, "-m", "shared.cli", *args], cwd=ROOT, env=env.settings_env(),
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 

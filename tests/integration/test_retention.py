@@ -38,7 +38,7 @@ PURGER = "retention-sea-vibespro"
 async def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
     return await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "shared.ops.cli", *args],
+        [sys.executable, "-m", "shared.cli", *args],
         cwd=ROOT, env=env.settings_env(role=PURGER), capture_output=True, text=True,
         timeout=60,
     )  # fmt: skip
@@ -178,7 +178,7 @@ async def test_purge_every_runs_until_sigterm(env: Env) -> None:
     lines, and stops cleanly on SIGTERM (supervisord's and Kubernetes' stop)."""
     sea = await asyncpg.connect(env.dsn("sea"))
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "shared.ops.cli", "purge", "--every", "1s",
+        sys.executable, "-m", "shared.cli", "purge", "--every", "1s",
         cwd=ROOT, env=env.settings_env(role=PURGER),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
@@ -237,7 +237,7 @@ async def test_purge_every_stops_on_a_configuration_error(env: Env) -> None:
     """No later run could succeed: the scheduler exits 2 and names the problem."""
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "shared.ops.cli", "purge", "nonesuch", "--every", "1s"],
+        [sys.executable, "-m", "shared.cli", "purge", "nonesuch", "--every", "1s"],
         cwd=ROOT, env=env.settings_env(role=PURGER), capture_output=True, text=True,
         timeout=60,
     )  # fmt: skip

@@ -101,7 +101,7 @@ def _role_of(workload: Doc, container: Doc) -> str | None:
         return f"handler-{args[args.index('--service') + 1]}"
     if args[:2] == ["-m", "services.console"]:
         return f"console-{labels['ferry/topology']}"
-    if args[:3] == ["-m", "shared.ops.cli", "purge"]:
+    if args[:3] == ["-m", "shared.cli", "purge"]:
         return f"retention-{labels['ferry/topology']}"
     if args[:1] == ["spark-submit"] or workload["kind"] == "ScheduledSparkApplication":
         return f"kpi-spark-job-{labels['ferry/topology']}"
@@ -269,7 +269,7 @@ def test_production_overlay_requires_tls_for_every_role(rendered: dict[str, list
     for workload, spec, container in _pods(rendered["prod"]):
         where = f"{workload['kind']}/{workload['metadata']['name']}"
         containers = [container] + [
-            c for c in spec.get("initContainers", []) if "shared.ops.cli" in c.get("args", [])
+            c for c in spec.get("initContainers", []) if "shared.cli" in c.get("args", [])
         ]
         for c in containers:
             env = _effective_env(c, settings)

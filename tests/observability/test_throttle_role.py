@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.ops.cli", *args],
+        [sys.executable, "-m", "shared.cli", *args],
         cwd=ROOT,
         env=env.settings_env(),
         capture_output=True,

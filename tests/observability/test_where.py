@@ -92,7 +92,7 @@ def _settings(env: Env) -> CommonSettings:
 
 def _ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "shared.ops.cli", *args],
+        [sys.executable, "-m", "shared.cli", *args],
         cwd=ROOT, env=env.settings_env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
 

@@ -180,7 +180,7 @@ def test_ferry_asyncapi_writes_a_teams_document_from_another_directory(
 
     def ferry(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "shared.ops.cli", *args], cwd=tmp_path,
+            [sys.executable, "-m", "shared.cli", *args], cwd=tmp_path,
             env={**environ, **env}, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
 

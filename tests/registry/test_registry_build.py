@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from shared.cli.main import main as ferry
 from shared.contracts.codegen import (
     LOCK,
     REGISTRY,
@@ -28,7 +29,6 @@ from shared.contracts.loading import load_topology
 from shared.contracts.manifests import fingerprint
 from shared.contracts.registry_file import read_registry
 from shared.domain.errors import ConfigurationError
-from shared.ops.cli import main as ferry
 from tests.conftest import ROOT
 
 from .conftest import edit_yaml, read_yaml

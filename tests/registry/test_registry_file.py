@@ -126,7 +126,7 @@ def _ferry(
     path = [str(ROOT)] + ([str(team)] if team else [])
     environ.update(PYTHONPATH=os.pathsep.join(path), **env)
     return subprocess.run(
-        [sys.executable, "-m", "shared.ops.cli", *args], cwd=cwd, env=environ,
+        [sys.executable, "-m", "shared.cli", *args], cwd=cwd, env=environ,
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 

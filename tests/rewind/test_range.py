@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nats.js.errors import NotFoundError
 
+from shared.cli.rewind import _Meter
 from shared.domain.errors import ConfigurationError, MalformedInput
-from shared.ops.rewind import _Meter
 from shared.ops.rewind_range import (
     Kept,
     RewindRange,

@@ -311,7 +311,7 @@ async def test_a_rewind_does_not_un_hold_a_key_held_by_a_dead_letter(
 async def ferry(env: Env, *args: str, role: str | None = None) -> subprocess.CompletedProcess[str]:
     return await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "shared.ops.cli", *args],
+        [sys.executable, "-m", "shared.cli", *args],
         env=env.settings_env(role=role),
         capture_output=True,
         text=True,

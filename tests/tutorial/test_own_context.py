@@ -65,7 +65,7 @@ class Team:
     async def ferry(self, *args: str, check: bool = True) -> tuple[int, str]:
         """Run ``ferry ARGS`` in the team's directory; exit code and standard output."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shared.ops.cli", *args,
+            sys.executable, "-m", "shared.cli", *args,
             cwd=TEAM, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         out, err = await asyncio.wait_for(proc.communicate(), timeout=120)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.ops.cli import build_parser, parse_args
+from shared.cli.main import build_parser, parse_args
 
 ANY_ID = str(uuid.UUID(int=7))
 

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from services.inbox_consumer.throttle import Throttle, split
 from shared.adapters.throttles import Override
+from shared.cli import throttle as throttle_cli
 from shared.contracts.lint import lint_topology
 from shared.contracts.topology import DurableSpec, Topology, read_topology
 from shared.domain.errors import ConfigurationError
@@ -36,7 +37,6 @@ from shared.domain.throttle import (
     format_rate,
     parse_rate,
 )
-from shared.ops import throttle as throttle_cli
 
 PROPERTY = settings(max_examples=300, deadline=None)
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,20 +3,20 @@
     ferry migrate                 create and migrate every context database
     ferry provision [--check]     create/update streams and consumers; --check only reports
     ferry outbox-backlog CONTEXT  QRY-050: unpublished count and oldest occurred_at
-    ferry outbox list|republish   outbox rows set aside by the publisher (shared/ops/outbox.py)
+    ferry outbox list|republish   outbox rows set aside by the publisher (shared/cli/outbox.py)
     ferry inbox-backlog DURABLE   QRY-051: unprocessed count and oldest received_at
-    ferry purge [SCOPE]           delete rows past their retention (shared/ops/purge.py)
+    ferry purge [SCOPE]           delete rows past their retention (shared/cli/purge.py)
     ferry dlq ...                 dead letters: list, show, replay, park, discard, export
-    ferry durable rewind          re-deliver part of a stream to one durable (shared/ops/rewind.py)
-    ferry registry generate|check the handler registry from the manifests (shared/ops/registry.py)
-    ferry asyncapi                the AsyncAPI 3.0 document of a topology (shared/ops/registry.py)
+    ferry durable rewind          re-deliver part of a stream to one durable (shared/cli/rewind.py)
+    ferry registry generate|check the handler registry from the manifests (shared/cli/registry.py)
+    ferry asyncapi                the AsyncAPI 3.0 document of a topology (shared/cli/registry.py)
     ferry lint [--topology FILE]  the configuration lint every role runs at start
-    ferry where MESSAGE_ID        every hop of one event (shared/ops/where.py)
+    ferry where MESSAGE_ID        every hop of one event (shared/cli/where.py)
     ferry nats-auth               the nats-server users and permissions of the topologies
     ferry db-roles [--check]      PostgreSQL logins and grants per role (shared/access/db_roles.py)
-    ferry handler-check URL       does a handler keep the contract (shared/ops/handler_check.py)
-    ferry handler-models CONTEXT  payload models for an SDK handler (shared/ops/handler_models.py)
-    ferry durable throttle        a durable's rate limit, changed live (shared/ops/throttle.py)
+    ferry handler-check URL       does a handler keep the contract (shared/cli/handler_check.py)
+    ferry handler-models CONTEXT  payload models for an SDK handler (shared/cli/handler_models.py)
+    ferry durable throttle        a durable's rate limit, changed live (shared/cli/throttle.py)
 
 All read FERRY_* settings (docs/reference/settings.md). ``--json`` prints machine-readable output.
 Exit codes: 0 ok, 1 drift or refusal found, 2 configuration error, 3 cannot connect.
@@ -34,18 +34,18 @@ from shared.access.streams import is_clean, provision
 from shared.adapters import inbox, outbox
 from shared.adapters.nats import connect_nats
 from shared.adapters.postgres import connect, migrate_database, redact
+from shared.cli import access as access_cli
+from shared.cli import handler_check as handler_check_cli
+from shared.cli import handler_models as handler_models_cli
+from shared.cli import outbox as outbox_cli
+from shared.cli import parked as parked_cli
+from shared.cli import registry as registry_cli
+from shared.cli import rewind as rewind_cli
+from shared.cli import throttle as throttle_cli
+from shared.cli.dlq import add_dlq_commands, check_key
+from shared.cli.purge import add_purge_command
+from shared.cli.where import add_where_command
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
-from shared.ops import access as access_cli
-from shared.ops import handler_check as handler_check_cli
-from shared.ops import handler_models as handler_models_cli
-from shared.ops import outbox as outbox_cli
-from shared.ops import parked as parked_cli
-from shared.ops import registry as registry_cli
-from shared.ops import rewind as rewind_cli
-from shared.ops import throttle as throttle_cli
-from shared.ops.dlq import add_dlq_commands, check_key
-from shared.ops.purge import add_purge_command
-from shared.ops.where import add_where_command
 from shared.runtime import loop
 from shared.runtime.lifecycle import exit_code_of
 from shared.runtime.settings import CommonSettings
