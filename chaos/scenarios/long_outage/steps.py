@@ -144,7 +144,7 @@ async def operator_republish(run: ScenarioRun) -> int:
         ids = [i for i, r in rows.items() if r["set_aside"] and r["reason"] == REFUSED]
         if not ids:
             continue
-        argv = [sys.executable, "-m", "shared.ops.cli", "outbox", "republish", "--context", context]
+        argv = [sys.executable, "-m", "shared.cli", "outbox", "republish", "--context", context]
         argv += ["--reason", "chaos long-outage: NATS is back", "--actor", "chaos"]
         for message_id in ids:
             argv += ["--id", message_id]

@@ -80,15 +80,18 @@ REPLICAS, AT_START = 3, 2
 OPERATOR_EVERY = 3.0
 #: Keys per context, by schedule.
 KEYS = {"ci": 24, "soak": 200}
-#: A partition lease short enough for takeovers measured in seconds (fetch timeout 0.5 s
-#: stays below 2/3 of it).
-LEASE_TTL = "3"
+#: The ordered durables' ack_wait: short, as an ordered durable's should be (heartbeats
+#: keep its calls alive), since a partition lease must outlast it.
+ORDERED_ACK_WAIT = "2s"
+#: A partition lease for takeovers measured in seconds: it outlasts ack_wait (2 s), the
+#: pull requests' lifetime (1 s) and the margin, with about 2.4 s to work between renewals.
+LEASE_TTL = "6"
 
 
 def ordering_tuning() -> Tuning:
     """Ordered durables, partitioned streams, three consumer replicas planned."""
     return Tuning(
-        clocks=dict(DURABLE_CLOCKS),
+        clocks={**DURABLE_CLOCKS, "ack_wait": ORDERED_ACK_WAIT},
         settings={"consumer": {"FERRY_PARTITION_LEASE_TTL": LEASE_TTL}},
         durables={
             HOLD: {"ordering": "key", "on_dead_letter": "hold"},
@@ -330,7 +333,7 @@ class Ordering(Play):
 
     async def _discard(self, durable: str, mid: Any) -> None:
         """``ferry dlq discard DURABLE ID`` as an operator runs it."""
-        argv = [sys.executable, "-m", "shared.ops.cli", "dlq", "discard", durable, str(mid)]
+        argv = [sys.executable, "-m", "shared.cli", "dlq", "discard", durable, str(mid)]
         argv += ["--reason", "chaos: a poison event, given up", "--actor", "chaos-operator"]
         env = self.run.world.operator_env()
         done = await asyncio.to_thread(

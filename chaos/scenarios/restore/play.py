@@ -259,7 +259,7 @@ class Restore(Play):
         """``ferry durable rewind --since (backup - margin)`` as an operator runs it."""
         margin = margin_of(self.world.topo.durables[durable])
         since = datetime.fromtimestamp(self.drill.backup_at - margin, UTC)
-        argv = [sys.executable, "-m", "shared.ops.cli", "durable", "rewind", "--durable", durable]
+        argv = [sys.executable, "-m", "shared.cli", "durable", "rewind", "--durable", durable]
         argv += ["--since", since.isoformat(timespec="milliseconds"), "--json"]
         argv += ["--reason", f"restore drill: {RESTORED} restored from its backup"]
         argv += ["--actor", "chaos-operator"]
