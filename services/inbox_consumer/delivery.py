@@ -15,10 +15,10 @@ from functools import cached_property
 
 from shared import telemetry
 from shared.adapters.inbox import InboxEntry
-from shared.adapters.jetstream import JetStreamMsg
 from shared.domain.envelope import Envelope, Identified, identify
 from shared.domain.errors import PoisonError
 from shared.domain.ordering import split_partition
+from shared.domain.ports import FetchedMessage
 from shared.domain.subjects import REPLAY_PREFIX, REWIND_HEADER
 
 log = logging.getLogger("ferry.inbox_consumer")
@@ -35,7 +35,7 @@ EXHAUSTED = "MAX_DELIVERIES_EXCEEDED"
 class Delivery:
     """One fetched message and what we could learn from it."""
 
-    msg: JetStreamMsg
+    msg: FetchedMessage
     message_id: uuid.UUID
     attempt: int
     stream_seq: int
@@ -93,7 +93,7 @@ class Delivery:
         )
 
 
-def parse_delivery(msg: JetStreamMsg, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Delivery:
+def parse_delivery(msg: FetchedMessage, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Delivery:
     """Parse without raising: a defect is kept as ``poison`` for the dead-letter path.
 
     A body over ``max_bytes`` is not even parsed: it is poison ``MESSAGE_TOO_LARGE``. A
@@ -133,7 +133,7 @@ def parse_delivery(msg: JetStreamMsg, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     return Delivery(msg, found.message_id, meta.num_delivered, seq, found.envelope, found.poison)
 
 
-def attempt_of(msg: JetStreamMsg) -> int:
+def attempt_of(msg: FetchedMessage) -> int:
     """The delivery count of a message (1 when its metadata cannot be read)."""
     try:
         return int(msg.metadata.num_delivered)

@@ -26,16 +26,23 @@ from services.inbox_consumer.keepalive import KeepAlive
 from services.inbox_consumer.metrics import ConsumerMetrics
 from services.inbox_consumer.ordering import Sequencer
 from services.inbox_consumer.pipeline import Unordered
-from services.inbox_consumer.puller import ConsumerGone, Puller
+from services.inbox_consumer.puller import (
+    ORDERED_REQUEST_EXPIRES,
+    REQUEST_EXPIRES,
+    ConsumerGone,
+    Puller,
+)
 from services.inbox_consumer.replies import Replies
 from services.inbox_consumer.settlement import Settler
 from services.inbox_consumer.stats import ConsumerStats
 from services.inbox_consumer.throttle import Throttle
 from shared import telemetry
-from shared.adapters.jetstream import NATS_FAILURES, JetStream, JetStreamMsg
+from shared.adapters.jetstream import NATS_FAILURES, JetStream
+from shared.adapters.jetstream_answers import Answers
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.contracts.topology import DurableSpec
 from shared.domain.ack import RetryPolicy
+from shared.domain.ports import FetchedMessage
 from shared.waits import sleep_unless
 
 log = logging.getLogger("ferry.inbox_consumer")
@@ -68,6 +75,8 @@ class Parts:
     throttle: Throttle
     keeper: KeepAlive
     replies: Replies
+    #: How fetched messages are answered (naks and terms confirmed, acks remembered).
+    answers: Answers
     holder: Holder
     decider: Decider
     settler: Settler
@@ -91,6 +100,9 @@ class ConsumerLoop:
         )  # fmt: skip
         self.stats, self.metrics, self.throttle = parts.stats, parts.metrics, parts.throttle
         self.keeper, self.replies, self.holder = parts.keeper, parts.replies, parts.holder
+        self.answers = parts.answers
+        #: The running loop's puller (None before :meth:`run` and after it).
+        self._puller: Puller | None = None
         self.decider, self.settler = parts.decider, parts.settler
         self.unordered, self.sequencer = parts.unordered, parts.sequencer
         # Plain attributes: read per batch, so a test may change them while it runs.
@@ -109,9 +121,15 @@ class ConsumerLoop:
             await self._load_parked(self.sequencer, stop)
             draining = asyncio.create_task(self.sequencer.drain(stop))
         puller = Puller(
-            self.js, stream=self.spec.stream, durable=self.js_consumer, window=self.spec.batch_size
+            self.js,
+            stream=self.spec.stream,
+            durable=self.js_consumer,
+            window=self.spec.batch_size,
+            expires=REQUEST_EXPIRES if self.sequencer is None else ORDERED_REQUEST_EXPIRES,
+            answers=self.answers,
         )
         await puller.start()
+        self._puller = puller
         self.stats.bound = True
         telemetry.set_log_fields(durable=self.durable)
         busy: set[asyncio.Task[None]] = set()
@@ -146,8 +164,10 @@ class ConsumerLoop:
         finally:
             if busy:
                 await asyncio.wait(busy)
-            for msg in await puller.stop():  # arrived, never handed out: let others have it
-                await self.replies.nak(msg, 0.0)
+            # Arrived, never handed out: let others have them (confirmed together).
+            self._puller = None
+            left = await puller.stop()
+            await asyncio.gather(*(self.replies.nak(msg, 0.0) for msg in left))
             beating.cancel()
             if draining is not None:
                 await draining
@@ -168,14 +188,16 @@ class ConsumerLoop:
 
     async def _next_batch(
         self, puller: Puller, stop: asyncio.Event, fetch_timeout: float, linger: float
-    ) -> list[JetStreamMsg]:
+    ) -> list[FetchedMessage]:
         """The next batch, within the throttle (:mod:`.throttle`): no more messages than
         the bucket holds tokens, and a pull window shrunk to the limit ([]: stopped)."""
         allowed = await self.throttle.admit(self.spec.batch_size, stop)
         if not allowed:
             return []
         puller.window = self.throttle.window(self.spec.batch_size)
-        msgs = await puller.next_batch(allowed, fetch_timeout, linger=linger)
+        msgs: list[FetchedMessage] = [
+            *await puller.next_batch(allowed, fetch_timeout, linger=linger)
+        ]
         self.throttle.spent(len(msgs))
         return msgs
 
@@ -190,6 +212,13 @@ class ConsumerLoop:
                 log.warning("cannot read parked keys yet (%s); again in %.1fs", exc, pause)
                 await sleep_unless(stop, pause)
                 pause = min(pause * 2, INBOX_RETRY_MAX)
+
+    async def reconnected(self) -> None:
+        """NATS is back after a disconnect: pull afresh at once, and send the recent acks
+        again (the server that had them may have restarted before storing them)."""
+        if self._puller is not None:
+            await self._puller.reconnected()
+        await self.answers.resend_acks(f"{self.js_consumer}: a reconnect")
 
     def fence(self) -> None:
         """The partition was lost (another replica may own it now): stop heart-beating what
@@ -206,7 +235,7 @@ class ConsumerLoop:
         if exc is not None:
             self.settler.unexpected("batch", exc)
 
-    async def process_batch(self, msgs: list[JetStreamMsg]) -> None:
+    async def process_batch(self, msgs: list[FetchedMessage]) -> None:
         """Parse, then process one fetched batch; its messages are kept alive until
         settled. Whatever escapes for the batch nak's what is left of it."""
         self.keeper.hold(msgs)
@@ -220,7 +249,7 @@ class ConsumerLoop:
         finally:
             self.keeper.release(msgs)
 
-    async def _process_batch(self, msgs: list[JetStreamMsg]) -> None:
+    async def _process_batch(self, msgs: list[FetchedMessage]) -> None:
         # No await before the sequencer has taken its keys' turns (fetch order).
         unique: dict[uuid.UUID, Delivery] = {}
         twice: list[Delivery] = []

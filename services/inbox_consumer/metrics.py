@@ -344,5 +344,18 @@ def consumer_families(durable: str, stream: str, stats: Any) -> list[Metric]:
             ["durable"],
             {(durable,): stats.alerts},
         ),
+        counter_family(
+            "ferry_consumer_answers",
+            "Answers to JetStream that needed more than one try (issue 44): naks and terms "
+            "confirmed only after retrying (confirmed_late) or never (unconfirmed: the "
+            "message waits its ack_wait), and acks re-sent after a leader change or a "
+            "reconnect (acks_resent).",
+            ["durable", "outcome"],
+            {
+                (durable, "confirmed_late"): stats.answers.confirmed_late,
+                (durable, "unconfirmed"): stats.answers.unconfirmed,
+                (durable, "acks_resent"): stats.answers.acks_resent,
+            },
+        ),
         bound,
     ]

@@ -160,7 +160,7 @@ class Drainer:
         if rows[0].state == "held" or not rows[0].due:
             return
         deliveries = [
-            parse_delivery(ParkedMsg.of(row, order.spec.stream), self.max_message_bytes)  # type: ignore[arg-type]
+            parse_delivery(ParkedMsg.of(row, order.spec.stream), self.max_message_bytes)
             for row in rows
         ]
         claim = await self.claimer.claim(deliveries)

@@ -25,8 +25,8 @@ redeliveries out before new messages; a new owner that fetched earlier would get
 *later* events first. The lease is therefore built so that **its expiry is a moment by
 which everything its owner fetched is redeliverable**: an owner works on a partition only
 while its lease has more than ``hold`` seconds left (``hold`` = the durable's ``ack_wait``
-plus the fetch timeout, plus a margin), so its last ``in_progress`` and the last message
-its last pull request could bring have both run out by the expiry. A dead owner's last
+plus its pull requests' lifetime, plus a margin), so its last ``in_progress`` and the last
+message its last pull request could bring have both run out by the expiry. A dead owner's last
 sign of life is earlier still. The new owner asks ``pending(k)`` (the consumer's
 ``num_ack_pending``): 0 means nothing is in flight and it starts at once; otherwise (or if
 it cannot tell) it starts :data:`TAKEOVER_MARGIN` after acquiring, never ``ack_wait`` later.
@@ -96,8 +96,8 @@ T = TypeVar("T")
 def lease_validity(ttl: float, hold: float) -> float:
     """How long after the start of a renewal a lease of ``ttl`` seconds counts as ours
     locally, when what its owner fetched takes up to ``hold`` seconds to become
-    redeliverable after the owner stops (ack_wait plus the fetch timeout); not positive:
-    the lease is too short for the durable."""
+    redeliverable after the owner stops (ack_wait plus the pull requests' lifetime); not
+    positive: the lease is too short for the durable."""
     return ttl - hold - min(ttl * FENCE_MARGIN, FENCE_MARGIN_MAX)
 
 
@@ -152,7 +152,7 @@ class PartitionOwnership:
         if self.valid_for <= 0:
             raise ValueError(
                 f"a partition lease of {ttl:g}s leaves no time to work: it must exceed the "
-                f"durable's ack_wait plus the fetch timeout ({hold:g}s) and a margin "
+                f"durable's ack_wait plus its pull requests' lifetime ({hold:g}s) and a margin "
                 f"({min(ttl * FENCE_MARGIN, FENCE_MARGIN_MAX):g}s)"
             )
         self.renew_every = (

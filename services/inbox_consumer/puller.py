@@ -28,7 +28,9 @@ import logging
 import time
 
 from shared.adapters.jetstream import JetStream, JetStreamMsg, Subscription, status_of
+from shared.adapters.jetstream_answers import Answers, Held
 from shared.adapters.nats import NatsClient
+from shared.domain.ordering import ORDERED_PULL_LIFETIME
 from shared.domain.pacing import ArrivalGap
 from shared.waits import within
 
@@ -36,6 +38,10 @@ log = logging.getLogger("ferry.inbox_consumer")
 
 #: Lifetime of one pull request, in seconds.
 REQUEST_EXPIRES = 30.0
+#: Seconds a nak or term is retried until confirmed when the caller gives no policy.
+DEFAULT_CONFIRM = 5.0
+#: Lifetime of one pull request of an ``ordering: key`` partition (see there).
+ORDERED_REQUEST_EXPIRES = ORDERED_PULL_LIFETIME
 #: The server sends a heartbeat after this many idle seconds on a waiting request.
 IDLE_HEARTBEAT = 5.0
 #: Without a message or heartbeat for this long, outstanding requests are presumed lost.
@@ -51,13 +57,24 @@ class ConsumerGone(Exception):
 class Puller:
     """Keeps pull requests outstanding on one durable and batches what they bring."""
 
-    def __init__(self, js: JetStream, *, stream: str, durable: str, window: int) -> None:
+    def __init__(
+        self,
+        js: JetStream,
+        *,
+        stream: str,
+        durable: str,
+        window: int,
+        expires: float = REQUEST_EXPIRES,
+        answers: Answers | None = None,
+    ) -> None:
         # The JetStream context's connection and API prefix (a domain or an account
         # export changes the prefix); nats-py has no public accessor for either.
         self._nc: NatsClient = js._nc
         self._subject = f"{js._prefix}.CONSUMER.MSG.NEXT.{stream}.{durable}"
-        self.window = window
-        self._queue: asyncio.Queue[JetStreamMsg] = asyncio.Queue()
+        self.window, self.expires = window, expires
+        #: How the messages are answered (naks and terms confirmed, acks remembered).
+        self.answers = answers or Answers(confirm_within=DEFAULT_CONFIRM, remember_for=10.0)
+        self._queue: asyncio.Queue[Held] = asyncio.Queue()
         self._credit = 0
         self._heard = time.monotonic()
         self._sub: Subscription | None = None
@@ -76,16 +93,25 @@ class Puller:
         self._inbox = self._nc.new_inbox()
         self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
 
-    async def stop(self) -> list[JetStreamMsg]:
+    async def stop(self) -> list[Held]:
         """Stop asking; return the messages that arrived but were never handed out."""
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
             self._sub = None
-        left: list[JetStreamMsg] = []
+        left: list[Held] = []
         while not self._queue.empty():
             left.append(self._queue.get_nowait())
         return left
+
+    async def reconnected(self) -> None:
+        """The connection came back: requests made before may be gone with the server
+        that had them (a restart). Ask afresh now instead of after :data:`SILENCE_LIMIT`;
+        a request that did survive only brings its messages to the same inbox."""
+        if self._sub is None:
+            return
+        self._credit = 0
+        await self._top_up()
 
     async def keep_alive(self) -> None:
         """Heartbeat the messages that arrived but wait to be handed out (``in_progress``),
@@ -94,9 +120,7 @@ class Puller:
             with contextlib.suppress(Exception):
                 await msg.in_progress()
 
-    async def next_batch(
-        self, limit: int, timeout: float, *, linger: float = 0.0
-    ) -> list[JetStreamMsg]:
+    async def next_batch(self, limit: int, timeout: float, *, linger: float = 0.0) -> list[Held]:
         """Up to ``limit`` messages: waits for the first (at most ``timeout``), then at
         most ``linger`` seconds for the ones right behind it (0: hands over at once)."""
         if self.gone is not None:
@@ -127,11 +151,9 @@ class Puller:
         want = self.window - self._credit - self._queue.qsize()
         if want <= 0 or (self._credit > 0 and want < max(self.window // 2, 1)):
             return
-        request = {
-            "batch": want,
-            "expires": int(REQUEST_EXPIRES * 1e9),
-            "idle_heartbeat": int(IDLE_HEARTBEAT * 1e9),
-        }
+        request = {"batch": want, "expires": int(self.expires * 1e9)}
+        if self.expires >= 2 * IDLE_HEARTBEAT:  # else the 408 at expiry says it is alive
+            request["idle_heartbeat"] = int(IDLE_HEARTBEAT * 1e9)
         try:
             await self._nc.publish(self._subject, json.dumps(request).encode(), reply=self._inbox)
         except Exception as exc:  # closed/reconnecting: the next call asks again
@@ -155,7 +177,7 @@ class Puller:
         if not status:
             self._credit = max(self._credit - 1, 0)
             self.arrivals.arrived(self._heard)
-            self._queue.put_nowait(msg)
+            self._queue.put_nowait(self.answers.hold(msg))
             return
         if status == STATUS_HEARTBEAT:
             return
@@ -166,9 +188,17 @@ class Puller:
             self._credit = max(self._credit - int(pending), 0)
         else:
             self._credit = 0  # cannot tell what ended: ask afresh
+        if status == "409" and "Leadership Change" in description:
+            # The acks the old leader had not replicated are lost: send them again.
+            await self.answers.resend_acks(f"{self._subject}: a leader change")
         if status == "409" and "Consumer Deleted" in description:
             self.gone = f"durable deleted: {description}"
         elif status == "404" and "Consumer" in description:
             self.gone = description
         elif status not in ("404", "408"):
             log.info("pull request ended: %s %s", status, description)
+        if status == "408" and self._sub is not None:
+            # A request expired (an ordered partition's live a second): ask again now,
+            # not when the wait for the next batch ends. Not on refusals (409 ...): the
+            # next batch asks again, no tighter than the consumer's own loop.
+            await self._top_up()

@@ -2,8 +2,10 @@
 
 Each goes to the message through the delivery port (:class:`shared.domain.ports.
 MessageInHand`: a JetStream message, or a parked copy the drainer hands over) and lets
-the keeper stop beating it (:mod:`.keepalive`). A reply that is lost (no connection) is
-logged, not raised: at worst the message is redelivered, and the inbox absorbs it.
+the keeper stop beating it (:mod:`.keepalive`). A fetched message's naks and terms are
+confirmed and retried, its acks remembered for re-sending after a leader change
+(:mod:`shared.adapters.jetstream_answers`); what still fails (no connection) is logged,
+not raised: at worst the message is redelivered, and the inbox absorbs it.
 """
 
 from __future__ import annotations

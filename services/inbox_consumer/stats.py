@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.adapters.jetstream_answers import AnswerStats
+
 
 @dataclass
 class ConsumerStats:
@@ -27,3 +29,5 @@ class ConsumerStats:
     released: int = 0
     bound: bool = False
     retries_by_reason: dict[str, int] = field(default_factory=dict)
+    #: Naks and terms confirmed late or never, acks re-sent (every partition's loop).
+    answers: AnswerStats = field(default_factory=AnswerStats)

@@ -41,11 +41,13 @@ from services.inbox_consumer.metrics import ConsumerMetrics
 from services.inbox_consumer.ordering import Drainer, KeyOrder, Sequencer
 from services.inbox_consumer.partitions import PartitionOwnership, lease_validity
 from services.inbox_consumer.pipeline import Unordered
+from services.inbox_consumer.puller import ORDERED_REQUEST_EXPIRES
 from services.inbox_consumer.replies import Replies
 from services.inbox_consumer.settlement import Settler
 from services.inbox_consumer.stats import ConsumerStats
 from services.inbox_consumer.throttle import Throttle
 from shared.adapters.jetstream import JetStream
+from shared.adapters.jetstream_answers import Answers
 from shared.adapters.nats import NatsClient, connect_nats
 from shared.adapters.postgres import Conn, Pool, create_pool_when_up
 from shared.adapters.stores import PostgresInboxStore
@@ -61,6 +63,10 @@ from shared.runtime.readiness import ReadinessCheck, postgres_probe
 from shared.runtime.settings import ConsumerSettings
 
 ROLE = "inbox-consumer"
+#: Longest a nak or term is retried until JetStream confirms it (a failover takes seconds).
+CONFIRM_AT_MOST = 10.0
+#: Longest an ack is remembered for re-sending after a leader change or a reconnect.
+REMEMBER_ACKS_AT_MOST = 15.0
 log = logging.getLogger("ferry.inbox_consumer")
 
 
@@ -120,6 +126,14 @@ def assemble(
     heartbeat_every = max(spec.ack_wait / 3, 0.5)
     keeper = KeepAlive(heartbeat_every)
     replies = Replies(keeper)
+    # A nak is retried until confirmed for less than the time JetStream takes to redeliver
+    # the message by itself (its last heartbeat, at most a third of ack_wait ago, plus
+    # ack_wait); acks are remembered long enough to be re-sent after a leader change.
+    answers = Answers(
+        confirm_within=min(spec.ack_wait / 2, CONFIRM_AT_MOST),
+        remember_for=min(spec.ack_wait, REMEMBER_ACKS_AT_MOST),
+        stats=stats.answers,
+    )
 
     def inbox_failed() -> None:
         stats.inbox_unavailable += 1
@@ -171,7 +185,8 @@ def assemble(
     return Parts(
         js=js, durable=durable, spec=spec, js_consumer=js_consumer or durable,
         partition=partition, policy=policy, stats=stats, metrics=metrics, throttle=throttle,
-        keeper=keeper, replies=replies, holder=holder, decider=decider, settler=settler,
+        keeper=keeper, replies=replies, answers=answers, holder=holder, decider=decider,
+        settler=settler,
         unordered=unordered, sequencer=sequencer, max_message_bytes=config.max_message_bytes,
         pipeline=config.pipeline, linger=config.linger,
     )  # fmt: skip
@@ -208,12 +223,24 @@ async def wire(settings: ConsumerSettings, stop: asyncio.Event) -> Wired:
     pool = await create_pool_when_up(dsn, max_size=min(4 + 2 * (len(plans) - 1), 20), stop=stop)
     closers.append(pool.close)
     nats_up = {"connected": False}
+    loops: list[ConsumerLoop] = []
+    resending: set[asyncio.Task[None]] = set()
+
+    def nats_state(up: bool) -> None:
+        # Back after a disconnect: acks sent just before it may never have arrived.
+        if up and nats_up["connected"] is False and loops:
+            for consumer in loops:
+                task = asyncio.ensure_future(consumer.reconnected())
+                resending.add(task)
+                task.add_done_callback(resending.discard)
+        nats_up["connected"] = up
+
     nc: NatsClient = await connect_nats(
         settings.nats_servers(),
         name=f"{ROLE}:{settings.durable}",
         ping_interval=settings.nats_ping_interval,
         auth=settings.nats_auth(),
-        on_state=lambda up: nats_up.__setitem__("connected", up),
+        on_state=nats_state,
     )
     closers.insert(0, nc.close)
     secret = settings.signing_secret()
@@ -261,6 +288,7 @@ async def wire(settings: ConsumerSettings, stop: asyncio.Event) -> Wired:
         ))
         for p in plans
     }  # fmt: skip
+    loops.extend(consumers.values())
     ownership: PartitionOwnership | None = None
     if spec.ordering == "key":
         # Renewals get connections of their own: queued behind inbox writes under load, a
@@ -326,13 +354,16 @@ def _ownership(
         finally:
             stopped.cancel()
 
-    hold, ttl = spec.ack_wait + settings.fetch_timeout, settings.lease_ttl(spec.ack_wait)
+    # What this replica fetched is redeliverable at most this long after it stops: its last
+    # heartbeat's ack_wait, or the last message its last pull request could bring.
+    hold, ttl = spec.ack_wait + ORDERED_REQUEST_EXPIRES, settings.lease_ttl(spec.ack_wait)
     if lease_validity(ttl, hold) <= 0:
         raise ConfigurationError(
             f"FERRY_PARTITION_LEASE_TTL={ttl:g} is too short for "
             f"the ordered durable {settings.durable}: an owner may work on a partition only "
             f"while its lease outlasts the durable's ack_wait ({spec.ack_wait:g}s, in the "
-            f"topology) plus FERRY_FETCH_TIMEOUT ({settings.fetch_timeout:g}s) and a margin; "
+            f"topology) plus its pull requests' lifetime ({ORDERED_REQUEST_EXPIRES:g}s) and a "
+            "margin; "
             "raise the ttl or shorten ack_wait (heartbeats keep long handler calls alive)"
         )
     ownership = PartitionOwnership(

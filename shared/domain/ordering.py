@@ -23,6 +23,13 @@ MAX_PARTITIONS = 1024
 _FNV_OFFSET = 0x811C9DC5
 _FNV_PRIME = 0x01000193
 
+#: Lifetime (s) of one pull request of an ``ordering: key`` partition consumer: short,
+#: because a replica that lost its partition's lease (cut off from NATS too) may leave
+#: requests the server still serves until they expire, and a message delivered into them
+#: is redeliverable only ``ack_wait`` later; the partition lease must outlast both
+#: (services/inbox_consumer/partitions.py). The consumer renews an expired one at once.
+ORDERED_PULL_LIFETIME = 1.0
+
 
 class OrderingKeyError(ValueError):
     """The event lacks the field its ordering key is read from (or it is not a scalar)."""

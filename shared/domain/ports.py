@@ -259,6 +259,43 @@ class MessageInHand(Protocol):
         ...
 
 
+class Position(Protocol):
+    """Where a message sits in its stream."""
+
+    @property
+    def stream(self) -> int: ...
+
+
+class DeliveryMetadata(Protocol):
+    """What JetStream says of one delivery."""
+
+    @property
+    def stream(self) -> str: ...
+
+    @property
+    def sequence(self) -> Position: ...
+
+    @property
+    def num_delivered(self) -> int: ...
+
+
+class FetchedMessage(MessageInHand, Protocol):
+    """A fetched message with its contents: what the consumer parses into a delivery
+    (:class:`shared.adapters.jetstream_answers.Held`, or a parked copy)."""
+
+    @property
+    def subject(self) -> str: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def headers(self) -> dict[str, str] | None: ...
+
+    @property
+    def metadata(self) -> DeliveryMetadata: ...
+
+
 # --- event handler --------------------------------------------------------------------
 
 

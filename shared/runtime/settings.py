@@ -23,11 +23,12 @@ from shared.contracts.topology import Topology
 from shared.domain import policy
 from shared.domain.durations import parse_size
 from shared.domain.errors import ConfigurationError
+from shared.domain.ordering import ORDERED_PULL_LIFETIME
 
 #: Default DSN template: ``{database}`` is replaced by the context's database name.
 DEFAULT_DSN_TEMPLATE = "postgresql://postgres@127.0.0.1:5432/{database}"
-#: A default partition lease outlasts ``ack_wait + fetch_timeout`` by this (a second of
-#: margin and about five to work between renewals).
+#: A default partition lease outlasts ``ack_wait`` plus an ordered partition's pull
+#: request lifetime by this (a second of margin and about five to work between renewals).
 DEFAULT_LEASE_SLACK = 6.0
 
 
@@ -312,17 +313,18 @@ class ConsumerSettings(CommonSettings):
     #: ``ordering: key`` durables: seconds a replica's lease on a partition lasts without
     #: renewal; a dead replica's partitions are taken over after at most this. A replica
     #: works on a partition only while its lease outlasts the durable's ``ack_wait`` plus
-    #: ``fetch_timeout`` and a second (so that what it fetched is redeliverable when the
-    #: lease expires), so the ttl must exceed that sum (the role refuses to start
-    #: otherwise). Unset: that sum plus 5 s (12 s for an ``ack_wait`` of 5 s). Renewed
-    #: every third of the ttl, or every half of the time left to work, if shorter.
+    #: its pull requests' lifetime (1 s) and a second (so that what it fetched is
+    #: redeliverable when the lease expires), so the ttl must exceed that sum (the role
+    #: refuses to start otherwise). Unset: that sum plus 5 s (12 s for an ``ack_wait`` of
+    #: 5 s). Renewed every third of the ttl, or every half of the time left to work, if
+    #: shorter.
     partition_lease_ttl: float | None = Field(default=None, gt=0)
 
     def lease_ttl(self, ack_wait: float) -> float:
         """The partition lease ttl for a durable of ``ack_wait`` (see the setting)."""
         if self.partition_lease_ttl is not None:
             return self.partition_lease_ttl
-        return ack_wait + self.fetch_timeout + DEFAULT_LEASE_SLACK
+        return ack_wait + ORDERED_PULL_LIFETIME + DEFAULT_LEASE_SLACK
 
     #: Seconds between reads of the durable's throttle override (``ferry durable
     #: throttle``): a changed rate limit is in force within about this long, no restart.

@@ -88,10 +88,9 @@ async def test_limit_splits_what_arrived(env: Env, nc: NATS) -> None:
 async def test_expired_requests_are_renewed(
     env: Env, nc: NATS, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(puller_module, "REQUEST_EXPIRES", 1.0)
     monkeypatch.setattr(puller_module, "IDLE_HEARTBEAT", 0.4)
     await _provisioned(env, nc)
-    puller = Puller(nc.jetstream(), stream=STREAM, durable=DURABLE, window=5)
+    puller = Puller(nc.jetstream(), stream=STREAM, durable=DURABLE, window=5, expires=1.0)
     await puller.start()
     try:
         # Several request lifetimes pass with nothing to deliver; each 408 gives its
@@ -105,6 +104,29 @@ async def test_expired_requests_are_renewed(
             batch = await puller.next_batch(5, timeout=2)
         assert [m.headers["Nats-Msg-Id"] for m in batch] == [sent]  # type: ignore[index]
         await batch[0].ack()
+    finally:
+        await puller.stop()
+
+
+async def test_short_lived_requests_are_renewed_as_they_expire(env: Env, nc: NATS) -> None:
+    """An ordered partition's requests live a fraction of a second (the partition lease
+    must outlast them); each one that expires is replaced at once, so a message published
+    while the consumer waits is handed over in that same wait, not after it."""
+    await _provisioned(env, nc)
+    puller = Puller(nc.jetstream(), stream=STREAM, durable=DURABLE, window=5, expires=0.2)
+    await puller.start()
+    try:
+        assert await puller.next_batch(5, timeout=0.3) == []  # a request is waiting
+
+        async def publish_later() -> list[str]:
+            await asyncio.sleep(1.5)  # several lifetimes of the request
+            return await _publish(nc, 1)
+
+        later = asyncio.create_task(publish_later())
+        batch = await puller.next_batch(5, timeout=30)
+        assert [m.headers["Nats-Msg-Id"] for m in batch] == await later  # type: ignore[index]
+        await batch[0].ack()
+        assert 0 <= puller.outstanding <= 5
     finally:
         await puller.stop()
 
