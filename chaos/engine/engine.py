@@ -370,18 +370,24 @@ class Engine:
         )
 
     async def recoveries(
-        self, records: list[FaultRecord], *, tolerate_unreachable: bool = False
+        self,
+        records: list[FaultRecord],
+        *,
+        tolerate_unreachable: bool = False,
+        intents: list[Intent] | None = None,
     ) -> tuple[list[float | None], float | None]:
         """Per fault of ``records``: its recovery, and the latency before the first
-        (:mod:`chaos.engine.recovery`); ``tolerate_unreachable``: all None when the
-        databases cannot be reached."""
+        (:mod:`chaos.engine.recovery`), measured on ``intents`` (every planned event by
+        default); ``tolerate_unreachable``: all None when the databases cannot be
+        reached."""
         try:
             processed = await processed_times(self.world.topo, self.world.direct_dsn)
         except REACH_ERRORS:
             if not tolerate_unreachable:
                 raise
             return [None for _ in records], None
-        intents = list(self.ledger.intents.values())
+        if intents is None:
+            intents = list(self.ledger.intents.values())
         figures = recovery_times(records, processed, intents)
         return figures, baseline_latency(processed, intents, records)
 

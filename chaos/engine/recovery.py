@@ -35,14 +35,19 @@ Processed = dict[str, dict[str, float]]
 
 
 async def processed_times(topo: Topology, dsn_of: Callable[[str], str]) -> Processed:
-    """Per durable: event id → when its inbox row was marked processed (epoch seconds)."""
+    """Per durable: event id → when its inbox row was marked processed (epoch seconds).
+
+    Events released from behind a held head (``held_by`` set: an ordered key waited for
+    an operator to replay or discard its dead letter) are left out: they waited for the
+    operator, not for a fault."""
     processed: Processed = {}
     for durable, spec in sorted(topo.durables.items()):
         conn = await asyncpg.connect(dsn_of(spec.target), timeout=10)
         try:
             rows = await conn.fetch(
                 "SELECT message_id::text AS id, extract(epoch FROM processed_at) AS at"
-                " FROM inbox_messages WHERE durable = $1 AND status = 'processed'",
+                " FROM inbox_messages WHERE durable = $1 AND status = 'processed'"
+                " AND held_by IS NULL",
                 durable,
             )
         finally:

@@ -76,6 +76,11 @@ class Play:
         """What else the drain waits for."""
         return []
 
+    def measured(self, intents: list[Intent]) -> list[Intent]:
+        """The events whose waits measure the faults' recovery (all of them by default;
+        a play leaves out those that wait on purpose)."""
+        return intents
+
     async def count_more(self, settled: Settled) -> tuple[dict[str, Any], list[str]]:
         """The scenario's own rows of the table and broken invariants."""
         return {}, []
@@ -162,7 +167,10 @@ class ScenarioRun:
         records = self.timeline.records
         if not records:
             return {}
-        figures, _ = await self.engine.recoveries(records, tolerate_unreachable=True)
+        intents = self.play.measured(list(self.engine.ledger.intents.values()))
+        figures, _ = await self.engine.recoveries(
+            records, tolerate_unreachable=True, intents=intents
+        )
         return recovery_table(records, figures)
 
     # -- the drain ----------------------------------------------------------------------

@@ -57,6 +57,7 @@ from chaos.scenarios.ordering.accounting import count_order
 from chaos.scenarios.ordering.workload import (
     HELD_PARK,
     arm_fixes,
+    behind_no_failure,
     fix_time,
     install_traces,
     plan_ordered,
@@ -352,6 +353,12 @@ class Ordering(Play):
     async def settle(self) -> None:
         """As every run's, except that replicas scaled away stay away."""
         await self.run.engine.settle(keep_down=self.retired)
+
+    def measured(self, intents: list[Intent]) -> list[Intent]:
+        """Recovery is measured on the events no earlier event of their key held back: a
+        key behind a failing event waits by design (a retry's back-off, ``max_deliver``
+        attempts of an exhausting one, an operator's replay), not on a fault."""
+        return behind_no_failure(intents)
 
     async def outstanding(self) -> list[str]:
         """Nothing parked, and every replay's copy processed."""

@@ -190,6 +190,25 @@ def plan_ordered(
     return intents
 
 
+#: Classes that hold nothing back: the handler applies them on their first call.
+UNHINDERED = frozenset({"normal", "slow"})
+
+
+def behind_no_failure(intents: list[Intent]) -> list[Intent]:
+    """The intents no earlier intent of their durable and key fails before (in plan
+    order, which is each key's commit order)."""
+    failed: set[tuple[str | None, str]] = set()
+    kept: list[Intent] = []
+    for intent in sorted(intents, key=lambda i: i.due):
+        key = (intent.durable, ordering_key_of(intent))
+        if key in failed:
+            continue
+        if intent.klass not in UNHINDERED:
+            failed.add(key)
+        kept.append(intent)
+    return kept
+
+
 def ordering_key_of(intent: Intent) -> str:
     """The key the consumer orders ``intent`` by (the aggregate: no manifest names a field)."""
     return f"{intent.event_type.split('_')[0]}/{intent.aggregate_id}"
