@@ -1,7 +1,7 @@
-"""The inbox consumer built from keyword arguments: :class:`InboxConsumer`.
+"""The inbox consumer built from keyword arguments: :func:`build_consumer`.
 
-The role itself is built by its composition root (:mod:`.wiring`); this class is the
-same :class:`~.loop.ConsumerLoop`, assembled by :func:`.wiring.assemble` from the
+The role itself is built by its composition root (:mod:`.wiring`); this function builds
+the same :class:`~.loop.ConsumerLoop`, assembled by :func:`.wiring.assemble` from the
 settings a caller (a test, an embedding program) names one by one, with the durable's
 adapters handed over (the pool, JetStream, the handler) and the rest made by the
 composition root as the role makes them: PostgreSQL's inbox store, fresh stats and
@@ -32,70 +32,51 @@ from shared.runtime.metrics import RoleMetrics
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "ConsumerLoop",
     "ConsumerStats",
     "Delivery",
-    "InboxConsumer",
+    "build_consumer",
     "parse_delivery",
 ]
 
 
-class InboxConsumer(ConsumerLoop):
-    """Consumes one durable (or one partition of it) into its inbox and handler."""
-
-    def __init__(
-        self,
-        *,
-        pool: Pool,
-        js: JetStream,
-        durable: str,
-        spec: DurableSpec,
-        handler: HandlerPort,
-        owner: str,
-        concurrency: int,
-        lease_seconds: float,
-        policy: RetryPolicy,
-        accepted: frozenset[tuple[str, int]] | None,
-        metrics: ConsumerMetrics | None = None,
-        store: InboxStore[Conn] | None = None,
-        stats: ConsumerStats | None = None,
-        partition: int = 0,
-        js_consumer: str | None = None,
-        key_fields: Mapping[tuple[str, int], str | None] | None = None,
-        throttle: Throttle | None = None,
-    ) -> None:
-        config = ConsumerConfig(
-            durable=durable, spec=spec, owner=owner, concurrency=concurrency,
-            lease_seconds=lease_seconds, policy=policy, accepted=accepted,
-            key_fields=key_fields or {},
-        )  # fmt: skip
-        metrics = metrics or ConsumerMetrics(
-            RoleMetrics("inbox-consumer"), durable=durable, stream=spec.stream
-        )
-        if stats is None:  # partitions of one durable share stats, watched once
-            stats = ConsumerStats()
-            watch(metrics, stats, pool, js, spec)
-        parts = assemble(
-            config, pool=pool, js=js, handler=handler, store=store or PostgresInboxStore(),
-            stats=stats, metrics=metrics, throttle=throttle or Throttle(durable, spec),
-            partition=partition, js_consumer=js_consumer,
-        )  # fmt: skip
-        super().__init__(parts)
-        self.pool = pool
-
-    @property
-    def handler(self) -> HandlerPort:
-        """The durable's handler (the decider calls it)."""
-        return self.decider.handler
-
-    @handler.setter
-    def handler(self, handler: HandlerPort) -> None:
-        self.decider.handler = handler
-
-    @property
-    def auth_retry(self) -> tuple[float, float]:
-        """Pauses (s) while the handler refuses our credentials, doubling up to the second."""
-        return self.decider.auth_retry
-
-    @auth_retry.setter
-    def auth_retry(self, pauses: tuple[float, float]) -> None:
-        self.decider.auth_retry = pauses
+def build_consumer(
+    *,
+    pool: Pool,
+    js: JetStream,
+    durable: str,
+    spec: DurableSpec,
+    handler: HandlerPort,
+    owner: str,
+    concurrency: int,
+    lease_seconds: float,
+    policy: RetryPolicy,
+    accepted: frozenset[tuple[str, int]] | None,
+    metrics: ConsumerMetrics | None = None,
+    store: InboxStore[Conn] | None = None,
+    stats: ConsumerStats | None = None,
+    partition: int = 0,
+    js_consumer: str | None = None,
+    key_fields: Mapping[tuple[str, int], str | None] | None = None,
+    throttle: Throttle | None = None,
+) -> ConsumerLoop:
+    """A consumer of one durable (or one partition of it) into its inbox and handler. Its
+    handler and the pauses while the handler refuses our credentials are the decider's
+    (``loop.decider.handler``, ``loop.decider.auth_retry``); its pool the holder's."""
+    config = ConsumerConfig(
+        durable=durable, spec=spec, owner=owner, concurrency=concurrency,
+        lease_seconds=lease_seconds, policy=policy, accepted=accepted,
+        key_fields=key_fields or {},
+    )  # fmt: skip
+    metrics = metrics or ConsumerMetrics(
+        RoleMetrics("inbox-consumer"), durable=durable, stream=spec.stream
+    )
+    if stats is None:  # partitions of one durable share stats, watched once
+        stats = ConsumerStats()
+        watch(metrics, stats, pool, js, spec)
+    parts = assemble(
+        config, pool=pool, js=js, handler=handler, store=store or PostgresInboxStore(),
+        stats=stats, metrics=metrics, throttle=throttle or Throttle(durable, spec),
+        partition=partition, js_consumer=js_consumer,
+    )  # fmt: skip
+    return ConsumerLoop(parts)

@@ -24,7 +24,7 @@ from nats.aio.client import Client as NATS
 
 from devstack.ports import free_port
 from services.inbox_consumer.__main__ import accepted_events
-from services.inbox_consumer.consumer import InboxConsumer
+from services.inbox_consumer.consumer import ConsumerLoop, build_consumer
 from services.inbox_consumer.dispatch import HttpHandler
 from shared.access.streams import provision
 from shared.domain.ack import RetryPolicy
@@ -148,7 +148,7 @@ class RunningConsumer:
         self.durable, self.dsn = durable, dsn
         self.stop = asyncio.Event()
 
-    async def __aenter__(self) -> InboxConsumer:
+    async def __aenter__(self) -> ConsumerLoop:
         spec = self.env.topology.durables[self.durable]
         self.pool = await asyncpg.create_pool(
             self.dsn or self.env.dsn("sea"), min_size=1, max_size=4
@@ -156,7 +156,7 @@ class RunningConsumer:
         self.http = HttpHandler(
             self.url, timeout=spec.handler.timeout, connections=self.concurrency
         )
-        self.consumer = InboxConsumer(
+        self.consumer = build_consumer(
             pool=self.pool,
             js=self.nc.jetstream(),
             durable=self.durable,

@@ -65,7 +65,7 @@ async def test_a_long_refusal_holds_the_whole_batch_alive_and_dead_letters_nothi
     hostile.overloaded_until = time.monotonic() + 2 * 3 + 2
     running = RunningConsumer(env, nc, hostile.url, concurrency=1)
     async with running as consumer:
-        consumer.auth_retry = (0.2, 0.5)
+        consumer.decider.auth_retry = (0.2, 0.5)
         for event in events:
             await publish(nc, event)
         await until_all(env, [e.message_id for e in events], timeout=60)

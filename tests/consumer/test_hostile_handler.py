@@ -189,7 +189,7 @@ async def test_an_unexpected_error_for_one_message_dead_letters_it_and_the_rest_
     poisoned, others = envelope(), [envelope() for _ in range(4)]
     running = RunningConsumer(world, nc, hostile.url)
     async with running as consumer:
-        consumer.handler = _Exploding(consumer.handler, poisoned.message_id)  # type: ignore[assignment]
+        consumer.decider.handler = _Exploding(consumer.decider.handler, poisoned.message_id)  # type: ignore[assignment]
         await publish(nc, poisoned)
         for event in others:
             await publish(nc, event)

@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
 
-from services.inbox_consumer.consumer import InboxConsumer
+from services.inbox_consumer.consumer import ConsumerLoop
 from services.inbox_consumer.throttle import Throttle
 from shared.access.identities import Identity
 from shared.access.streams import provision
@@ -253,8 +253,8 @@ async def test_invalid_overrides_are_refused_and_change_nothing(
     assert actions[0]["actor"]  # who: OS user@host by default
 
 
-async def _watch(consumer: InboxConsumer, stop: asyncio.Event) -> None:
-    await consumer.throttle.watch(consumer.pool, stop, interval=0.2)
+async def _watch(consumer: ConsumerLoop, stop: asyncio.Event) -> None:
+    await consumer.throttle.watch(consumer.holder.pool, stop, interval=0.2)
 
 
 async def _some(handler: ScriptedHandler, ids: list[str]) -> bool:
@@ -265,5 +265,5 @@ async def _all(handler: ScriptedHandler, ids: list[str]) -> bool:
     return applied(handler, ids) == len(ids)
 
 
-async def _source(consumer: InboxConsumer, source: str) -> bool:
+async def _source(consumer: ConsumerLoop, source: str) -> bool:
     return consumer.throttle.source == source

@@ -23,7 +23,7 @@ from nats.aio.client import Client as NATS
 from prometheus_client.parser import text_string_to_metric_families
 
 from devstack.ports import free_port
-from services.inbox_consumer.consumer import InboxConsumer
+from services.inbox_consumer.consumer import build_consumer
 from services.inbox_consumer.dispatch import HttpHandler
 from services.inbox_consumer.metrics import ConsumerMetrics
 from services.outbox_publisher.metrics import PublisherMetrics
@@ -336,7 +336,7 @@ async def test_backlog_and_lag_gauges_follow_the_outbox_and_the_stream(
         spec = env.topology.durables[DURABLE]
         http = HttpHandler(spec.handler.url, timeout=1.0, connections=1)
         role = RoleMetrics("inbox-consumer", refresh_interval=0)
-        InboxConsumer(
+        build_consumer(
             pool=sea_pool, js=nc.jetstream(), durable=DURABLE, spec=spec, handler=http,
             owner="test", concurrency=1, lease_seconds=5, policy=RetryPolicy((0.2,), 4, 5.0),
             accepted=None, metrics=ConsumerMetrics(role, durable=DURABLE, stream=STREAM),

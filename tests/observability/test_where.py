@@ -18,7 +18,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from services.inbox_consumer.__main__ import accepted_events, ordering_keys
-from services.inbox_consumer.consumer import InboxConsumer
+from services.inbox_consumer.consumer import ConsumerLoop, build_consumer
 from services.inbox_consumer.dispatch import HttpHandler
 from shared.access.streams import provision
 from shared.adapters import dead_letters, parking
@@ -214,13 +214,13 @@ class PartitionConsumer:
         self.env, self.nc, self.url, self.partition = env, nc, url, partition
         self.stop = asyncio.Event()
 
-    async def __aenter__(self) -> InboxConsumer:
+    async def __aenter__(self) -> ConsumerLoop:
         topology = self.env.topology
         spec = topology.durable(DURABLE)
         plan = topology.consumers(DURABLE)[self.partition]
         self.pool = await asyncpg.create_pool(self.env.dsn("sea"), min_size=1, max_size=4)
         self.http = HttpHandler(self.url, timeout=spec.handler.timeout, connections=4)
-        consumer = InboxConsumer(
+        consumer = build_consumer(
             pool=self.pool,
             js=self.nc.jetstream(),
             durable=DURABLE,

@@ -256,7 +256,7 @@ async def test_refusals_hold_the_delivery_then_normal_rules_resume(
     event = envelope()
     handler.scripts[event.message_id] = [401, 403, 401, 503, 200]
     async with RunningConsumer(world, nc, handler.url) as consumer:
-        consumer.auth_retry = (0.1, 0.2)
+        consumer.decider.auth_retry = (0.1, 0.2)
         await publish(nc, event)
         await eventually(lambda: _is(world, event.message_id, "processed"), timeout=30, what="p")
     attempts = [c["body"]["delivery"]["attempt"] for c in handler.calls]
