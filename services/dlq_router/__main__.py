@@ -33,6 +33,7 @@ def _router(
         js=connected.nc.jetstream(),
         metrics=RouterMetrics(metrics),
         sweep_margin=settings.sweep_margin,
+        sweep_spent_after=settings.sweep_spent_after,
     )
     log.info("routing advisories of %s from %s", topology.name, topology.advisory_stream)
     return TopologyWork(

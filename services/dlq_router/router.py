@@ -52,7 +52,7 @@ from shared.runtime.metrics import RoleMetrics
 from shared.waits import cancel_and_wait, sleep_unless
 
 from .advisory import MAX_DELIVER_TYPE, TERMINATED_TYPE, Advisory, InvalidAdvisory
-from .sweep import Sweep, dead_letter_stream
+from .sweep import SPENT_AFTER, Sweep, dead_letter_stream
 
 __all__ = ["MAX_DELIVER_TYPE", "TERMINATED_TYPE", "Advisory", "DlqRouter", "InvalidAdvisory"]
 
@@ -104,6 +104,7 @@ class DlqRouter:
         js: JetStream,
         metrics: RouterMetrics | None = None,
         sweep_margin: float = 300.0,
+        sweep_spent_after: float = SPENT_AFTER,
     ) -> None:
         self.topology, self.pools, self.js = topology, pools, js
         self.stats = RouterStats()
@@ -114,6 +115,7 @@ class DlqRouter:
             margin=sweep_margin,
             errors=ERRORS,
             on_recorded=self._swept,
+            spent_after=sweep_spent_after,
         )
         self.metrics = metrics or RouterMetrics(RoleMetrics("dlq-router"))
         self.metrics.watch(self)

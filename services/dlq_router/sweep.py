@@ -7,7 +7,11 @@ stays ``retrying`` for good, with no dead letter and no alert. The sweep closes 
 
 Every ``sweep_interval`` the router looks, per durable, for inbox rows without a final
 outcome that nobody touched past the durable's redelivery horizon
-(:func:`shared.domain.dead_letter.redelivery_horizon`) and whose message JetStream will
+(:func:`shared.domain.dead_letter.redelivery_horizon`) — or, for a row whose last
+delivery (``max_deliver``) failed, past ``spent_after`` seconds only: JetStream delivers
+it no more, and a late advisory finds the sweep's record and adds nothing, so there is
+nothing to wait for but the advisory's usual second (issue 44: a lost advisory left its
+event to the horizon, dead-lettered 7 minutes later) — and whose message JetStream will
 not deliver again (:func:`shared.domain.dead_letter.may_still_be_delivered`, from the
 durable's consumer info). Each is dead-lettered with reason
 ``DELIVERY_EXHAUSTED_UNREPORTED`` through the same
@@ -43,6 +47,8 @@ log = logging.getLogger("ferry.dlq_router.sweep")
 
 #: Rows looked at per durable per sweep.
 BATCH = 200
+#: Seconds a row whose last delivery failed waits for its advisory before the sweep.
+SPENT_AFTER = 30.0
 
 
 @dataclass
@@ -76,8 +82,10 @@ class Sweep:
         margin: float,
         errors: tuple[type[BaseException], ...],
         on_recorded: Any = None,
+        spent_after: float = SPENT_AFTER,
     ) -> None:
         self.topology, self.pools, self.js, self.margin = topology, pools, js, margin
+        self.spent_after = spent_after
         self.errors = errors
         self.on_recorded = on_recorded
         self.stats = SweepStats()
@@ -125,10 +133,11 @@ class Sweep:
         if not progress:
             return 0
         horizon = self.horizon(spec)
+        wait = inbox.SweepWait(horizon, spec.max_deliver, self.spent_after)
         recorded = 0
         pool = self.pools[self.topology.context(spec.target).database]
         async with pool.acquire() as conn:
-            for row in await inbox.unreported(conn, name, horizon, BATCH):
+            for row in await inbox.unreported(conn, name, wait, BATCH):
                 # A partition's consumer knows only its own messages: the partition is the
                 # message's last subject token in the stream (the inbox keeps the event's
                 # subject without it); if the message is gone, any consumer may have it.
@@ -150,9 +159,7 @@ class Sweep:
                     self.stats.still_pending += 1
                     continue
                 try:
-                    recorded += await self._dead_letter(
-                        conn, name, spec, row["message_id"], horizon
-                    )
+                    recorded += await self._dead_letter(conn, name, spec, row["message_id"], wait)
                 except self.errors as exc:
                     self.stats.errors += 1
                     log.warning("could not sweep %s/%s (%s)", name, row["message_id"], exc)
@@ -167,13 +174,19 @@ class Sweep:
         return split_partition(msg.subject or "")[1]
 
     async def _dead_letter(
-        self, conn: Any, name: str, spec: DurableSpec, message_id: uuid.UUID, horizon: float
+        self,
+        conn: Any,
+        name: str,
+        spec: DurableSpec,
+        message_id: uuid.UUID,
+        wait: inbox.SweepWait,
     ) -> int:
         async with conn.transaction():
-            row = await inbox.lock_unreported(conn, name, message_id, horizon)
+            row = await inbox.lock_unreported(conn, name, message_id, wait)
             if row is None:  # settled meanwhile, or another replica holds it
                 return 0
-            failure = await self._failure(name, spec, row, horizon)
+            untouched = wait.spent_after if row["attempts"] >= spec.max_deliver else wait.horizon
+            failure = await self._failure(name, spec, row, min(untouched, wait.horizon))
             outcome = await dead_letters.record_dead_letter(
                 conn,
                 self.js,

@@ -293,7 +293,9 @@ SELECT i.message_id, i.stream_seq, i.attempts, d.message_id IS NOT NULL AS repla
 FROM inbox_messages AS i
 LEFT JOIN dead_letters AS d ON d.durable = i.durable AND d.message_id = i.message_id
 WHERE i.durable = $1 AND i.status IN ('received', 'processing', 'retrying')
-  AND i.updated_at < clock_timestamp() - $2 * interval '1 second'
+  AND i.updated_at < clock_timestamp() - (CASE WHEN i.attempts >= $4::int
+                                               THEN least($2::float8, $5::float8)
+                                               ELSE $2::float8 END) * interval '1 second'
   AND (i.lease_until IS NULL OR i.lease_until < clock_timestamp())
   AND i.stream_seq IS NOT NULL
   AND NOT (d.status IS NOT NULL AND d.status = 'replaying'
@@ -309,23 +311,41 @@ SELECT message_id, subject, stream_seq, attempts, last_error, handler_status, re
        retry_history, event_type, event_version, occurred_at, traceparent
 FROM inbox_messages
 WHERE durable = $1 AND message_id = $2 AND status IN ('received', 'processing', 'retrying')
-  AND updated_at < clock_timestamp() - $3 * interval '1 second'
+  AND updated_at < clock_timestamp() - (CASE WHEN attempts >= $4::int
+                                             THEN least($3::float8, $5::float8)
+                                             ELSE $3::float8 END) * interval '1 second'
   AND (lease_until IS NULL OR lease_until < clock_timestamp())
 FOR UPDATE SKIP LOCKED
 """
 
 
-async def unreported(conn: Conn, durable: str, horizon: float, limit: int) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class SweepWait:
+    """How long a row must stay untouched before the sweep may take it: ``horizon``
+    seconds, or only ``spent_after`` once its attempts reached ``max_deliver`` (its last
+    delivery failed: JetStream delivers it no more, only the advisory is awaited)."""
+
+    horizon: float
+    max_deliver: int
+    spent_after: float
+
+
+async def unreported(conn: Conn, durable: str, wait: SweepWait, limit: int) -> list[dict[str, Any]]:
     """Candidates for the sweep, stalest first (see ``_UNREPORTED``)."""
-    return [dict(r) for r in await conn.fetch(_UNREPORTED, durable, horizon, limit)]
+    rows = await conn.fetch(
+        _UNREPORTED, durable, wait.horizon, limit, wait.max_deliver, wait.spent_after
+    )
+    return [dict(r) for r in rows]
 
 
 async def lock_unreported(
-    conn: Conn, durable: str, message_id: UUID, horizon: float
+    conn: Conn, durable: str, message_id: UUID, wait: SweepWait
 ) -> dict[str, Any] | None:
     """Lock one candidate if it still qualifies and no other sweep holds it (in a
     transaction); the row, or None."""
-    row = await conn.fetchrow(_LOCK_UNREPORTED, durable, message_id, horizon)
+    row = await conn.fetchrow(
+        _LOCK_UNREPORTED, durable, message_id, wait.horizon, wait.max_deliver, wait.spent_after
+    )
     if row is None:
         return None
     doc = dict(row)

@@ -343,9 +343,13 @@ class RouterSettings(CommonSettings):
     #: Seconds SIGTERM allows for the advisories in hand (< supervisord stopwaitsecs).
     drain_deadline: float = Field(default=8.0, gt=0)
     #: Seconds between sweeps for exhaustions no advisory reported (0: no sweep).
-    sweep_interval: float = Field(default=60.0, ge=0)
+    sweep_interval: float = Field(default=15.0, ge=0)
     #: Seconds added to a durable's redelivery horizon before the sweep takes a row.
     sweep_margin: float = Field(default=300.0, ge=0)
+    #: Seconds a row whose last delivery (``max_deliver``) failed waits for its advisory
+    #: before the sweep dead-letters it (JetStream delivers it no more; a late advisory
+    #: adds nothing to the sweep's record).
+    sweep_spent_after: float = Field(default=30.0, ge=0)
 
 
 class ReplayerSettings(CommonSettings):

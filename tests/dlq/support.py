@@ -121,10 +121,15 @@ class Roles:
         )
         return router
 
-    def sweep(self, *, margin: float) -> Sweep:
+    def sweep(self, *, margin: float, spent_after: float = 30.0) -> Sweep:
         """The router's sweep alone (no advisory routing), as one router replica runs it."""
         return Sweep(
-            topology=self.env.topology, pools=self.pools, js=self.js, margin=margin, errors=ERRORS
+            topology=self.env.topology,
+            pools=self.pools,
+            js=self.js,
+            margin=margin,
+            errors=ERRORS,
+            spent_after=spent_after,
         )
 
     def replayer(self, *, unconfirmed_after: float = 1.0) -> DlqReplayer:

@@ -84,6 +84,29 @@ async def test_an_exhaustion_no_advisory_reported_is_dead_lettered_once_by_the_s
     assert handler.applied[event.message_id] == 0
 
 
+async def test_a_spent_message_is_swept_without_waiting_out_the_horizon(
+    env: Env, nc: NATS, handler: ScriptedHandler
+) -> None:
+    """Issue 44: a lost advisory left its event to the horizon (7 minutes in the chaos
+    run). Its last delivery failed, so JetStream delivers it no more and only the advisory
+    is awaited: the sweep takes it after spent_after, however long the horizon. A message
+    with deliveries left is not taken on that account."""
+    fast_durable(env, handler.url, ack_wait="1s", max_deliver=2, backoff=["100ms"])
+    await provision(nc.jetstream(), env.topology, caps=CAPS)
+    event = envelope()
+    handler.scripts[event.message_id] = [500, 500]
+    async with RunningConsumer(env, nc, handler.url) as consumer:
+        await publish(nc, event)
+        await eventually(lambda: true(consumer.stats.exhausted == 1), timeout=30, what="exhausted")
+    await _purge_advisories(nc, env)
+    async with Roles(env, nc.jetstream()) as roles:
+        sweep = roles.sweep(margin=3600.0, spent_after=0.5)  # a horizon of an hour
+        assert sweep.horizon(env.topology.durables["sea__from_vibespro"]) > 3600
+        await eventually(lambda: _swept_one(sweep), timeout=30, what="swept", interval=0.3)
+    [stored] = await dead_letter_rows(env)
+    assert stored["reason_code"] == SWEEP_REASON and stored["attempts"] == 2
+
+
 async def test_a_late_advisory_after_the_sweep_adds_nothing(
     env: Env, nc: NATS, handler: ScriptedHandler
 ) -> None:
