@@ -3,7 +3,8 @@
 ``python -m services.console [--topology F]`` serves one topology's console (one process
 per topology, like the dlq-router), server-rendered HTML that reads without JavaScript:
 
-* **Overview** — per context the outbox backlog and its oldest age, per durable the
+* **Overview** — per context the outbox backlog and its oldest age, per durable the inbox
+  rows waiting and, apart, those dead-lettered, the
   consumer lag (messages, seconds), processing rate, success ratio and dead letters by
   reason, with sparklines of the last hour (samples kept in memory) and the alert
   thresholds drawn on them;

@@ -40,7 +40,7 @@ from .jobs import Jobs
 from .overview import THRESHOLDS, Overview, read_overview
 from .replay_api import ReplayApi
 from .settings import ConsoleSettings
-from .views import Samples, UserError, field, safe_next
+from .views import Samples, UserError, capped_message, field, safe_next
 
 log = logging.getLogger("ferry.console")
 #: A server the console reads could not answer: a page in words (503), not a 500. asyncpg's
@@ -237,6 +237,8 @@ class Console:
         return web.Response(text=page, content_type="text/html", status=status)
 
     def error_page(self, request: web.Request, message: str, status: int) -> web.Response:
+        # A message may repeat the input: a 5,000-character one is not shown in full.
+        message = capped_message(message)
         if request.path.startswith(API):
             return web.json_response({"error": message}, status=status)
         return self.render(request, "error.html", status=status, message=message)

@@ -78,9 +78,11 @@ class DurableView:
     #: The throttle in force (INFRA-005 §7.3), e.g. ``20/s (burst 40)``, with
     #: ``override`` when an operator set it (``ferry durable throttle``); None: none.
     throttle: str | None = None
-    backlog: int = 0
+    #: Inbox rows still to be processed (received, processing or retrying): what waits.
+    waiting: int = 0
     retrying: int = 0
-    failed: int = 0
+    #: Inbox rows given up on (status 'failed': dead-lettered), shown apart from what waits.
+    dead_lettered: int = 0
     oldest_at: str | None = None
     lag_messages: int | None = None
     lag_seconds: float | None = None
@@ -182,8 +184,11 @@ async def _read_database(pool: Pool, views: list[DurableView]) -> None:
         async with pool.acquire() as conn:
             for view in views:
                 doc = await inbox.backlog(conn, view.name)
-                view.backlog, view.oldest_at = doc["count"], doc["oldest_at"]
-                view.retrying, view.failed = doc["retrying"], doc["failed"]
+                # QRY-051 counts every unprocessed row; a dead-lettered one waits for
+                # nobody but an operator, so the overview shows it apart.
+                view.waiting = doc["count"] - doc["failed"]
+                view.oldest_at = doc["oldest_at"]
+                view.retrying, view.dead_lettered = doc["retrying"], doc["failed"]
                 processed = await conn.fetchval(_RECENT, view.name, RATE_WINDOW)
                 dead = await conn.fetchval(_DEAD_RECENT, view.name, RATE_WINDOW)
                 retrying = await conn.fetchval(_RETRYING, view.name)

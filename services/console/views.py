@@ -18,6 +18,27 @@ from .svg import sparkline
 HOUR = 3600.0
 
 
+#: Longest run of text a page repeats from a user's input (the rest is counted, not shown).
+ECHO_LIMIT = 200
+#: Longest message an error page shows.
+MESSAGE_LIMIT = 1000
+
+
+def capped(text: str, limit: int = ECHO_LIMIT) -> str:
+    """``text`` as a page repeats it: its first ``limit`` characters, then how many
+    there were (an input of 5,000 characters is not shown in full)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def capped_message(message: str) -> str:
+    """An error message as a page shows it: every word longer than :data:`ECHO_LIMIT`
+    capped (a long input is one word), the whole at most :data:`MESSAGE_LIMIT`."""
+    words = [capped(word) for word in message.split(" ")]
+    return capped(" ".join(words), MESSAGE_LIMIT)
+
+
 class UserError(Exception):
     """Bad input or a refused action: shown to the user as is, with an HTTP status."""
 
@@ -78,7 +99,9 @@ def filters() -> dict[str, Any]:
     return {"when": when, "age": age, "num": num, "pct": pct, "short": short,
             "q": lambda value: quote(str(value), safe=""),
             # Where the event is for a durable, as `ferry where` says it (whereabouts).
-            "place": place_text}  # fmt: skip
+            "place": place_text,
+            # Text repeated from a user's input: capped (see capped_message).
+            "capped": capped_message}  # fmt: skip
 
 
 def timeline(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:

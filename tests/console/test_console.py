@@ -74,6 +74,14 @@ async def test_sign_in_roles_csrf_bad_input_and_audit(stack: Stack) -> None:
         assert "HANDLER_REJECTED 7" in page, page
         _clean(page)
 
+        # The dead-lettered inbox rows are shown apart from what waits for the consumer.
+        async def nothing_waits() -> bool:
+            _, page = await _get(ops, f"{url}/")
+            return f'id="waiting-{DURABLE}">0<' in page
+
+        await eventually(nothing_waits, timeout=10, what="nothing waiting", interval=0.3)
+        assert f'id="dead-lettered-{DURABLE}">7<' in (await _get(ops, f"{url}/"))[1]
+
         # Bad input: a clear message in the page, never a stack trace.
         for path, code, words in (
             ("/failures?durable=nope", 400, "no durable 'nope'"),
@@ -89,6 +97,10 @@ async def test_sign_in_roles_csrf_bad_input_and_audit(stack: Stack) -> None:
             assert status == code, (path, status, page[-500:])
             assert words in page, (path, page[-800:])
             _clean(page)
+        # A long input is repeated capped, not in full (a 5,000-character line).
+        status, page = await _get(ops, f"{url}/failures?durable={'x' * 5000}")
+        assert status == 400 and "x" * 201 not in page, page[-800:]
+        assert "… (5,002 characters)" in page  # the name in its quotes
         status, page = await _get(ops, f"{url}/event?q=%25%25")
         assert status == 200 and "search for a message or correlation id" in page
         # Search: a correlation id lists its events; one match opens the event itself.

@@ -236,3 +236,12 @@ async def test_readiness_reports_a_dropped_database_connection_as_failing() -> N
     response = await console.readyz(None)  # type: ignore[arg-type]
     assert response.status == 503
     assert json.loads(response.body)["failing"] == ["nats", "postgres:sea"]  # type: ignore[arg-type]
+
+
+def test_an_error_repeats_a_long_input_capped() -> None:
+    from services.console.views import capped_message
+
+    message = capped_message(f"no durable '{'x' * 5000}' in topology t")
+    assert message == f"no durable '{'x' * 199}… (5,002 characters) in topology t"
+    assert capped_message("short words stay") == "short words stay"
+    assert len(capped_message("word " * 1000)) < 1100
