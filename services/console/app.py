@@ -33,7 +33,7 @@ from shared.runtime.metrics import RoleMetrics
 from shared.waits import sleep_unless
 
 from . import views
-from .auth import COOKIE, Authenticator, Session
+from .auth import Authenticator, Session, cookie_name
 from .events import EventPages
 from .failures import FailurePages
 from .jobs import Jobs
@@ -71,6 +71,12 @@ class Console:
     ) -> None:
         self.settings, self.topology, self.pools, self.auth = settings, topology, pools, auth
         self._nats = nats
+        #: The session cookie's name, this console's own (see ``console_cookie_name``).
+        self.cookie = settings.console_cookie_name or cookie_name(
+            topology.name, settings.console_port
+        )
+        #: A one-time message to the next page (e.g. "replayed on …"), read once.
+        self.note_cookie = f"{self.cookie}_note"
         self.jobs = Jobs()
         self.samples = Samples(settings.console_sample_interval)
         self.metrics = metrics
@@ -195,7 +201,7 @@ class Console:
             return await handler(request)
         session = self.auth.from_bearer(request.headers.get("Authorization"))
         if session is None:
-            session = self.auth.from_cookie(request.cookies.get(COOKIE))
+            session = self.auth.from_cookie(request.cookies.get(self.cookie))
         if session is None:
             if request.path.startswith(API):
                 return web.json_response(
@@ -227,14 +233,19 @@ class Console:
         self, request: web.Request, template: str, status: int = 200, **context: Any
     ) -> web.Response:
         session = request.get(_SESSION_KEY)
+        sealed = request.cookies.get(self.note_cookie)
         page = self.templates.get_template(template).render(
             session=session,
+            note=self.auth.unseal(sealed),
             csrf=self.auth.csrf_token(session) if session is not None else "",
             topology=self.topology.name,
             path=request.path,
             **context,
         )
-        return web.Response(text=page, content_type="text/html", status=status)
+        response = web.Response(text=page, content_type="text/html", status=status)
+        if sealed is not None:  # shown once: forgotten
+            response.del_cookie(self.note_cookie, path=request.rel_url.raw_path)
+        return response
 
     def error_page(self, request: web.Request, message: str, status: int) -> web.Response:
         # A message may repeat the input: a 5,000-character one is not shown in full.
@@ -246,6 +257,20 @@ class Console:
     def session_of(self, request: web.Request) -> Session:
         """Who signed the request in."""
         return request[_SESSION_KEY]
+
+    def leave_note(self, response: web.StreamResponse, text: str, path: str) -> None:
+        """A one-time message for the page at ``path`` (a short-lived signed cookie of
+        that path, read and forgotten by :meth:`render`): a reload does not show it
+        again, as a query parameter would."""
+        response.set_cookie(
+            self.note_cookie,
+            self.auth.seal(text[:500]),
+            max_age=60,
+            httponly=True,
+            samesite="Strict",
+            secure=self.settings.console_secure_cookie,
+            path=path,
+        )
 
     def log_action(self, text: str, actor: str) -> None:
         """Log an operator action with its actor."""
@@ -319,7 +344,7 @@ class Console:
         log.info("signed in", extra={"user": user, "role": session.role})
         response = web.HTTPSeeOther(target)
         response.set_cookie(
-            COOKIE,
+            self.cookie,
             self.auth.cookie(session),
             max_age=int(self.auth.ttl),
             httponly=True,
@@ -331,7 +356,7 @@ class Console:
 
     async def logout(self, request: web.Request) -> web.Response:
         response = web.HTTPSeeOther("/login")
-        response.del_cookie(COOKIE, path="/")
+        response.del_cookie(self.cookie, path="/")
         raise response
 
     # ------------------------------------------------------------------ overview

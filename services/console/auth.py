@@ -34,7 +34,16 @@ ROLES: tuple[Role, ...] = ("read-only", "operator")
 SCRYPT_N, SCRYPT_R, SCRYPT_P, KEY_BYTES = 2**14, 8, 1, 32
 #: Failed sign-ins of one name before it is locked out, and for how long (seconds).
 MAX_FAILURES, LOCKOUT = 5, 60.0
+#: Prefix of the session cookie's name; each console adds its topology and port
+#: (:func:`cookie_name`): cookies are not per port, so two consoles on one host would
+#: otherwise overwrite each other's session.
 COOKIE = "ferry_console"
+
+
+def cookie_name(topology: str, port: int) -> str:
+    """The session cookie's name of the console of ``topology`` on ``port``."""
+    safe = "".join(c if c.isalnum() or c in "_-" else "_" for c in topology)
+    return f"{COOKIE}_{safe}_{port}"
 
 
 def _b64(raw: bytes) -> str:
@@ -215,6 +224,23 @@ class Authenticator:
         if not hmac.compare_digest(header[7:].strip().encode(), self._token.encode()):
             return None
         return Session("token", self._token_role, time.time() + 60, "", via="token")
+
+    def seal(self, text: str) -> str:
+        """``text`` signed, as a cookie value (a one-time message: :meth:`unseal`)."""
+        body = _b64(text.encode())
+        return f"{body}.{self._mac(b'note:' + body.encode())}"
+
+    def unseal(self, value: str | None) -> str | None:
+        """The text :meth:`seal` signed, or None (absent, tampered)."""
+        if not value or "." not in value:
+            return None
+        body, mac = value.rsplit(".", 1)
+        if not hmac.compare_digest(mac, self._mac(b"note:" + body.encode())):
+            return None
+        try:
+            return _unb64(body).decode()
+        except ValueError:
+            return None
 
     def csrf_token(self, session: Session) -> str:
         """The CSRF token forms of ``session`` carry."""

@@ -10,7 +10,7 @@ import json
 import logging
 import time
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -135,7 +135,8 @@ class FailurePages:
             payload=json.dumps(record.get("payload"), indent=2, default=str),
             history=record.get("retryHistory") or [],
             default_rate=self.settings.console_replay_rate,
-            done=request.query.get("done"),
+            # Only the actions its status allows (a replayed one is final: none).
+            verbs=[v for v in ("replay", "park", "discard") if data.predicted(v, row["status"])[0]],
         )
 
     async def _targets(self, form: Any, scope: str) -> tuple[list[dict[str, Any]], str]:
@@ -236,10 +237,10 @@ class FailurePages:
                 self.actions.labels("replay", "refused").inc()
                 raise UserError(f"refused: {exc}", 409) from None
             log.info("replay %s: %s", title, reason, extra={"actor": session.actor})
-            raise web.HTTPSeeOther(
-                f"/failures/entry/{quote(row['durable'])}/{row['message_id']}"
-                f"?{urlencode({'done': f'replayed on {subject}'})}"
-            )
+            page = f"/failures/entry/{quote(row['durable'])}/{row['message_id']}"
+            done = web.HTTPSeeOther(page)
+            self.console.leave_note(done, f"replayed on {subject}", page)
+            raise done
         job = self.jobs.start(
             entries,
             actor=session.actor,

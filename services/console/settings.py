@@ -30,6 +30,9 @@ class ConsoleSettings(CommonSettings):
     console_session_key_file: Path | None = None
     #: Seconds a sign-in lasts.
     console_session_ttl: float = Field(default=8 * 3600.0, gt=0)
+    #: Name of the session cookie (default ``ferry_console_{topology}_{port}``: cookies are
+    #: not per port, so every console on one host needs its own name).
+    console_cookie_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]+$")
     #: Send the session cookie only over HTTPS (set it behind a TLS-terminating ingress).
     console_secure_cookie: bool = False
     #: Seconds between the overview's samples (the sparklines keep the last hour).

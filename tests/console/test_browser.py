@@ -1,7 +1,8 @@
 """The console in a real browser (Debian's chromium, driven by Playwright) against the real
 stack with dead letters: sign in, read the overview, open a failure group, dry-run and
-replay it, watch its entries become replayed, refuse a replay of what was replayed, find
-an event by id and open its journey and trace, and check the read-only role cannot act.
+replay it, watch its entries become replayed, offer no action on what was replayed, find
+an event by id and open its journey and trace, and check the read-only role can only
+dry-run.
 
 Screenshots of each page go to ``.var/screenshots/`` (git ignores ``.var/``; CI keeps
 them as artifacts). No Playwright browser is downloaded: chromium is Debian's
@@ -139,16 +140,12 @@ async def test_operator_replays_a_failure_group_and_follows_an_event(
     statuses = await dead_letter_statuses(stack.env)
     assert [statuses[m] for m in stack.fixable] == ["replayed"] * 5
 
-    # A replay of what was replayed is refused in words, never a stack trace.
+    # What was replayed is final: its page offers no action to be refused after the click.
     await page.goto(f"{stack.url}/failures/entry/{DURABLE}/{stack.fixable[0]}")
     assert await page.inner_text("#fact-status") == "replayed"
-    form = page.locator("#action-entry")
-    await form.locator("select[name=action]").select_option("replay")
-    await form.locator("input[name=reason]").fill("again")
-    await form.locator("button[name=confirm]").click()
-    message = await page.inner_text("#error-message")
-    assert "refused" in message and "is replayed" in message, message
-    await _shot(page, "07-replay-refused")
+    assert await page.locator("#action-entry").count() == 0
+    assert "Nothing to do: it is replayed (final)" in await page.inner_text("#no-action")
+    await _shot(page, "07-replayed-final")
 
     # Find the event by id: its journey across the hops, its trace.
     await page.click("header nav >> text=Event")
@@ -196,7 +193,9 @@ async def test_operator_replays_a_failure_group_and_follows_an_event(
     await _sign_in(page, stack, "viewer")
     await page.goto(f"{stack.url}/failures")
     await page.locator("#groups tr.group").filter(has_text="poison").locator("a.open-group").click()
-    assert await page.locator("form.action").count() == 0
+    # A dry run only: the form has no button that acts.
+    assert await page.locator("form.action button[name=confirm]").count() == 0
+    assert await page.locator("#action-group button[name=dry_run]").count() == 1
     assert "Read-only" in await page.inner_text("main")
     await _shot(page, "10-read-only-group")
     csrf = await page.get_attribute("header form.who input[name=csrf]", "value")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import re
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -44,6 +45,10 @@ def _clean(page: str) -> None:
     """No stack trace, no password hash, no token, no password in a page."""
     for secret in ("Traceback", "scrypt$", TOKEN, *PASSWORDS.values(), "passfile"):
         assert secret not in page, f"{secret!r} rendered"
+
+
+async def _past(moment: datetime) -> bool:
+    return datetime.now(UTC) > moment
 
 
 async def test_sign_in_roles_csrf_bad_input_and_audit(stack: Stack) -> None:
@@ -128,9 +133,10 @@ async def test_sign_in_roles_csrf_bad_input_and_audit(stack: Stack) -> None:
         async with ops.post(f"{url}/failures/action", data={**form, "csrf": "forged"}) as resp:
             assert resp.status == 403
 
-        # The read-only role cannot act, even with its own valid token.
+        # The read-only role cannot act, even with its own valid token; it may dry-run.
         _, page = await _get(viewer, f"{url}/failures/entry/{DURABLE}/{target}")
-        assert "Read-only" in page and 'action="/failures/action"' not in page
+        assert "Read-only" in page and 'name="confirm"' not in page
+        assert 'name="dry_run"' in page and 'id="action-entry"' in page
         async with viewer.post(
             f"{url}/failures/action", data={**form, "csrf": _csrf(page)}
         ) as resp:
@@ -143,6 +149,31 @@ async def test_sign_in_roles_csrf_bad_input_and_audit(stack: Stack) -> None:
         assert f'class="place place-dead-lettered">{held}' in page
         _, page = await _get(ops, f"{url}/event/{stack.fine[0]}")
         assert 'class="place place-processed">PROCESSED<' in page
+
+        # An entry replayed: "replayed on …" shown once (a reload does not repeat it);
+        # once replayed (final), its page offers no action at all.
+        fixed = stack.fixable[0]
+        entry_url = f"{url}/failures/entry/{DURABLE}/{fixed}"
+        _, page = await _get(ops, entry_url)
+        assert '<option value="replay">' in page
+        await eventually(
+            lambda: _past(stack.fixed_at), timeout=10, what="the handler fixed", interval=0.2
+        )
+        replay = {"action": "replay", "scope": "entry", "durable": DURABLE, "message_id": fixed,
+                  "reason": "fixed", "confirm": "1", "csrf": _csrf(page)}  # fmt: skip
+        async with ops.post(f"{url}/failures/action", data=replay) as resp:
+            text = html.unescape(await resp.text())
+            assert resp.status == 200 and "?" not in str(resp.url), resp.url
+            assert 'id="done">replayed on ' in text, text[-800:]
+        _, page = await _get(ops, entry_url)
+        assert 'id="done"' not in page
+
+        async def replayed() -> bool:
+            return (await dead_letter_statuses(stack.env))[fixed] == "replayed"
+
+        await eventually(replayed, timeout=20, what="the entry replayed", interval=0.3)
+        _, page = await _get(ops, entry_url)
+        assert 'id="no-action"' in page and "<option" not in page, page[-1500:]
 
         # An operator's park goes through the CLI's function: audited with who and why.
         _, page = await _get(ops, f"{url}/failures/entry/{DURABLE}/{target}")

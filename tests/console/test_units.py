@@ -245,3 +245,37 @@ def test_an_error_repeats_a_long_input_capped() -> None:
     assert message == f"no durable '{'x' * 199}… (5,002 characters) in topology t"
     assert capped_message("short words stay") == "short words stay"
     assert len(capped_message("word " * 1000)) < 1100
+
+
+async def test_two_consoles_on_one_host_set_different_session_cookies() -> None:
+    """Cookies are not per port: each console's session cookie has its own name, and a
+    one-time note is read back only with the key that sealed it."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from services.console.app import Console
+    from services.console.settings import ConsoleSettings
+    from shared.contracts.loading import load_topology
+    from shared.runtime.metrics import RoleMetrics
+
+    names = []
+    for topology, port in (("sea-vibespro", 8090), ("mediation", 8091)):
+        loaded = load_topology(ROOT / "topologies" / f"{topology}.yaml")
+        console = Console(
+            ConsoleSettings(console_port=port), loaded, {}, lambda: None, _auth(),
+            RoleMetrics("console"),
+        )  # fmt: skip
+        console.ready = True
+        async with TestClient(TestServer(console.app())) as client:
+            resp = await client.post(
+                "/login",
+                data={"user": "viewer", "password": "correct horse", "next": "/"},
+                allow_redirects=False,
+            )
+            assert resp.status == 303
+            names.append(next(iter(resp.cookies)))
+    assert names == ["ferry_console_sea-vibespro_8090", "ferry_console_mediation_8091"]
+    named = ConsoleSettings(console_cookie_name="ops_console")
+    assert named.console_cookie_name == "ops_console"
+    sealed = _auth().seal("replayed on x")
+    assert _auth().unseal(sealed) == "replayed on x"
+    assert _auth().unseal(sealed[:-2] + "xx") is None
