@@ -56,7 +56,8 @@ class EventPages:
 
     async def event(self, request: web.Request) -> web.Response:
         message_id = new_message_id(request.match_info["message_id"])
-        doc = await where_ops.journey(self.settings, self.topology, message_id)
+        # On the console's own connection: one per process, not one per page.
+        doc = await where_ops.journey(self.settings, self.topology, message_id, self.console.nc)
         trace = doc.get("trace") or None
         spans: list[dict[str, Any]] = []
         link = None

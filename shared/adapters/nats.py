@@ -129,6 +129,22 @@ def _refused(exc: BaseException) -> bool:
     return any(reason in text for reason in _REFUSALS)
 
 
+class _Client(NATS):
+    """nats-py's client, remembering whether its owner closed it (:meth:`close` or
+    :meth:`drain`): nats-py calls the same disconnect callback for a close asked for and
+    for a lost link, and only a lost link is worth a warning."""
+
+    closing_on_purpose = False
+
+    async def close(self) -> None:
+        self.closing_on_purpose = True
+        await super().close()
+
+    async def drain(self) -> None:
+        self.closing_on_purpose = True
+        await super().drain()
+
+
 class _Events:
     """The connection's callbacks: log, report state, catch a refusal of the first attempt."""
 
@@ -137,9 +153,14 @@ class _Events:
         self.connected = False
         self.last_error: str | None = None
         self.refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.client: _Client | None = None
 
     async def disconnected(self) -> None:
-        log.warning("nats disconnected", extra={"role_event": "nats_disconnected"})
+        if self.client is not None and self.client.closing_on_purpose:
+            # Closed by its owner (a role stopping, `ferry where` done): nothing was lost.
+            log.debug("nats connection closed", extra={"role_event": "nats_closed"})
+        else:
+            log.warning("nats disconnected", extra={"role_event": "nats_disconnected"})
         if self.on_state:
             self.on_state(False)
 
@@ -189,7 +210,8 @@ async def connect_nats(
         "error_cb": events.error,
         **auth.options(servers),
     }
-    nc = NATS()
+    nc = _Client()
+    events.client = nc
     attempt: asyncio.Future[Any] = asyncio.ensure_future(nc.connect(**options))
     waiting: set[asyncio.Future[Any]] = {attempt, events.refused}
     done, _ = await asyncio.wait(

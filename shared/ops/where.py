@@ -33,7 +33,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from shared.adapters.nats import connect_nats
+from shared.adapters.nats import NatsClient, connect_nats
 from shared.contracts.topology import Topology
 from shared.ops.where_durables import durables
 from shared.ops.where_rows import database_rows
@@ -42,19 +42,32 @@ from shared.runtime.settings import CommonSettings
 from shared.telemetry import parse_traceparent
 
 
-async def journey(settings: CommonSettings, topology: Topology, message_id: uuid.UUID) -> Any:
-    """Everything known about ``message_id`` in ``topology``, as a JSON-able document."""
+async def journey(
+    settings: CommonSettings,
+    topology: Topology,
+    message_id: uuid.UUID,
+    nc: NatsClient | None = None,
+) -> Any:
+    """Everything known about ``message_id`` in ``topology``, as a JSON-able document.
+
+    ``nc``: a connection of the caller's to read the streams with (the console's own,
+    left open); without it (or when it is not connected) the journey opens one of its
+    own and closes it."""
     doc: dict[str, Any] = {"message_id": str(message_id), "topology": topology.name}
     rows = await database_rows(settings, topology, message_id)
     doc["outbox"] = rows["outbox"]
-    nc = await connect_nats(
-        settings.nats_servers(), name="ferry-where", auth=settings.nats_auth(), give_up_after=10
-    )
+    own = nc is None or not nc.is_connected
+    if own:
+        nc = await connect_nats(
+            settings.nats_servers(), name="ferry-where", auth=settings.nats_auth(), give_up_after=10
+        )
+    assert nc is not None
     try:
         doc["stream"] = await locate(nc, topology, doc["outbox"], rows, message_id)
         doc["durables"] = await durables(settings, nc, topology, doc, rows)
     finally:
-        await nc.close()
+        if own:
+            await nc.close()
     doc["trace"] = _trace(settings, doc, rows)
     doc["found"] = bool(doc["outbox"] or rows["inbox"] or rows["dead"] or doc["stream"])
     return doc
