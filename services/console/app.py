@@ -363,7 +363,13 @@ class Console:
 
     async def read_overview(self) -> Overview:
         """The overview's figures now (also recorded as a sample)."""
-        overview = await read_overview(self.topology, self.pools, self.nc)
+        overview = await read_overview(
+            self.topology,
+            self.pools,
+            self.nc,
+            self.settings.console_role_health,
+            self.settings.console_role_health_timeout,
+        )
         self.samples.add(overview)
         return overview
 

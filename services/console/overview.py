@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
+
 from services.console.data import OPEN_STATUSES, durables_by_database
 from shared.adapters import inbox, outbox, parking, throttles
 from shared.adapters.jetstream import NATS_FAILURES
@@ -91,11 +93,33 @@ class DurableView:
     dead_by_reason: list[tuple[str, int]] = field(default_factory=list)
     parked: dict[str, Any] | None = None
     error: str | None = None
+    #: Its consumer's liveness (``inbox-consumer-DURABLE`` in ``console_role_health``);
+    #: None when the console is not told where that role's /healthz is.
+    consumer: RoleView | None = None
+
+    @property
+    def consumer_down(self) -> bool:
+        """Its consumer's /healthz did not answer: down, whatever the lag says yet."""
+        return self.consumer is not None and not self.consumer.alive
 
     @property
     def dead_open(self) -> int:
         """Open dead letters (every reason)."""
         return sum(count for _, count in self.dead_by_reason)
+
+
+#: The role name of a durable's consumer in ``console_role_health``.
+CONSUMER_ROLE = "inbox-consumer-{durable}"
+
+
+@dataclass
+class RoleView:
+    """One role's liveness on the overview: its ``/healthz`` answered 200, or why not."""
+
+    name: str
+    url: str
+    alive: bool = False
+    detail: str = ""
 
 
 @dataclass
@@ -119,6 +143,8 @@ class Overview:
     contexts: list[ContextView]
     durables: list[DurableView]
     seconds: float = 0.0
+    #: Every role of ``console_role_health`` with its liveness, by name.
+    roles: list[RoleView] = field(default_factory=list)
 
 
 def durable_views(topology: Topology) -> dict[str, DurableView]:
@@ -143,9 +169,14 @@ def _age(oldest: str | None, now: datetime) -> float | None:
 
 
 async def read_overview(
-    topology: Topology, pools: dict[str, Pool], nc: NatsClient | None
+    topology: Topology,
+    pools: dict[str, Pool],
+    nc: NatsClient | None,
+    health: dict[str, str] | None = None,
+    health_timeout: float = 1.0,
 ) -> Overview:
-    """The overview's figures: outboxes, durables (inbox, lag, rate, ratio, dead letters)."""
+    """The overview's figures: outboxes, durables (inbox, lag, rate, ratio, dead letters)
+    and, for the roles of ``health`` (name → /healthz URL), their liveness."""
     started = time.perf_counter()
     now = datetime.now(UTC)
     contexts = [
@@ -160,10 +191,40 @@ async def read_overview(
         for db, names in durables_by_database(topology).items()
     ]
     jobs += [_read_lag(topology, nc, view) for view in durables.values()]
+    roles = [RoleView(name, url) for name, url in sorted((health or {}).items())]
+    for role in roles:
+        for view in durables.values():
+            if role.name == CONSUMER_ROLE.format(durable=view.name):
+                view.consumer = role
+    jobs.append(_read_liveness(roles, health_timeout))
     await asyncio.gather(*jobs)
     return Overview(
-        topology.name, now, contexts, list(durables.values()), time.perf_counter() - started
+        topology.name,
+        now,
+        contexts,
+        list(durables.values()),
+        time.perf_counter() - started,
+        roles,
     )
+
+
+async def _read_liveness(roles: list[RoleView], timeout: float) -> None:
+    """Each role's /healthz: 200 within ``timeout`` seconds is alive, anything else down."""
+    if not roles:
+        return
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+
+        async def probe(role: RoleView) -> None:
+            try:
+                async with session.get(role.url, allow_redirects=False) as resp:
+                    role.alive = resp.status == 200
+                    role.detail = "alive" if role.alive else f"answered {resp.status}"
+            except TimeoutError:
+                role.detail = f"no answer within {timeout:g} s"
+            except (aiohttp.ClientError, OSError, ValueError) as exc:
+                role.detail = f"unreachable ({_short_error(exc)})"
+
+        await asyncio.gather(*(probe(role) for role in roles))
 
 
 async def _read_outbox(

@@ -43,11 +43,25 @@ class ConsoleSettings(CommonSettings):
     console_kpi_dir: Path | None = Field(
         default=None, validation_alias=AliasChoices("FERRY_CONSOLE_KPI_DIR", "FERRY_KPI_REPORT_DIR")
     )
+    #: Link of the Event page's trace step to the tracing UI, ``{trace_id}`` replaced by
+    #: the id of the event's trace (from its traceparent), e.g.
+    #: ``http://jaeger:16686/trace/{trace_id}``; ``ferry where`` prints the same link.
+    trace_url_template: str | None = Field(
+        default=None, validation_alias=AliasChoices("FERRY_TRACE_URL", "FERRY_TRACE_URL_TEMPLATE")
+    )
     #: Base URL of Jaeger's UI (``http://localhost:16686``): the Event page links a trace
-    #: to ``{url}/trace/{trace_id}`` (``FERRY_TRACE_URL_TEMPLATE`` wins when set).
+    #: to ``{url}/trace/{trace_id}`` (``FERRY_TRACE_URL`` wins when set).
     console_jaeger_url: str | None = None
     #: Glob of exported span files (JSON lines, ``FERRY_TRACES_EXPORTER=file``) the Event
     #: page draws a trace's timeline from, e.g. ``.var/traces/*.jsonl``.
     console_spans_glob: str | None = None
+    #: The roles' liveness endpoints the overview probes, a JSON object of role name to its
+    #: ``/healthz`` URL, e.g. ``{"inbox-consumer-sea__from_vibespro":
+    #: "http://127.0.0.1:9101/healthz"}``. An ``inbox-consumer-DURABLE`` role that does not
+    #: answer marks its durable's row as down at once, before its lag alert fires. Empty
+    #: (the default): no liveness shown.
+    console_role_health: dict[str, str] = Field(default_factory=dict)
+    #: Seconds a role's ``/healthz`` has to answer before the overview shows it down.
+    console_role_health_timeout: float = Field(default=1.0, gt=0, le=10)
     #: Seconds SIGTERM allows for requests and replays in hand.
     drain_deadline: float = Field(default=8.0, gt=0)

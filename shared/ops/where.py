@@ -19,7 +19,7 @@ Read-only, across every database and stream of the topology:
    retrying, held), attempts, next attempt, how many of its key's parked messages are
    before and after it and the head it waits behind; an event not parked itself whose key
    is shows the key's head;
-5. the **trace id** (with a link when ``FERRY_TRACE_URL_TEMPLATE`` is set).
+5. the **trace id** (with a link when ``FERRY_TRACE_URL`` is set).
 
 The pieces live beside it: :mod:`shared.ops.where_rows` (the database reads),
 :mod:`shared.ops.where_stream` (the subject and the stream lookups),

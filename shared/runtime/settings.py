@@ -179,9 +179,11 @@ class CommonSettings(BaseSettings):
     gc_threshold: int = Field(
         default=10_000, ge=100, le=1_000_000, validation_alias=AliasChoices("FERRY_GC_THRESHOLD")
     )
-    #: Link to a trace in ``ferry where``, e.g. ``http://localhost:16686/trace/{trace_id}``.
+    #: Link to a trace in the tracing UI, ``{trace_id}`` replaced by the trace's id, e.g.
+    #: ``http://jaeger:16686/trace/{trace_id}``: ``ferry where`` prints it, the console's
+    #: journey links to it (``FERRY_TRACE_URL_TEMPLATE`` is its older name).
     trace_url_template: str | None = Field(
-        default=None, validation_alias=AliasChoices("FERRY_TRACE_URL_TEMPLATE")
+        default=None, validation_alias=AliasChoices("FERRY_TRACE_URL", "FERRY_TRACE_URL_TEMPLATE")
     )
 
     def load_topology(self) -> Topology:

@@ -30,6 +30,8 @@ from tests.conftest import CAPS, ROOT, Env
 from tests.helpers import eventually
 
 DURABLE = "sea__from_vibespro"
+#: The topology's other durable: no consumer runs for it in the stack.
+OTHER = "vibespro__from_sea"
 PASSWORDS = {"ops": "ops-password-1", "viewer": "viewer-password-1"}
 TOKEN = "t0ken-" + uuid.uuid4().hex
 #: Seconds the "bug" of the fixable events lasts: dead-lettered now, replayable after.
@@ -164,6 +166,8 @@ async def stack(env: Env, nc: NATS, tmp_path: Path) -> AsyncIterator[Stack]:
     fine events, events rejected until FIX_AFTER seconds from now (one failure group) and
     poison events (another)."""
     handler_port, console_port = free_port(), free_port()
+    # The consumer's /healthz, and one of a role that is not running (nothing listens).
+    consumer_health, nobody = free_port(), free_port()
     durable = env.doc["durables"][DURABLE]
     durable.update(
         ack_wait="3s",
@@ -214,6 +218,7 @@ async def stack(env: Env, nc: NATS, tmp_path: Path) -> AsyncIterator[Stack]:
             "inbox-consumer",
             ["services.inbox_consumer", "--durable", DURABLE],
             logs,
+            FERRY_HEALTH_PORT=str(consumer_health),
             FERRY_TRACES_FILE=str(tmp_path / "traces" / "consumer.jsonl"),
             **tracing,
         ),
@@ -229,6 +234,13 @@ async def stack(env: Env, nc: NATS, tmp_path: Path) -> AsyncIterator[Stack]:
             FERRY_CONSOLE_TOKEN_FILE=str(tmp_path / "token"),
             FERRY_CONSOLE_SAMPLE_INTERVAL="2",
             FERRY_CONSOLE_JAEGER_URL="http://jaeger.example:16686",
+            FERRY_TRACE_URL="http://traces.example/ui/trace/{trace_id}?from=console",
+            FERRY_CONSOLE_ROLE_HEALTH=json.dumps(
+                {
+                    f"inbox-consumer-{DURABLE}": f"http://127.0.0.1:{consumer_health}/healthz",
+                    f"inbox-consumer-{OTHER}": f"http://127.0.0.1:{nobody}/healthz",
+                }
+            ),
             FERRY_CONSOLE_SPANS_GLOB=str(tmp_path / "traces" / "*.jsonl"),
             FERRY_KPI_REPORT_DIR=str(tmp_path / "kpi"),
         ),

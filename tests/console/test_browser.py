@@ -155,7 +155,9 @@ async def test_operator_replays_a_failure_group_and_follows_an_event(
     journey = await page.inner_text("#journey")
     assert "published" in journey and "processed" in journey
     assert "replayed" in journey and "replay by ops@console" in journey, journey
-    assert "jaeger.example:16686/trace/" in (await page.get_attribute("#trace-link", "href") or "")
+    trace_id = await page.inner_text("#trace-id")
+    link = await page.get_attribute("#trace-link", "href") or ""
+    assert link == f"http://traces.example/ui/trace/{trace_id}?from=console", link
     deadline = time.monotonic() + 20
     while await page.locator("#timeline tr.span").count() < 2:  # spans flushed in batches
         assert time.monotonic() < deadline, "no trace timeline"

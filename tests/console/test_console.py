@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers import eventually
 
-from .conftest import DURABLE, PASSWORDS, TOKEN, Stack, dead_letter_statuses
+from .conftest import DURABLE, OTHER, PASSWORDS, TOKEN, Stack, dead_letter_statuses
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +85,15 @@ async def test_sign_in_roles_csrf_bad_input_and_audit(stack: Stack) -> None:
             return f'id="waiting-{DURABLE}">0<' in page
 
         await eventually(nothing_waits, timeout=10, what="nothing waiting", interval=0.3)
-        assert f'id="dead-lettered-{DURABLE}">7<' in (await _get(ops, f"{url}/"))[1]
+        _, page = await _get(ops, f"{url}/")
+        assert f'id="dead-lettered-{DURABLE}">7<' in page
+        # Liveness per role: the running consumer is alive; the durable whose consumer does
+        # not answer its /healthz is marked down at once (no lag alert needed).
+        assert f'<tr id="role-inbox-consumer-{DURABLE}" class="">' in page, page[:3000]
+        assert f'<tr id="role-inbox-consumer-{OTHER}" class="bad">' in page
+        assert f'id="liveness-{DURABLE}"' in page and ">consumer alive<" in page
+        assert f'<tr id="durable-{OTHER}" class="bad">' in page
+        assert f'id="liveness-{OTHER}">consumer down: inbox-consumer-{OTHER} unreachable' in page
 
         # Bad input: a clear message in the page, never a stack trace.
         for path, code, words in (
@@ -149,6 +157,11 @@ async def test_sign_in_roles_csrf_bad_input_and_audit(stack: Stack) -> None:
         assert f'class="place place-dead-lettered">{held}' in page
         _, page = await _get(ops, f"{url}/event/{stack.fine[0]}")
         assert 'class="place place-processed">PROCESSED<' in page
+        # Its trace step links to the tracing UI (FERRY_TRACE_URL) with its trace id.
+        trace = re.search(r'id="trace-id">([0-9a-f]{32})<', page)
+        assert trace, page[-2000:]
+        link = f"http://traces.example/ui/trace/{trace.group(1)}?from=console"
+        assert f'href="{link}"' in page
 
         # An entry replayed: "replayed on …" shown once (a reload does not repeat it);
         # once replayed (final), its page offers no action at all.

@@ -279,3 +279,12 @@ async def test_two_consoles_on_one_host_set_different_session_cookies() -> None:
     sealed = _auth().seal("replayed on x")
     assert _auth().unseal(sealed) == "replayed on x"
     assert _auth().unseal(sealed[:-2] + "xx") is None
+
+
+def test_the_trace_link_is_set_by_ferry_trace_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.console.settings import ConsoleSettings
+    from shared.runtime.settings import CommonSettings
+
+    monkeypatch.setenv("FERRY_TRACE_URL", "http://jaeger:16686/trace/{trace_id}")
+    for cls in (CommonSettings, ConsoleSettings):
+        assert cls().trace_url_template == "http://jaeger:16686/trace/{trace_id}"
