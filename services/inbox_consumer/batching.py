@@ -176,6 +176,10 @@ class BatchCaller:
         return decided
 
     async def _post(self, group: list[Delivery]) -> BatchOutcome:
+        outcome: BatchOutcome = await self.decider.guarded(lambda: self._post_once(group))
+        return outcome
+
+    async def _post_once(self, group: list[Delivery]) -> BatchOutcome:
         decider = self.decider
         events = []
         for delivery in group:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from services.inbox_consumer.breaker import CircuitBreaker
 from services.inbox_consumer.delivery import DEFAULT_MAX_MESSAGE_BYTES, Delivery, parse_delivery
 from services.inbox_consumer.loop import ConsumerLoop
 from services.inbox_consumer.metrics import ConsumerMetrics
@@ -59,6 +60,7 @@ def build_consumer(
     js_consumer: str | None = None,
     key_fields: Mapping[tuple[str, int], str | None] | None = None,
     throttle: Throttle | None = None,
+    breaker: CircuitBreaker | None = None,
 ) -> ConsumerLoop:
     """A consumer of one durable (or one partition of it) into its inbox and handler. Its
     handler and the pauses while the handler refuses our credentials are the decider's
@@ -77,6 +79,7 @@ def build_consumer(
     parts = assemble(
         config, pool=pool, js=js, handler=handler, store=store or PostgresInboxStore(),
         stats=stats, metrics=metrics, throttle=throttle or Throttle(durable, spec),
+        breaker=breaker or CircuitBreaker(spec.circuit_breaker, durable=durable),
         partition=partition, js_consumer=js_consumer,
     )  # fmt: skip
     return ConsumerLoop(parts)

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from services.inbox_consumer.breaker import STOPPING, CircuitBreaker
 from services.inbox_consumer.delivery import CONSUMER_ERROR, Delivery
 from services.inbox_consumer.keepalive import KeepAlive
 from services.inbox_consumer.metrics import ConsumerMetrics
@@ -21,7 +22,7 @@ from services.inbox_consumer.spans import log_fields
 from services.inbox_consumer.stats import ConsumerStats
 from shared import telemetry
 from shared.contracts.events import AcceptedEvents
-from shared.contracts.topology import DurableSpec
+from shared.contracts.topology import BreakerSpec, DurableSpec
 from shared.domain.ack import DeadLetter, Decision, HandlerResponse, RetryPolicy, decide
 from shared.domain.envelope import Envelope
 from shared.domain.handler_call import request_body, request_headers
@@ -53,6 +54,7 @@ class Decider:
         metrics: ConsumerMetrics,
         unexpected: Unexpected,
         auth_retry: tuple[float, float] = AUTH_RETRY,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         self.durable, self.spec, self.handler, self.policy = durable, spec, handler, policy
         self.accepted, self.keeper, self.stats, self.metrics = accepted, keeper, stats, metrics
@@ -61,8 +63,10 @@ class Decider:
         #: Pauses (s) while the handler refuses our credentials, doubling up to the second.
         self.auth_retry = auth_retry
         #: Set when the role stops (the run loop hands its stop event over): ends a hold
-        #: on refused credentials.
+        #: on refused credentials, or a wait at the open circuit breaker.
         self.stop = asyncio.Event()
+        #: Every handler call goes through it (:mod:`.breaker`).
+        self.breaker = breaker or CircuitBreaker(BreakerSpec(enabled=False), durable=durable)
 
     async def traced(self, delivery: Delivery) -> tuple[Decision, int | None]:
         """:meth:`decide` inside the delivery's span (the handler call is its child).
@@ -141,8 +145,25 @@ class Decider:
         return outcome
 
     async def _call_with_heartbeat(self, delivery: Delivery, envelope: Envelope) -> Any:
-        """Call the handler; the keeper heart-beats the message during the call, unless
-        the durable turned heartbeats off (the lint then requires timeout < ack_wait)."""
+        """Call the handler once the circuit breaker lets us; the keeper heart-beats the
+        message meanwhile, unless the durable turned heartbeats off (the lint then
+        requires timeout < ack_wait)."""
+        return await self.guarded(lambda: self._call_once(delivery, envelope))
+
+    async def guarded(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """``call()`` through the circuit breaker: waits while it is open (the messages
+        held meanwhile), records the outcome; :data:`~.breaker.STOPPING` if the consumer
+        stopped while waiting."""
+        if not await self.breaker.admit(self.stop):
+            return STOPPING
+        outcome: Any = STOPPING
+        try:
+            outcome = await call()
+        finally:
+            self.breaker.record(outcome)
+        return outcome
+
+    async def _call_once(self, delivery: Delivery, envelope: Envelope) -> Any:
         call = self._timed(
             self.handler.handle(self._request_body(delivery, envelope), headers(delivery))
         )

@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from services.inbox_consumer.breaker import STATE_VALUES
 from shared.adapters import inbox, parking
 from shared.adapters.lag import oldest_undelivered_age
 from shared.domain.ack import HandlerFailure, HandlerResponse
@@ -193,6 +194,11 @@ class ConsumerMetrics:
         """Refresh the parked keys and messages of an ``ordering: key`` durable."""
         self.role.add_refresher("parking", lambda: self._refresh_parking(pool))
 
+    def watch_breaker(self, breaker: Any) -> None:
+        """Export the durable's circuit breaker: its state and what it did."""
+        durable = self.durable
+        self.role.add_collector(lambda: breaker_families(durable, breaker))
+
     def watch_ownership(self, ownership: Any) -> None:
         """Export a partitioned durable's ownership: partitions owned, lease events."""
         durable = self.durable
@@ -230,6 +236,31 @@ class ConsumerMetrics:
         self._lag_seconds.set(oldest)
 
 
+def breaker_families(durable: str, breaker: Any) -> list[Metric]:
+    """A durable's circuit breaker (services/inbox_consumer/breaker.py)."""
+    state = GaugeMetricFamily(
+        "ferry_consumer_circuit_state",
+        "The handler's circuit breaker in this process: 0 closed (calling), 1 open (holding "
+        "messages, not calling), 2 half-open (one probe call in flight).",
+        labels=["durable"],
+    )
+    state.add_metric([durable], STATE_VALUES.get(breaker.state, 0))
+    return [
+        state,
+        counter_family(
+            "ferry_consumer_circuit",
+            "What the circuit breaker did: opened, probes (calls let through while open), "
+            "held (calls that waited at it).",
+            ["durable", "event"],
+            {
+                (durable, "opened"): breaker.opened,
+                (durable, "probes"): breaker.probes,
+                (durable, "held"): breaker.held,
+            },
+        ),
+    ]
+
+
 def ownership_families(durable: str, ownership: Any) -> list[Metric]:
     """A partitioned durable's leases as seen by this replica."""
     owned = GaugeMetricFamily(
@@ -251,7 +282,7 @@ def ownership_families(durable: str, ownership: Any) -> list[Metric]:
         counter_family(
             "ferry_partition_leases",
             "Partition lease events of this replica: acquired, takeover (of a dead owner's "
-            "expired lease), waited (ack_wait before starting, messages were in flight), "
+            "expired lease), waited (messages were in flight: started a moment later), "
             "shed (given up for a new replica), fenced (lost), restarted (work restarted).",
             ["durable", "event"],
             {(durable, k): v for k, v in events.items()},

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.inbox_consumer.batching import BatchCaller, BatchGatherer
+from services.inbox_consumer.breaker import CircuitBreaker
 from services.inbox_consumer.claiming import Claimer
 from services.inbox_consumer.deciding import AUTH_RETRY, Decider
 from services.inbox_consumer.delivery import DEFAULT_MAX_MESSAGE_BYTES
@@ -118,6 +119,7 @@ def assemble(
     stats: ConsumerStats,
     metrics: ConsumerMetrics,
     throttle: Throttle,
+    breaker: CircuitBreaker,
     partition: int = 0,
     js_consumer: str | None = None,
 ) -> Parts:
@@ -152,7 +154,7 @@ def assemble(
     decider = Decider(
         durable=durable, spec=spec, handler=handler, policy=policy, accepted=config.accepted,
         concurrency=config.concurrency, keeper=keeper, stats=stats, metrics=metrics,
-        unexpected=unexpected, auth_retry=config.auth_retry,
+        unexpected=unexpected, auth_retry=config.auth_retry, breaker=breaker,
     )  # fmt: skip
     claimer = Claimer(
         store=store, holder=holder, replies=replies, stats=stats, durable=durable,
@@ -274,8 +276,11 @@ async def wire(settings: ConsumerSettings, stop: asyncio.Event) -> Wired:
         linger=settings.linger,
     )
     js = nc.jetstream()
-    # One rate limit per process, shared by the partitions (INFRA-005 §7.3).
+    # One rate limit per process, shared by the partitions (INFRA-005 §7.3); one circuit
+    # breaker per process too: the partitions call the same handler.
     throttle = Throttle(settings.durable, spec)
+    breaker = CircuitBreaker(spec.circuit_breaker, durable=settings.durable)
+    consumer_metrics.watch_breaker(breaker)
     metrics.add_collector(throttle.families)
     stats = ConsumerStats()  # the partitions of one durable share it, watched once
     watch(consumer_metrics, stats, pool, js, spec)
@@ -283,7 +288,8 @@ async def wire(settings: ConsumerSettings, stop: asyncio.Event) -> Wired:
     consumers = {
         p.partition or 0: ConsumerLoop(assemble(
             config, pool=pool, js=js, handler=handler, store=store, stats=stats,
-            metrics=consumer_metrics, throttle=throttle, partition=p.partition or 0,
+            metrics=consumer_metrics, throttle=throttle, breaker=breaker,
+            partition=p.partition or 0,
             js_consumer=p.name,
         ))
         for p in plans

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from pydantic import Field, ValidationError, model_validator
 
+from shared.contracts.topology_specs import BreakerSpec as BreakerSpec
 from shared.contracts.topology_specs import ContextSpec as ContextSpec
 from shared.contracts.topology_specs import DeadLetterStreamSpec as DeadLetterStreamSpec
 from shared.contracts.topology_specs import DurableSpec as DurableSpec

@@ -152,6 +152,18 @@ class ThrottleSpec(Model):
         return Limit.of(self.rate, self.burst)
 
 
+class BreakerSpec(Model):
+    """A durable's circuit breaker (issue 45): after ``failures`` handler calls in a row
+    failed (a timeout, no connection, 5xx or 429) within ``window``, the consumer stops
+    calling the handler and holds what it has (heart-beating it: no delivery spent) while
+    one call every ``probe_every`` tries the handler; the first that succeeds closes it."""
+
+    enabled: bool = True
+    failures: int = Field(default=5, ge=1, le=1000)
+    window: Seconds = Field(default=10.0, gt=0)
+    probe_every: Seconds = Field(default=5.0, gt=0)
+
+
 class DurableSpec(Model):
     """A pull consumer: one inbox-consumer process group per durable."""
 
@@ -189,6 +201,8 @@ class DurableSpec(Model):
     #: A processing rate limit for a non-critical lane (INFRA-005 §7.3); None: none. An
     #: operator override (``ferry durable throttle``) replaces it while it is set.
     throttle: ThrottleSpec | None = None
+    #: Stop calling a handler that is down, hold what is in hand, probe (on by default).
+    circuit_breaker: BreakerSpec = Field(default_factory=BreakerSpec)
 
     @model_validator(mode="after")
     def _check(self) -> DurableSpec:

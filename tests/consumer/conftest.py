@@ -47,6 +47,8 @@ class ScriptedHandler:
     applied: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     scripts: dict[str, list[Any]] = field(default_factory=dict)
     delay: float = 0.0
+    #: While True every call is answered 503 (the handler is down), scripts untouched.
+    down: bool = False
     #: Calls in progress at once: at most, and at most for one aggregate (ordering tests).
     max_in_flight: int = 0
     max_in_flight_per_key: int = 0
@@ -75,6 +77,9 @@ class ScriptedHandler:
         mid = body["message_id"]
         call = {"body": body, "headers": dict(request.headers), "at": time.monotonic()}
         self.calls.append(call)
+        if self.down:
+            call["outcome"] = 503
+            return web.Response(status=503, text="down")
         script = self.scripts.get(mid)
         step = script.pop(0) if script else 200
         if isinstance(step, tuple):
@@ -119,13 +124,17 @@ async def handler() -> AsyncIterator[ScriptedHandler]:
 
 
 def fast_durable(env: Env, url: str, **overrides: Any) -> None:
-    """Shorten the durable's clocks so retries happen in test time."""
+    """Shorten the durable's clocks so retries happen in test time. The circuit breaker
+    is off unless a test turns it on (``circuit_breaker={...}``): these tests script
+    failures per event and count the deliveries they spend (tests/consumer/test_breaker.py
+    is the breaker's)."""
     durable = env.doc["durables"][DURABLE]
     durable.update(
         ack_wait="3s",
         max_deliver=4,
         backoff=["200ms", "200ms", "200ms"],
         handler={"url": url, "timeout": "1s"},
+        circuit_breaker={"enabled": False},
     )
     durable.update(overrides)
     env.write()

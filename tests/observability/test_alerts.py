@@ -216,3 +216,40 @@ def test_success_ratio_below_threshold_with_enough_traffic(tmp_path: Path) -> No
             )
         ],
     )
+
+
+def circuit_alert(durable: str) -> dict[str, Any]:
+    return alert(
+        {"durable": durable, "severity": "warning", "priority": "P1"},
+        {
+            "summary": f"Handler of {durable} down: the circuit breaker holds its lane",
+            "description": (
+                f"{durable}'s consumer stopped calling its handler after calls in a row "
+                "failed; messages wait (no delivery spent) and a probe goes out every few "
+                "seconds. Check the handler service; the lane resumes on its own when a probe "
+                "succeeds (ferry_consumer_circuit_total shows opens and probes)."
+            ),
+        },
+    )
+
+
+def test_an_open_circuit_breaker_pages_after_two_minutes_not_a_blip(tmp_path: Path) -> None:
+    state = 'ferry_consumer_circuit_state{{namespace="{ns}", durable="{d}", pod="{p}"}}'
+    run_tests(
+        tmp_path,
+        [
+            case(
+                {
+                    # Open from minute 1 on in one of two replicas (max wins); half-open counts.
+                    state.format(ns=NS, d="down", p="a"): "0 1x3 2 1x10",
+                    state.format(ns=NS, d="down", p="b"): "0x14",
+                    # Open for one minute, then closed: a blip the handler got over.
+                    state.format(ns=NS, d="blip", p="a"): "0 1 0x12",
+                },
+                [
+                    ("2m", "FerryHandlerCircuitOpen", []),  # pending
+                    ("5m", "FerryHandlerCircuitOpen", [circuit_alert("down")]),
+                ],
+            )
+        ],
+    )

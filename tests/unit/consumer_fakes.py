@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+from services.inbox_consumer.breaker import CircuitBreaker
 from services.inbox_consumer.loop import ConsumerLoop
 from services.inbox_consumer.metrics import ConsumerMetrics
 from services.inbox_consumer.stats import ConsumerStats
@@ -187,5 +188,6 @@ def consumer(
         stats=ConsumerStats(),
         metrics=ConsumerMetrics(RoleMetrics("inbox-consumer"), durable="d", stream=spec.stream),
         throttle=Throttle("d", spec),
+        breaker=CircuitBreaker(spec.circuit_breaker, durable=DURABLE),
     )
     return ConsumerLoop(parts)

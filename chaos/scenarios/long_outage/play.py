@@ -42,6 +42,9 @@ class LongOutage(Play):
             clocks=short_clocks("3s", 4, ["200ms", "500ms", "1s"]),
             handler_timeout="2s",
             settings={"publisher": dict(PUBLISHER_COMPRESSED)},
+            # The handler outage is here to spend every delivery (dead letters, then the
+            # operator's replay); the circuit breaker, on by default, would hold them.
+            durables={OUTAGE_DURABLE: {"circuit_breaker": {"enabled": False}}},
         )
 
     async def during(self, begin: float) -> None:

@@ -1,0 +1,142 @@
+"""The circuit breaker's states (services/inbox_consumer/breaker.py), on a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.inbox_consumer.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, failed
+from shared.contracts.topology import BreakerSpec
+from shared.domain.ack import HandlerFailure, HandlerResponse
+
+DOWN = HandlerFailure("unreachable", "connection refused")
+OK = HandlerResponse(200)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def breaker(clock: Clock, **spec: object) -> CircuitBreaker:
+    defaults: dict[str, object] = {"failures": 3, "window": 10.0, "probe_every": 5.0}
+    return CircuitBreaker(
+        BreakerSpec(**{**defaults, **spec}), durable="d", clock=clock, recheck=0.01
+    )
+
+
+def test_what_counts_as_the_handler_being_down() -> None:
+    assert failed(DOWN) and failed(HandlerFailure("timeout"))
+    assert failed(HandlerResponse(503)) and failed(HandlerResponse(500))
+    assert failed(HandlerResponse(429))
+    for status in (200, 409, 422, 400, 401, 403, 404, 413):
+        assert not failed(HandlerResponse(status))
+
+
+def test_failures_in_a_row_within_the_window_open_it_and_a_success_in_between_does_not() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for outcome in (DOWN, DOWN, OK, DOWN, DOWN):
+        b.record(outcome)
+    assert b.state == CLOSED
+    b.record(DOWN)
+    assert b.state == OPEN and b.opened == 1
+
+
+def test_failures_spread_wider_than_the_window_do_not_open_it() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(6):
+        b.record(DOWN)
+        clock.now += 6.0  # two failures are never within 10 s of a third
+    assert b.state == CLOSED
+
+
+async def test_while_open_one_probe_per_interval_and_its_success_lets_everyone_through() -> None:
+    clock = Clock()
+    b = breaker(clock, probe_every=5.0)
+    for _ in range(3):
+        b.record(DOWN)
+    stop = asyncio.Event()
+    waiters = [asyncio.create_task(b.admit(stop)) for _ in range(4)]
+    await asyncio.sleep(0.05)
+    assert not any(w.done() for w in waiters) and b.held == 4
+    clock.now += 5.0  # the probe's time: exactly one goes through
+    await asyncio.sleep(0.1)
+    assert [w.done() for w in waiters].count(True) == 1 and b.state == HALF_OPEN
+    b.record(DOWN)  # the probe failed: open again, the next probe in 5 s
+    assert b.state == OPEN
+    clock.now += 4.0
+    await asyncio.sleep(0.1)
+    assert [w.done() for w in waiters].count(True) == 1
+    clock.now += 1.0
+    await asyncio.sleep(0.1)
+    assert [w.done() for w in waiters].count(True) == 2 and b.probes == 2
+    b.record(OK)  # the probe succeeded: closed, everyone through
+    assert b.state == CLOSED
+    assert await asyncio.wait_for(asyncio.gather(*waiters), timeout=2) == [True] * 4
+
+
+async def test_a_stop_ends_every_wait_without_a_call() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.record(DOWN)
+    stop = asyncio.Event()
+    waiting = asyncio.create_task(b.admit(stop))
+    await asyncio.sleep(0.05)
+    stop.set()
+    assert await asyncio.wait_for(waiting, timeout=2) is False
+
+
+async def test_a_disabled_breaker_never_holds() -> None:
+    b = breaker(Clock(), enabled=False)
+    for _ in range(100):
+        b.record(DOWN)
+    assert b.state == CLOSED and await b.admit(asyncio.Event()) is True
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["down", "ok", "tick", "admit"]), max_size=60))
+def test_never_more_than_one_probe_in_flight(steps: list[str]) -> None:
+    async def play() -> None:
+        clock = Clock()
+        b = breaker(clock, failures=2, probe_every=1.0)
+        stop = asyncio.Event()
+        in_flight = 0
+        for step in steps:
+            if step == "tick":
+                clock.now += 1.0
+            elif step in ("down", "ok") and in_flight:
+                in_flight -= 1
+                b.record(DOWN if step == "down" else OK)
+            elif step in ("down", "ok"):
+                b.record(DOWN if step == "down" else OK)
+            elif b.state != CLOSED:
+                try:
+                    admitted = await asyncio.wait_for(b.admit(stop), timeout=0.01)
+                except TimeoutError:
+                    admitted = False
+                if admitted and b.state == HALF_OPEN:
+                    in_flight += 1
+            # Half-open means exactly one probe is out; no second one is ever let through.
+            assert (b.state == HALF_OPEN) == (in_flight == 1)
+
+    asyncio.run(play())
+
+
+@pytest.mark.parametrize("outcome", [OK, HandlerResponse(422), HandlerResponse(409)])
+def test_a_late_success_while_open_closes_it(outcome: HandlerResponse) -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.record(DOWN)
+    assert b.state == OPEN
+    b.record(outcome)  # a call admitted before it opened answers now: the handler is back
+    assert b.state == CLOSED
