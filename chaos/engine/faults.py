@@ -60,15 +60,19 @@ class FaultRecord:
     #: again); 0 when the platform must recover by itself (a kill). Recovery counts from it
     #: (:mod:`chaos.engine.recovery`).
     restored: float = 0.0
+    #: Seconds the pipeline took to get over it, once the run measured it (None: not
+    #: measured, or no affected event came through; :mod:`chaos.engine.recovery`).
+    recovery: float | None = None
 
     def line(self, origin: float) -> str:
         """A timeline line, times relative to ``origin``."""
         span = self.ended - self.started
         status = "" if self.ok else "  [FAILED]"
         target = f" {self.target}" if self.target else ""
+        recovered = "" if self.recovery is None else f"  [recovery {self.recovery:.1f}s]"
         return (
             f"t+{self.started - origin:7.2f}s  {span:5.1f}s  {self.kind}{target}"
-            f"{': ' + self.detail if self.detail else ''}{status}"
+            f"{': ' + self.detail if self.detail else ''}{status}{recovered}"
         )
 
 

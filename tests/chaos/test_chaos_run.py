@@ -69,3 +69,9 @@ async def test_ci_schedule_loses_nothing_and_applies_nothing_twice(tmp_path: Pat
     # The recovery table: a figure for every fault kind injected, in the report too.
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert recovery_gaps(result.recovery, report["recovery"], injected) == [], story
+    # Each fault carries its own figure too (overlapping faults can then be told apart),
+    # and each kind's max is the largest of its faults'.
+    for kind, line in result.recovery.items():
+        mine = [f["recovery"] for f in report["faults"] if f["kind"] == kind and f["ok"]]
+        worst = max((r for r in mine if r is not None), default=None)
+        assert line.max == (None if worst is None else round(worst, 1)), story

@@ -113,6 +113,8 @@ class ScheduleRun:
             accounts = await engine.count()
             records = engine.timeline.records
             figures, _ = await engine.recoveries(records, tolerate_unreachable=True)
+            for record, figure in zip(records, figures, strict=True):
+                record.recovery = figure  # per fault on the timeline and in report.json
         result = RunResult(
             seed=config.seed,
             schedule=schedule,
