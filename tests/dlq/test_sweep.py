@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from typing import Any
 
 import pytest
 from nats.aio.client import Client as NATS
@@ -43,9 +44,8 @@ async def _purge_advisories(nc: NATS, env: Env) -> None:
     await nc.jetstream().purge_stream(env.topology.advisory_stream)
 
 
-async def test_an_exhaustion_no_advisory_reported_is_dead_lettered_once_by_the_sweep(
-    env: Env, nc: NATS, handler: ScriptedHandler
-) -> None:
+async def _spent_without_advisory(env: Env, nc: NATS, handler: ScriptedHandler) -> Any:
+    """One event whose both deliveries failed (max_deliver 2), and its advisory lost."""
     fast_durable(env, handler.url, ack_wait="1s", max_deliver=2, backoff=["100ms"])
     await provision(nc.jetstream(), env.topology, caps=CAPS)
     event = envelope()
@@ -54,6 +54,13 @@ async def test_an_exhaustion_no_advisory_reported_is_dead_lettered_once_by_the_s
         await publish(nc, event)
         await eventually(lambda: true(consumer.stats.exhausted == 1), timeout=30, what="exhausted")
     await _purge_advisories(nc, env)
+    return event
+
+
+async def test_an_exhaustion_no_advisory_reported_is_dead_lettered_once_by_the_sweep(
+    env: Env, nc: NATS, handler: ScriptedHandler
+) -> None:
+    event = await _spent_without_advisory(env, nc, handler)
     row = await inbox_row(env, event.message_id)
     assert row is not None and row["status"] == "retrying"
     async with Roles(env, nc.jetstream()) as roles:
@@ -89,16 +96,9 @@ async def test_a_spent_message_is_swept_without_waiting_out_the_horizon(
 ) -> None:
     """Issue 44: a lost advisory left its event to the horizon (7 minutes in the chaos
     run). Its last delivery failed, so JetStream delivers it no more and only the advisory
-    is awaited: the sweep takes it after spent_after, however long the horizon. A message
-    with deliveries left is not taken on that account."""
-    fast_durable(env, handler.url, ack_wait="1s", max_deliver=2, backoff=["100ms"])
-    await provision(nc.jetstream(), env.topology, caps=CAPS)
-    event = envelope()
-    handler.scripts[event.message_id] = [500, 500]
-    async with RunningConsumer(env, nc, handler.url) as consumer:
-        await publish(nc, event)
-        await eventually(lambda: true(consumer.stats.exhausted == 1), timeout=30, what="exhausted")
-    await _purge_advisories(nc, env)
+    is awaited: the sweep takes it after spent_after, however long the horizon. (A message
+    with deliveries left keeps the horizon: see the "still holds for redelivery" test.)"""
+    await _spent_without_advisory(env, nc, handler)
     async with Roles(env, nc.jetstream()) as roles:
         sweep = roles.sweep(margin=3600.0, spent_after=0.5)  # a horizon of an hour
         assert sweep.horizon(env.topology.durables["sea__from_vibespro"]) > 3600
@@ -167,14 +167,7 @@ async def _held(sweep: Sweep) -> bool:
 async def test_the_router_sweeps_on_its_own_and_counts_it(
     env: Env, nc: NATS, handler: ScriptedHandler
 ) -> None:
-    fast_durable(env, handler.url, ack_wait="1s", max_deliver=2, backoff=["100ms"])
-    await provision(nc.jetstream(), env.topology, caps=CAPS)
-    event = envelope()
-    handler.scripts[event.message_id] = [500, 500]
-    async with RunningConsumer(env, nc, handler.url) as consumer:
-        await publish(nc, event)
-        await eventually(lambda: true(consumer.stats.exhausted == 1), timeout=30, what="exhausted")
-    await _purge_advisories(nc, env)
+    await _spent_without_advisory(env, nc, handler)
     async with Roles(env, nc.jetstream()) as roles:
         router = roles.router(sweep_margin=MARGIN, sweep_interval=0.5)
         await eventually(lambda: true(router.sweep.stats.recorded == 1), timeout=30, what="swept")
