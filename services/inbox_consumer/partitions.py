@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
@@ -68,17 +67,13 @@ from shared.adapters import partition_leases as sql
 from shared.adapters.postgres import DATABASE_ERRORS, Pool
 from shared.waits import sleep_unless, within
 
+from .partition_share import fair_share, fence_margin, lease_validity, preference
 from .partition_slot import Pending, Slot, SlotRunner, Work
 
 log = logging.getLogger("ferry.inbox_consumer.partitions")
 
 #: Pause before a work task that ended by itself is started again.
 RESTART_PAUSE = 1.0
-#: Share of the ttl (at most :data:`FENCE_MARGIN_MAX` seconds) by which a lease counts as
-#: lost locally before ``last renewal + ttl - hold``: room for the work to stop, for the
-#: network and for JetStream's redelivery timer.
-FENCE_MARGIN = 0.1
-FENCE_MARGIN_MAX = 1.0
 #: Seconds a takeover with messages in flight waits after acquiring the lease (the
 #: previous owner's held messages are redeliverable by the expiry already).
 TAKEOVER_MARGIN = 0.5
@@ -91,30 +86,6 @@ ABANDON_WAIT = 1.0
 FORGET_AFTER_TTLS = 10
 
 T = TypeVar("T")
-
-
-def lease_validity(ttl: float, hold: float) -> float:
-    """How long after the start of a renewal a lease of ``ttl`` seconds counts as ours
-    locally, when what its owner fetched takes up to ``hold`` seconds to become
-    redeliverable after the owner stops (ack_wait plus the pull requests' lifetime); not
-    positive: the lease is too short for the durable."""
-    return ttl - hold - min(ttl * FENCE_MARGIN, FENCE_MARGIN_MAX)
-
-
-def fair_share(partitions: int, members: int) -> int:
-    """How many partitions one of ``members`` live replicas may hold."""
-    return math.ceil(partitions / max(members, 1))
-
-
-def preference(partitions: int, members: int, rank: int) -> list[int]:
-    """Every partition, in the order the member of ``rank`` (0-based, among ``members``)
-    reaches for them: its own stripe ``p ≡ rank (mod members)`` first, then the others
-    from ``rank`` on. The stripes of the ranks are disjoint and cover every partition."""
-    members = max(members, 1)
-    return sorted(
-        range(partitions),
-        key=lambda p: ((p - rank) % members != 0, (p - rank) % partitions),
-    )
 
 
 class PartitionOwnership:
@@ -153,7 +124,7 @@ class PartitionOwnership:
             raise ValueError(
                 f"a partition lease of {ttl:g}s leaves no time to work: it must exceed the "
                 f"durable's ack_wait plus its pull requests' lifetime ({hold:g}s) and a margin "
-                f"({min(ttl * FENCE_MARGIN, FENCE_MARGIN_MAX):g}s)"
+                f"({fence_margin(ttl):g}s)"
             )
         self.renew_every = (
             renew_every if renew_every is not None else min(ttl / 3, self.valid_for / 2)

@@ -40,7 +40,8 @@ from services.inbox_consumer.loop import (
 )
 from services.inbox_consumer.metrics import ConsumerMetrics
 from services.inbox_consumer.ordering import Drainer, KeyOrder, Sequencer
-from services.inbox_consumer.partitions import PartitionOwnership, lease_validity
+from services.inbox_consumer.partition_share import lease_validity
+from services.inbox_consumer.partitions import PartitionOwnership
 from services.inbox_consumer.pipeline import Unordered
 from services.inbox_consumer.puller import ORDERED_REQUEST_EXPIRES
 from services.inbox_consumer.replies import Replies

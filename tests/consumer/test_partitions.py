@@ -26,12 +26,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from devstack.postgres import PostgresServer
-from services.inbox_consumer.partitions import (
-    PartitionOwnership,
-    fair_share,
-    lease_validity,
-    preference,
-)
+from services.inbox_consumer.partition_share import fair_share, lease_validity, preference
+from services.inbox_consumer.partitions import PartitionOwnership
 from shared.adapters import partition_leases
 from shared.adapters.postgres import migrate_database
 from shared.runtime.settings import ConsumerSettings
