@@ -28,6 +28,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from shared.contracts.topology import BreakerSpec
@@ -68,6 +69,8 @@ class CircuitBreaker:
     ) -> None:
         self.spec, self.durable, self.clock, self.recheck = spec, durable, clock, recheck
         self.state = CLOSED
+        #: When the state last changed (wall clock, for the console).
+        self.since: datetime | None = None
         #: Failures since the last success (their times), while closed.
         self._failures: collections.deque[float] = collections.deque()
         self._next_probe = 0.0
@@ -89,7 +92,7 @@ class CircuitBreaker:
                 break
             now = self.clock()
             if self.state == OPEN and now >= self._next_probe:
-                self.state = HALF_OPEN
+                self._set(HALF_OPEN)
                 self.probes += 1
                 log.info("%s: circuit breaker half-open: probing the handler", self.durable)
                 break
@@ -136,8 +139,17 @@ class CircuitBreaker:
             self.opened += 1
             self._open(now, f"{len(self._failures)} calls in a row failed")
 
+    def _set(self, state: str) -> None:
+        if state != self.state:
+            self.state, self.since = state, datetime.now(UTC)
+
+    def report(self) -> tuple[str, datetime | None]:
+        """Its state and since when (``throttle_members``: what the console shows);
+        ``disabled`` when the topology turned it off."""
+        return (self.state if self.enabled else "disabled"), self.since
+
     def _open(self, now: float, why: str) -> None:
-        self.state = OPEN
+        self._set(OPEN)
         self._failures.clear()
         self._next_probe = now + self.spec.probe_every
         log.warning(
@@ -149,7 +161,7 @@ class CircuitBreaker:
         self._changed.set()
 
     def _close(self) -> None:
-        self.state = CLOSED
+        self._set(CLOSED)
         self._failures.clear()
         log.warning("%s: circuit breaker closed: the handler answers again", self.durable)
         self._changed.set()

@@ -76,10 +76,13 @@ def build_consumer(
     if stats is None:  # partitions of one durable share stats, watched once
         stats = ConsumerStats()
         watch(metrics, stats, pool, js, spec)
+    breaker = breaker or CircuitBreaker(spec.circuit_breaker, durable=durable)
+    if throttle is None:
+        throttle = Throttle(durable, spec)
+        throttle.circuit = breaker.report
     parts = assemble(
         config, pool=pool, js=js, handler=handler, store=store or PostgresInboxStore(),
-        stats=stats, metrics=metrics, throttle=throttle or Throttle(durable, spec),
-        breaker=breaker or CircuitBreaker(spec.circuit_breaker, durable=durable),
+        stats=stats, metrics=metrics, throttle=throttle, breaker=breaker,
         partition=partition, js_consumer=js_consumer,
     )  # fmt: skip
     return ConsumerLoop(parts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -12,6 +13,7 @@ from services.inbox_consumer.breaker import STATE_VALUES
 from shared.adapters import inbox, parking
 from shared.adapters.lag import oldest_undelivered_age
 from shared.domain.ack import HandlerFailure, HandlerResponse
+from shared.domain.pause import describe_until, parse_server_time
 from shared.domain.throttle import Limit
 from shared.runtime.metrics import (
     BATCH_BUCKETS,
@@ -28,6 +30,8 @@ from shared.runtime.metrics import (
     dead_letter_counter,
 )
 from shared.telemetry import MESSAGING_SYSTEM
+
+log = logging.getLogger("ferry.inbox_consumer")
 
 
 class ConsumerMetrics:
@@ -104,6 +108,21 @@ class ConsumerMetrics:
         self._lag = Gauge(
             "ferry_consumer_lag_messages",
             "Consumer lag: JetStream num_pending + num_ack_pending of the durable.",
+            ["durable"],
+            registry=reg,
+        ).labels(durable)
+        #: The durable was paused at the last refresh (JetStream's consumer pause).
+        self.paused = False
+        self._paused = Gauge(
+            "ferry_consumer_paused",
+            "1 while the durable is paused (`ferry durable pause`: JetStream delivers "
+            "nothing), else 0; summed over replicas it is their count, which KEDA holds.",
+            ["durable"],
+            registry=reg,
+        ).labels(durable)
+        self._paused_until = Gauge(
+            "ferry_consumer_paused_until_timestamp_seconds",
+            "When a paused durable resumes by itself (Unix time; 0 when not paused).",
             ["durable"],
             registry=reg,
         ).labels(durable)
@@ -224,16 +243,34 @@ class ConsumerMetrics:
     async def _refresh_lag(self, js: Any) -> None:
         pending = ack_pending = 0
         oldest = 0.0
+        ends: list[datetime | None] = []
         for name in self.consumers:  # every partition's consumer, summed
             info = await js.consumer_info(self.stream, name)
             pending += info.num_pending or 0
             ack_pending += info.num_ack_pending or 0
+            if info.paused:
+                ends.append(parse_server_time(info.config.pause_until))
             if info.num_pending:
                 oldest = max(oldest, await oldest_undelivered_age(js, info))
         self._pending.labels(self.durable, "pending").set(pending)
         self._pending.labels(self.durable, "ack_pending").set(ack_pending)
         self._lag.set(pending + ack_pending)
         self._lag_seconds.set(oldest)
+        self._set_paused(ends if len(ends) == len(self.consumers) else [])
+
+    def _set_paused(self, ends: list[datetime | None]) -> None:
+        """Paused when every consumer of the durable is; logged when that changes."""
+        paused = bool(ends)
+        until = min((e for e in ends if e is not None), default=None)
+        if paused != self.paused:
+            if paused:
+                log.warning("%s is paused %s: JetStream delivers nothing to it until then",
+                            self.durable, describe_until(until))  # fmt: skip
+            else:
+                log.warning("%s is no longer paused: deliveries resume", self.durable)
+        self.paused = paused
+        self._paused.set(1 if paused else 0)
+        self._paused_until.set(until.timestamp() if until is not None else 0)
 
 
 def breaker_families(durable: str, breaker: Any) -> list[Metric]:

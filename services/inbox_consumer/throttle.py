@@ -35,12 +35,13 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 from typing import Any
 
 from prometheus_client.core import Metric
 
 from services.inbox_consumer.metrics import throttle_families
-from shared.adapters import throttles
+from shared.adapters import circuits, throttles
 from shared.adapters.postgres import DATABASE_ERRORS
 from shared.adapters.throttles import Override
 from shared.contracts.topology import DurableSpec
@@ -64,6 +65,10 @@ def split(limit: Limit | None, members: int) -> Limit | None:
     if limit is None or members <= 1:
         return limit
     return Limit(limit.rate / members, max(1, math.ceil(limit.burst / members)))
+
+
+#: Polls between two reports of an unchanged circuit breaker state.
+REPORT_EVERY = 15
 
 
 class Throttle:
@@ -93,6 +98,11 @@ class Throttle:
         self.waited = 0.0
         self._changed = asyncio.Event()
         self._ignored_logged = False
+        #: What else this process reports with its heartbeat: its circuit breaker's state
+        #: and since when (:meth:`.breaker.CircuitBreaker.report`), for the console.
+        self.circuit: Callable[[], tuple[str, datetime | None]] | None = None
+        self._reported: tuple[str, datetime | None] | None = None
+        self._polls = 0
 
     @property
     def share(self) -> Limit | None:
@@ -169,6 +179,12 @@ class Throttle:
         processes (seen within ``alive`` seconds) sharing the limit."""
         override, members = await throttles.poll(conn, self.durable, self.owner, alive=alive)
         self.apply(override, members)
+        self._polls += 1
+        if self.circuit is not None:  # written when it changed, and now and then anyway
+            report = self.circuit()
+            if report != self._reported or self._polls % REPORT_EVERY == 1:
+                await circuits.report_circuit(conn, self.durable, self.owner, *report)
+                self._reported = report
 
     async def watch(
         self, pool: Any, stop: asyncio.Event, interval: float = DEFAULT_POLL_INTERVAL

@@ -282,6 +282,7 @@ async def wire(settings: ConsumerSettings, stop: asyncio.Event) -> Wired:
     throttle = Throttle(settings.durable, spec)
     breaker = CircuitBreaker(spec.circuit_breaker, durable=settings.durable)
     consumer_metrics.watch_breaker(breaker)
+    throttle.circuit = breaker.report  # reported with its heartbeat, for the console
     metrics.add_collector(throttle.families)
     stats = ConsumerStats()  # the partitions of one durable share it, watched once
     watch(consumer_metrics, stats, pool, js, spec)

@@ -149,7 +149,8 @@ def permissions_of(identity: Identity, topology: Topology) -> Permissions | None
 
 
 def _console_publish(topology: Topology) -> list[str]:
-    """What the operator console publishes: JetStream API reads and the replay subjects."""
+    """What the operator console publishes: JetStream API reads, consumer pauses and the
+    replay subjects."""
     durables = sorted(topology.durables.items())
     streams = sorted({spec.stream for _, spec in durables})
     every = [
@@ -160,9 +161,11 @@ def _console_publish(topology: Topology) -> list[str]:
     return [
         *(f"$JS.API.STREAM.INFO.{name}" for name in dict.fromkeys(every)),
         *(
-            f"$JS.API.CONSUMER.INFO.{spec.stream}.{plan.name}"
+            f"$JS.API.CONSUMER.{api}.{spec.stream}.{plan.name}"
             for name, spec in durables
             for plan in topology.consumers(name)
+            # Its overview reads each consumer; its pause and resume buttons pause them.
+            for api in ("INFO", "PAUSE")
         ),
         *(_stream_read(stream) for stream in streams),
         # `ferry where`'s scan: an ordered consumer (ephemeral: no name in the subject) and

@@ -17,6 +17,7 @@
     ferry handler-check URL       does a handler keep the contract (shared/cli/handler_check.py)
     ferry handler-models CONTEXT  payload models for an SDK handler (shared/cli/handler_models.py)
     ferry durable throttle        a durable's rate limit, changed live (shared/cli/throttle.py)
+    ferry durable pause|resume    stop and restart a durable's deliveries (shared/cli/pause.py)
 
 All read FERRY_* settings (docs/reference/settings.md). ``--json`` prints machine-readable output.
 Exit codes: 0 ok, 1 drift or refusal found, 2 configuration error, 3 cannot connect.
@@ -39,6 +40,7 @@ from shared.cli import handler_check as handler_check_cli
 from shared.cli import handler_models as handler_models_cli
 from shared.cli import outbox as outbox_cli
 from shared.cli import parked as parked_cli
+from shared.cli import pause as pause_cli
 from shared.cli import registry as registry_cli
 from shared.cli import rewind as rewind_cli
 from shared.cli import throttle as throttle_cli
@@ -168,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     access_cli.add_commands(sub)
     # Last: `ferry durable throttle` joins the `durable` group if another command made it.
     throttle_cli.add_commands(sub)
+    pause_cli.add_commands(sub)
     return parser
 
 
