@@ -40,7 +40,8 @@ console-{topology}          the operator console (services/console): read the ou
                             only what ``ferry dlq`` and ``ferry parked`` write (UPDATE of
                             ``dead_letters`` and ``inbox_messages`` for replays, park and
                             discard; INSERT into ``dead_letter_actions`` and
-                            ``parked_actions``; DELETE of a held ``parked_messages`` head);
+                            ``parked_actions``, and ``dead_letter_edits`` for an edited
+                            replay; DELETE of a held ``parked_messages`` head);
                             in the replay lane's database (module_g) INSERT into
                             ``replay_jobs`` and ``outbox_events`` (the replay API's jobs)
 ==========================  ================================================================
@@ -88,8 +89,10 @@ OUTBOX_INSERT_COLUMNS = (
 )
 #: The KPI job's result tables (migrations/0004_kpi.sql).
 KPI_TABLES = ("kpi_windows", "kpi_reasons", "kpi_watermarks", "kpi_runs")
-#: Tables holding one durable's rows, guarded by row-level security on ``durable``.
-PER_DURABLE_TABLES = ("inbox_messages", "dead_letters", "dead_letter_actions")
+#: Tables holding one durable's rows, guarded by row-level security on ``durable``
+#: (``dead_letter_edits``: edit-and-retry's audit, migrations/0017).
+EDITS_TABLE = "dead_letter_edits"
+PER_DURABLE_TABLES = ("inbox_messages", "dead_letters", "dead_letter_actions", EDITS_TABLE)
 #: ``ordering: key`` durables' tables (migrations 0009, 0010), also one durable's rows each.
 ORDERING_TABLES = ("parked_messages", "parked_actions", "partition_leases", "partition_members")
 #: The audit of ``ferry durable rewind`` (migrations/0011_rewinds.sql), one durable's rows each.
@@ -311,6 +314,8 @@ def _console_access(
             TableAccess("inbox_messages", read, rows),
             TableAccess("dead_letters", read, rows),
             TableAccess("dead_letter_actions", note, rows),
+            # Edit-and-retry (`ferry dlq edit`, the console): both versions, audited.
+            TableAccess(EDITS_TABLE, note, rows),
         ]
         if rows:
             keyed = tuple(name for name in rows if name in ordered)

@@ -5,6 +5,7 @@
     ferry dlq replay   (DURABLE MESSAGE_ID | FILTERS) --reason WHY [--dry-run] [--rate N]
     ferry dlq park     (DURABLE MESSAGE_ID | FILTERS) --reason WHY [--dry-run]
     ferry dlq discard  (DURABLE MESSAGE_ID | FILTERS) --reason WHY [--dry-run]
+    ferry dlq edit     DURABLE MESSAGE_ID --payload-file PATH|- --reason WHY [--dry-run]
     ferry dlq export   [FILTERS] [--output FILE]        JSON lines, one record each
 
 FILTERS: --durable D, --reason-code R, --status S (each repeatable), --subject PATTERN
@@ -13,8 +14,8 @@ Every change is recorded in ``dead_letter_actions`` with who (--actor, default t
 user@host), when and why. A filter that would change more than one entry needs --all.
 
 The commands live beside it: :mod:`shared.cli.dlq_read` (the filters as a query, ``list``,
-``show`` and ``export``) and :mod:`shared.cli.dlq_change` (``replay``, ``park`` and
-``discard``); what they run is :mod:`shared.ops.dlq`'s. This module holds the parser
+``show`` and ``export``) and :mod:`shared.cli.dlq_change` (``replay``, ``park``,
+``discard`` and ``edit``); what they run is :mod:`shared.ops.dlq`'s. This module holds the parser
 (``add_dlq_commands``, ``check_key``).
 """
 
@@ -25,7 +26,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared.cli.dlq_change import cmd_discard, cmd_park, cmd_replay
+from shared.cli.audit_args import nonempty_reason
+from shared.cli.dlq_change import cmd_discard, cmd_edit, cmd_park, cmd_replay
 from shared.cli.dlq_read import cmd_export, cmd_list, cmd_show, parse_uuid
 from shared.domain.durations import parse_duration
 from shared.ops.dlq import STATUSES
@@ -100,11 +102,29 @@ def add_dlq_commands(sub: Any) -> argparse.ArgumentParser:
     discard = verbs.add_parser("discard", help="give up on it (kept for the audit)")
     _change(discard)
     discard.set_defaults(func=cmd_discard)
+    edit = verbs.add_parser(
+        "edit", help="replace one dead letter's payload and replay it (edit-and-retry)"
+    )
+    edit.add_argument("target_durable", metavar="DURABLE")
+    edit.add_argument("message_id", type=parse_uuid, metavar="MESSAGE_ID")
+    edit.add_argument(
+        "--payload-file",
+        required=True,
+        metavar="PATH",
+        help="the new payload, a JSON object (- reads standard input); checked against the "
+        "schema of the event's type and version",
+    )
+    edit.add_argument("--reason", type=nonempty_reason, required=True, help="why (recorded)")
+    edit.add_argument("--actor", help="who (default: OS user@host)")
+    edit.add_argument(
+        "--dry-run", action="store_true", help="check the edit and show it, change nothing"
+    )
+    edit.set_defaults(func=cmd_edit)
     export = verbs.add_parser("export", help="dead letters as JSON lines")
     _filters(export)
     export.add_argument("--output", help="file to write (default: stdout)")
     export.set_defaults(func=cmd_export)
-    for parser in (lst, show, replay, park, discard, export):
+    for parser in (lst, show, replay, park, discard, edit, export):
         parser.add_argument("--json", action="store_true", help="machine-readable output")
     return dlq
 

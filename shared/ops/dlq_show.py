@@ -1,5 +1,6 @@
 """One dead letter in full (see :mod:`shared.ops.dlq`): its record, trace id, operator
-actions and, for an ``ordering: key`` durable, its key's parked queue."""
+actions, its payload's edits (both versions) and, for an ``ordering: key`` durable, its
+key's parked queue."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ async def show_dead_letter(
     settings: CommonSettings, durable: str, message_id: uuid.UUID
 ) -> dict[str, Any] | None:
     """One dead letter in full (``ferry dlq show``, the console): the row as JSON-friendly
-    data with its trace id, operator actions and ordering; None when there is none."""
+    data with its trace id, operator actions, edits and ordering; None when there is none."""
     topology = settings.load_topology()
     spec = topology.durable(durable)
     conn = await connect(settings.dsn(topology.context(spec.target).database))
@@ -26,6 +27,7 @@ async def show_dead_letter(
         query = store.Query(durables=[durable], message_ids=[message_id])
         rows = await store.find(conn, query)
         done = await store.actions(conn, durable, message_id)
+        edited = await store.edits(conn, durable, message_id)
         ordering = await _ordering(conn, durable, rows[0]) if rows else None
     finally:
         await conn.close()
@@ -34,6 +36,7 @@ async def show_dead_letter(
     row = public(rows[0])
     row["trace_id"] = _trace_id(row.get("traceparent"))
     row["actions"] = done
+    row["edits"] = edited
     row["ordering"] = ordering
     return row
 

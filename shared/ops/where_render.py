@@ -183,8 +183,11 @@ def _render_dead(dead: dict[str, Any] | None) -> list[str]:
             f"{event.get('detail') or ''}".rstrip()
         )
     for action in dead["actions"]:
+        # An edit-and-retry names what it changed (both versions: `ferry dlq show`).
+        changed = (action.get("details") or {}).get("changed")
+        edited = f" (edited {', '.join(changed)})" if changed else ""
         lines.append(
             f"           action {action['action']} by {action['actor']} at {action['at']}: "
-            f"{action['reason']}"
+            f"{action['reason']}{edited}"
         )
     return lines

@@ -74,7 +74,7 @@ async def test_console_database_login_reads_and_writes_only_what_the_cli_writes(
     conn = await asyncpg.connect(env.role_dsn(identity, topology.contexts["sea"].database))
     try:
         for table in ("outbox_events", "inbox_messages", "dead_letters", "dead_letter_actions",
-                      "kpi_runs", "kpi_windows"):  # fmt: skip
+                      "dead_letter_edits", "kpi_runs", "kpi_windows"):  # fmt: skip
             await conn.fetchval(f"SELECT count(*) FROM {table}")
         await conn.execute(  # what a replay and a park change
             "UPDATE dead_letters SET status = status WHERE durable = 'sea__from_vibespro'"
@@ -85,6 +85,12 @@ async def test_console_database_login_reads_and_writes_only_what_the_cli_writes(
             "VALUES ('sea__from_vibespro', $1, 'park', 'ops@console', 'test')",
             uuid.uuid4(),
         )
+        edit = (  # what an edit-and-retry records (both versions)
+            "INSERT INTO dead_letter_edits (durable, message_id, replay_attempt, "
+            "original_payload, edited_payload, changed, actor, reason) "
+            "VALUES ($1, $2, 1, '{}', '{\"a\": 1}', ARRAY['payload.a'], 'ops@console', 'test')"
+        )
+        await conn.execute(edit, "sea__from_vibespro", uuid.uuid4())
         for statement in (
             "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, "
             "event_version, payload) VALUES (gen_random_uuid(), 'a', 'b', 'c', 1, '{}')",
@@ -92,6 +98,8 @@ async def test_console_database_login_reads_and_writes_only_what_the_cli_writes(
             "DELETE FROM dead_letters",
             "DELETE FROM inbox_messages",
             "DELETE FROM dead_letter_actions",
+            "DELETE FROM dead_letter_edits",
+            "UPDATE dead_letter_edits SET reason = 'rewritten'",
             "INSERT INTO kpi_runs (run_id) VALUES (gen_random_uuid())",
         ):
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
@@ -103,6 +111,8 @@ async def test_console_database_login_reads_and_writes_only_what_the_cli_writes(
                 "VALUES ('cg_f_ingest', $1, 'park', 'ops@console', 'test')",
                 uuid.uuid4(),
             )
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute(edit, "cg_f_ingest", uuid.uuid4())
     finally:
         await conn.close()
 

@@ -3,6 +3,7 @@
     record   recording a dead letter, once, whichever path comes first (consumer, router, sweep)
     records  the record on the wire: UTF-8 JSON that always fits, or the payload by reference
     replay   replays, their confirmation and settlement, park and discard
+    edit     edit-and-retry: a replay with an operator's payload, both versions audited
     audit    the actions taken on dead letters (``dead_letter_actions``)
     query    finding dead letters and their actions (operator CLI, ``ferry where``)
 
@@ -12,6 +13,14 @@ import the package (``from shared.adapters import dead_letters``) and use
 ``dead_letters.X``.
 """
 
+from shared.adapters.dead_letters.edit import (
+    Edit,
+    EditCheck,
+    EditRefused,
+    current_envelope,
+    edit_plan,
+    edits,
+)
 from shared.adapters.dead_letters.query import Query, actions, find, subject_regex
 from shared.adapters.dead_letters.record import (
     Failure,
@@ -36,6 +45,9 @@ __all__ = [
     "FINAL_STATUSES",
     "NOT_REPLAYABLE",
     "REPLAYABLE_STATUSES",
+    "Edit",
+    "EditCheck",
+    "EditRefused",
     "Failure",
     "NoEnvelope",
     "NotReplayable",
@@ -44,6 +56,9 @@ __all__ = [
     "Replayed",
     "Source",
     "actions",
+    "current_envelope",
+    "edit_plan",
+    "edits",
     "find",
     "initial_status",
     "record_dead_letter",

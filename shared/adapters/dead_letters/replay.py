@@ -25,6 +25,7 @@ from shared import telemetry
 from shared.adapters import inbox
 from shared.adapters.dead_letters import records
 from shared.adapters.dead_letters.audit import record_action
+from shared.adapters.dead_letters.edit import Edit, apply_edit
 from shared.adapters.postgres import Conn
 from shared.contracts.topology import Topology
 from shared.domain.dead_letter import (
@@ -46,6 +47,9 @@ class Replayed:
     replay_attempt: int
     subject: str
     stream_seq: int
+    #: An edited replay: its ``dead_letter_edits`` row and the paths it changed.
+    edit_id: int | None = None
+    changed: tuple[str, ...] = ()
 
 
 _LOCK_FOR_REPLAY = """
@@ -96,6 +100,7 @@ async def replay(
     automatic: bool,
     allowed: Sequence[str] = REPLAYABLE_STATUSES,
     topology: Topology,
+    edit: Edit | None = None,
 ) -> Replayed:
     """Replay one dead letter: record it, then publish it, then confirm the publish.
 
@@ -107,6 +112,11 @@ async def replay(
     could receive the replay while the row still says failed, and skip it as a duplicate.
     A failed publish or a crash before the confirmation is healed by
     :func:`republish_unconfirmed`.
+
+    With ``edit`` (edit-and-retry, :mod:`~shared.adapters.dead_letters.edit`) the row's
+    envelope takes the edited payload and the edit is audited in the same transaction, so
+    the replay — and any republish of it — carries the edited payload under the same
+    message id; an :class:`~shared.adapters.dead_letters.edit.EditRefused` changes nothing.
     """
     async with conn.transaction():
         row = await conn.fetchrow(_LOCK_FOR_REPLAY, durable, message_id)
@@ -122,9 +132,17 @@ async def replay(
                 f"{durable}/{message_id} has no parseable envelope to replay "
                 f"({record.get('reasonCode')}); discard it or republish it at the source"
             )
-        subject = _replay_subject(topology, durable, message_id, row, record)
         attempt = row["replay_attempts"] + 1
-        event = history_event("replayed", reason, "", actor=actor, attempt=attempt)
+        details: dict[str, Any] = {"attempt": attempt}
+        if edit is not None:
+            record, edited = await apply_edit(
+                conn, durable, message_id, record, edit, attempt=attempt, actor=actor,
+                reason=reason,
+            )  # fmt: skip
+            details.update(edited)
+        subject = _replay_subject(topology, durable, message_id, row, record)
+        detail = "edited " + ", ".join(details["changed"]) if edit is not None else ""
+        event = history_event("replayed", reason, detail, actor=actor, attempt=attempt)
         await conn.execute(_MARK_REPLAYING, durable, message_id, attempt, json.dumps(event))
         await inbox.reopen_for_replay(
             conn,
@@ -142,17 +160,20 @@ async def replay(
             conn,
             durable,
             message_id,
-            "auto_replay" if automatic else "replay",
+            "edit" if edit is not None else "auto_replay" if automatic else "replay",
             actor,
             reason,
-            {"attempt": attempt},
+            details,
         )
     # A failed publish leaves the entry 'replaying' and unconfirmed: republish_unconfirmed
     # publishes it again under the same Nats-Msg-Id (undoing instead could race a publish
     # that did land but whose PubAck was lost).
     seq = await _publish_replay(js, durable, message_id, row, record, attempt, subject)
     await conn.execute(_PUBLISHED, durable, message_id, attempt, seq)
-    return Replayed(durable, message_id, attempt, subject, seq)
+    return Replayed(
+        durable, message_id, attempt, subject, seq, details.get("edit_id"),
+        tuple(details.get("changed", ())),
+    )  # fmt: skip
 
 
 def _replay_subject(
