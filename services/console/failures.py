@@ -20,6 +20,7 @@ from shared.ops import parked as parked_ops
 
 from . import data
 from .auth import Session
+from .edits import EditPages
 from .host import Host
 from .jobs import Job, new_message_id
 from .views import UserError, field, rate_param
@@ -50,6 +51,7 @@ class FailurePages:
         r.add_get("/jobs/{job_id}", self.job)
         r.add_post("/jobs/{job_id}/cancel", self.cancel_job)
         r.add_post("/parked/discard", self.discard_parked)
+        EditPages(self.console).add_routes(r)
 
     def _durable_param(self, value: str | None) -> str | None:
         if not value:
@@ -127,6 +129,7 @@ class FailurePages:
         if row is None:
             raise UserError(f"no dead letter {durable}/{message_id}", 404)
         record = row.pop("record")
+        envelope = store.current_envelope(record)
         return self.console.render(
             request,
             "entry.html",
@@ -137,6 +140,10 @@ class FailurePages:
             default_rate=self.settings.console_replay_rate,
             # Only the actions its status allows (a replayed one is final: none).
             verbs=[v for v in ("replay", "park", "discard") if data.predicted(v, row["status"])[0]],
+            # Edit-and-retry: an envelope to edit, from a status a replay may start from.
+            edit_payload=json.dumps(envelope.get("payload"), indent=2, ensure_ascii=False)
+            if envelope is not None and data.predicted("replay", row["status"])[0]
+            else None,
         )
 
     async def _targets(self, form: Any, scope: str) -> tuple[list[dict[str, Any]], str]:

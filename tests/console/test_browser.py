@@ -12,6 +12,7 @@ them as artifacts). No Playwright browser is downloaded: chromium is Debian's
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -216,5 +217,71 @@ async def test_operator_replays_a_failure_group_and_follows_an_event(
     assert response.status == 403
     assert "viewer is read-only" in await response.text()
     assert (await dead_letter_statuses(stack.env))[stack.poison[0]] == "held"
+    await context.close()
+    assert "Traceback" not in stack.log("console")
+
+
+async def test_operator_edits_a_dead_letter_and_retries_it(stack: Stack, browser: Browser) -> None:
+    """Edit-and-retry: the operator fixes a poison event's payload in the page's form and it
+    is replayed; the read-only user has no form, and her POST is refused."""
+    context = await browser.new_context(viewport={"width": 1400, "height": 900})
+    page = await context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    target = stack.poison[0]
+    entry = f"{stack.url}/failures/entry/{DURABLE}/{target}"
+    await _sign_in(page, stack, "ops")
+    await page.goto(entry)
+    form = page.locator("#edit-entry")
+    current = json.loads(await form.locator("textarea[name=payload]").input_value())
+    assert current["_ferry_test"] == {"poison": True}
+    fixed = {"vibe_id": current["vibe_id"], "title": "fixed in the browser"}
+    # A payload its schema refuses first: the page names the field.
+    await form.locator("textarea[name=payload]").fill(json.dumps({"vibe_id": current["vibe_id"]}))
+    await form.locator("input[name=reason]").fill("drop the test flag")
+    await form.locator("button[name=confirm]").click()
+    assert "payload.title: required property is missing" in await page.inner_text("main")
+    await _shot(page, "12-edit-refused")
+    assert (await dead_letter_statuses(stack.env))[target] == "held"
+    await page.goto(entry)
+    form = page.locator("#edit-entry")
+    await form.locator("textarea[name=payload]").fill(json.dumps(fixed, indent=2))
+    await form.locator("input[name=reason]").fill("drop the test flag")
+    await form.locator("button[name=confirm]").click()
+    assert "edited (payload._ferry_test, payload.title) and replayed" in await page.inner_text(
+        "#done"
+    )
+    deadline = time.monotonic() + 30
+    while (await dead_letter_statuses(stack.env))[target] != "replayed":
+        assert time.monotonic() < deadline, "the edited replay was not processed"
+        await asyncio.sleep(0.3)
+    await page.reload()
+    assert await page.inner_text("#fact-status") == "replayed"
+    assert await page.locator("#edit-entry").count() == 0  # final: nothing to edit
+    edits = await page.inner_text("#edits")
+    assert "fixed in the browser" in edits and "ops@console" in edits
+    await _shot(page, "13-edited-and-replayed")
+    assert not errors, errors
+
+    # The read-only user: the page of the other poison event offers no edit; a POST is 403.
+    await page.click("header form.who button")
+    await _sign_in(page, stack, "viewer")
+    await page.goto(f"{stack.url}/failures/entry/{DURABLE}/{stack.poison[1]}")
+    assert await page.locator("#edit-entry").count() == 0
+    assert await page.locator("textarea").count() == 0
+    csrf = await page.get_attribute("header form.who input[name=csrf]", "value")
+    response = await page.request.post(
+        f"{stack.url}/failures/edit",
+        form={
+            "csrf": csrf or "",
+            "durable": DURABLE,
+            "message_id": stack.poison[1],
+            "payload": json.dumps(fixed),
+            "reason": "viewer tries",
+        },
+    )
+    assert response.status == 403
+    assert "viewer is read-only" in await response.text()
+    assert (await dead_letter_statuses(stack.env))[stack.poison[1]] == "held"
     await context.close()
     assert "Traceback" not in stack.log("console")
