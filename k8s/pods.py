@@ -47,6 +47,11 @@ MIN_INFLIGHT_PER_REPLICA = 10
 #: The NATS monitoring endpoint KEDA reads. It must be the chart's *headless* Service: in a
 #: cluster the scaler asks the consumer's leader at ``<server-name>.<endpoint>``.
 NATS_MONITORING_ENDPOINT = "nats-headless.nats.svc.cluster.local:8222"
+#: The Prometheus KEDA asks whether a durable is paused (``ferry_consumer_paused``, summed
+#: over its replicas): the Prometheus Operator's default Service for a Prometheus named
+#: ``prometheus`` in namespace ``monitoring``. Change it in an overlay (a JSON patch of the
+#: ScaledObjects' ``serverAddress``) for another.
+PROMETHEUS_ADDRESS = "http://prometheus-operated.monitoring.svc.cluster.local:9090"
 #: CloudNativePG example: the cluster and the role that own every context database (the
 #: owner ``ferry migrate`` runs as, so it can create the tables in schema public).
 CNPG_CLUSTER = "ferry-pg"

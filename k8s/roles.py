@@ -17,6 +17,7 @@ from k8s.pods import (
     MIN_INFLIGHT_PER_REPLICA,
     MIN_REPLICAS,
     NATS_MONITORING_ENDPOINT,
+    PROMETHEUS_ADDRESS,
     SMALL,
     Doc,
     Role,
@@ -175,6 +176,36 @@ def scaled_object(topology: Topology, durable: str) -> Doc:
         ceiling = min(ceiling, plans[0].partitions)
     floor = min(MIN_REPLICAS, ceiling)
     labels = workload_labels("inbox-consumer", instance, "consumer", {"ferry/durable": durable})
+    # One replica per window of max_ack_pending messages waiting.
+    threshold = spec.max_ack_pending
+    # One trigger per JetStream consumer (each partition's, for an ordered durable on a
+    # partitioned stream): the formula takes the largest of them.
+    lag_triggers = [
+        {
+            "type": "nats-jetstream",
+            "name": f"lag_{k}",
+            "metadata": {
+                "natsServerMonitoringEndpoint": NATS_MONITORING_ENDPOINT,
+                "account": "$G",
+                "stream": spec.stream,
+                "consumer": plan.name,
+                "lagThreshold": str(threshold),
+                "useHttps": "false",
+            },
+        }
+        for k, plan in enumerate(plans)
+    ]
+    names = [t["name"] for t in lag_triggers]
+    lag = names[0] if len(names) == 1 else f"max({', '.join(names)})"
+    paused_trigger = {
+        "type": "prometheus",
+        "name": "paused",
+        "metadata": {
+            "serverAddress": PROMETHEUS_ADDRESS,
+            "query": f'sum(ferry_consumer_paused{{durable="{durable}"}}) or vector(0)',
+            "threshold": "1",
+        },
+    }
     return {
         **header("keda.sh/v1alpha1", "ScaledObject", instance, labels),
         "spec": {
@@ -192,24 +223,17 @@ def scaled_object(topology: Topology, durable: str) -> Doc:
                             "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
                         }
                     }
-                }
+                },
+                # A paused durable (`ferry durable pause`) is held at its replica count:
+                # its lag grows while nothing may be delivered, and more replicas would
+                # only wait. Paused, each replica exports ferry_consumer_paused 1, so the
+                # sum is their count; times the target, the HPA keeps exactly that many.
+                "scalingModifiers": {
+                    "formula": f"paused > 0 ? paused * {threshold} : {lag}",
+                    "target": str(threshold),
+                    "metricType": "AverageValue",
+                },
             },
-            # One trigger per JetStream consumer (each partition's, for an ordered durable
-            # on a partitioned stream): KEDA scales to the largest of them.
-            "triggers": [
-                {
-                    "type": "nats-jetstream",
-                    "metadata": {
-                        "natsServerMonitoringEndpoint": NATS_MONITORING_ENDPOINT,
-                        "account": "$G",
-                        "stream": spec.stream,
-                        "consumer": plan.name,
-                        # One replica per window of max_ack_pending messages waiting.
-                        "lagThreshold": str(spec.max_ack_pending),
-                        "useHttps": "false",
-                    },
-                }
-                for plan in plans
-            ],
+            "triggers": [*lag_triggers, paused_trigger],
         },
     }

@@ -37,7 +37,8 @@ def _named(docs: list[Doc], kind: str, name: str) -> Doc | None:
 
 
 def scaled_object(doc: Doc, docs: list[Doc]) -> list[str]:
-    """KEDA: a target that exists, sane bounds, nats-jetstream triggers with their metadata."""
+    """KEDA: a target that exists, sane bounds, nats-jetstream (and prometheus) triggers with
+    their metadata, a formula over named triggers."""
     where = f"ScaledObject/{doc['metadata']['name']}"
     errors = _require(doc, ["spec.scaleTargetRef.name", "spec.triggers"])
     target = _named(docs, "Deployment", _get(doc, "spec.scaleTargetRef.name") or "")
@@ -48,7 +49,26 @@ def scaled_object(doc: Doc, docs: list[Doc]) -> list[str]:
     low, high = _get(doc, "spec.minReplicaCount"), _get(doc, "spec.maxReplicaCount")
     if not (isinstance(low, int) and isinstance(high, int) and 0 <= low <= high):
         errors.append(f"{where}: needs 0 <= minReplicaCount <= maxReplicaCount")
-    for trigger in _get(doc, "spec.triggers") or []:
+    errors += _triggers(where, _get(doc, "spec.triggers") or [],
+                        _get(doc, "spec.advanced.scalingModifiers.formula"))  # fmt: skip
+    return errors
+
+
+def _triggers(where: str, triggers: list[Doc], formula: str | None) -> list[str]:
+    errors: list[str] = []
+    if formula is not None:  # every trigger named, every name it uses a trigger's
+        named = {t.get("name") for t in triggers}
+        used = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", formula)) - {"max", "min"}
+        if None in named or not used <= named:
+            errors.append(f"{where}: scalingModifiers formula uses {sorted(used - named)}, "
+                          "or a trigger has no name")  # fmt: skip
+    for trigger in triggers:
+        if trigger.get("type") == "prometheus":
+            meta = trigger.get("metadata", {})
+            if not all(meta.get(k) for k in ("serverAddress", "query", "threshold")):
+                errors.append(f"{where}: a prometheus trigger needs serverAddress, query and "
+                              "threshold")  # fmt: skip
+            continue
         if trigger.get("type") != "nats-jetstream":
             errors.append(f"{where}: unexpected trigger type {trigger.get('type')!r}")
             continue

@@ -318,7 +318,8 @@ def test_keda_scales_each_consumer_on_its_own_durable(rendered: dict[str, list[D
         durable = target["metadata"]["labels"]["ferry/durable"]
         assert pod_spec(target)["containers"][0]["args"][-1] == durable
         # One trigger per JetStream consumer of the durable (each partition's when ordered).
-        for meta in (t["metadata"] for t in obj["spec"]["triggers"]):
+        lags = [t for t in obj["spec"]["triggers"] if t["type"] == "nats-jetstream"]
+        for meta in (t["metadata"] for t in lags):
             assert durable_of_consumer(meta["consumer"], {durable}) == durable
             assert meta["stream"] == durables[durable].stream
             assert meta["natsServerMonitoringEndpoint"].endswith(f":{monitor_port}")
