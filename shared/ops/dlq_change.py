@@ -21,9 +21,11 @@ async def replay_dead_letter(
     *,
     actor: str,
     reason: str,
+    edit: store.Edit | None = None,
 ) -> store.Replayed:
     """Replay one dead letter as an operator (``ferry dlq replay``, the console), audited
-    in ``dead_letter_actions``; :class:`store.NotReplayable` when it may not be."""
+    in ``dead_letter_actions``; :class:`store.NotReplayable` when it may not be. With
+    ``edit``, with an edited payload (:mod:`shared.ops.dlq_edit`)."""
     durable = row["durable"]
     conn = await connect(settings.dsn(topology.context(topology.durable(durable).target).database))
     try:
@@ -36,6 +38,7 @@ async def replay_dead_letter(
             reason=reason,
             automatic=False,
             topology=topology,
+            edit=edit,
         )
     finally:
         await conn.close()

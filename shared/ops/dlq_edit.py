@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.adapters import dead_letters as store
-from shared.adapters.postgres import connect
 from shared.contracts.events import accepted_events
 from shared.contracts.topology import Topology
 from shared.domain.dead_letter import REPLAYABLE_STATUSES
 from shared.domain.dead_letter_edit import payload_diff
 from shared.domain.ordering import OrderingKeyError, ordering_key
+from shared.ops.dlq_change import replay_dead_letter
 from shared.runtime.settings import CommonSettings
 
 
@@ -103,19 +103,7 @@ async def edit_dead_letter(
     """Replay one dead letter with ``payload`` for its payload, the edit audited;
     :class:`store.EditRefused` or :class:`store.NotReplayable` (nothing changed) when it
     may not be."""
-    durable = row["durable"]
-    conn = await connect(settings.dsn(topology.context(topology.durable(durable).target).database))
-    try:
-        return await store.replay(
-            conn,
-            nc.jetstream(),
-            durable=durable,
-            message_id=row["message_id"],
-            actor=actor,
-            reason=reason,
-            automatic=False,
-            topology=topology,
-            edit=store.Edit(payload, edit_check(topology, durable)),
-        )
-    finally:
-        await conn.close()
+    edit = store.Edit(payload, edit_check(topology, row["durable"]))
+    return await replay_dead_letter(
+        settings, topology, nc, row, actor=actor, reason=reason, edit=edit
+    )

@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
 
@@ -25,6 +24,7 @@ from tests.consumer.conftest import (
     envelope,
     publish,
 )
+from tests.dlq.support import rows as fetch
 from tests.helpers import eventually, stream_count
 
 pytestmark = pytest.mark.integration
@@ -41,14 +41,6 @@ async def run(env: Env, *args: str, stdin: str | None = None) -> subprocess.Comp
         text=True,
         timeout=60,
     )
-
-
-async def fetch(env: Env, sql: str, *params: Any) -> list[asyncpg.Record]:
-    conn = await asyncpg.connect(env.dsn("sea"))
-    try:
-        return list(await conn.fetch(sql, *params))
-    finally:
-        await conn.close()
 
 
 async def snapshot(env: Env, nc: NATS) -> tuple[Any, ...]:
