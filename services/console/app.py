@@ -34,6 +34,7 @@ from shared.waits import sleep_unless
 
 from . import views
 from .auth import Authenticator, Session, cookie_name
+from .durables import DurablePages
 from .events import EventPages
 from .failures import FailurePages
 from .jobs import Jobs
@@ -123,6 +124,7 @@ class Console:
         r.add_get("/", self.overview)
         FailurePages(self).add_routes(r)
         EventPages(self).add_routes(r)
+        DurablePages(self).add_routes(r)
         ReplayApi(self).add_routes(r)
         return app
 
@@ -282,7 +284,8 @@ class Console:
         if not session.may_act:
             self.actions.labels("any", "forbidden").inc()
             raise UserError(
-                f"{session.user} is read-only: only an operator may replay, park or discard",
+                f"{session.user} is read-only: only an operator may replay, edit, park, "
+                "discard, pause or resume",
                 403,
             )
         return session

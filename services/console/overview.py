@@ -22,12 +22,13 @@ from typing import Any
 import aiohttp
 
 from services.console.data import OPEN_STATUSES, durables_by_database
-from shared.adapters import inbox, outbox, parking, throttles
+from shared.adapters import circuits, inbox, outbox, parking, pauses, throttles
 from shared.adapters.jetstream import NATS_FAILURES
 from shared.adapters.lag import oldest_undelivered_age
 from shared.adapters.nats import NatsClient
 from shared.adapters.postgres import SERVER_ERRORS, Pool
 from shared.contracts.topology import Topology
+from shared.domain.pause import describe_until, parse_server_time
 
 log = logging.getLogger("ferry.console")
 
@@ -36,6 +37,8 @@ log = logging.getLogger("ferry.console")
 _UNREADABLE: tuple[type[BaseException], ...] = (OSError, *SERVER_ERRORS)
 #: Seconds of processing the rate and the success ratio are computed over.
 RATE_WINDOW = 300
+#: A consumer process whose heartbeat is older than this is not counted (seconds).
+CIRCUIT_ALIVE = 30.0
 #: Thresholds of the alert rules (k8s/base/alerts/ferry-alerts.rules.yaml), drawn on the
 #: sparklines; tests/console/test_units.py checks they match the rules.
 THRESHOLDS = {
@@ -93,6 +96,13 @@ class DurableView:
     dead_by_reason: list[tuple[str, int]] = field(default_factory=list)
     parked: dict[str, Any] | None = None
     error: str | None = None
+    #: Paused (``ferry durable pause``): ``until resumed`` or ``until <time>``; None: not.
+    paused: str | None = None
+    #: Who paused it and why (the newest ``pause_actions`` row), when paused.
+    paused_by: str | None = None
+    #: Its consumer processes whose circuit breaker is open or half-open, of those live.
+    circuit_open: int = 0
+    circuit_live: int = 0
     #: Its consumer's liveness (``inbox-consumer-DURABLE`` in ``console_role_health``);
     #: None when the console is not told where that role's /healthz is.
     consumer: RoleView | None = None
@@ -267,6 +277,26 @@ async def _read_database(pool: Pool, views: list[DurableView]) -> None:
     for row in rows:
         by_name[row["durable"]].dead_by_reason.append((row["reason_code"], row["count"]))
     await _read_throttles(pool, by_name)
+    await _read_pauses_and_breakers(pool, by_name)
+
+
+async def _read_pauses_and_breakers(pool: Pool, by_name: dict[str, DurableView]) -> None:
+    """Who paused each durable (its newest pause), and its replicas' circuit breakers (a
+    database not migrated that far shows neither)."""
+    try:
+        async with pool.acquire() as conn:
+            newest = await pauses.latest(conn, list(by_name))
+            live = await circuits.circuits(conn, list(by_name), alive=CIRCUIT_ALIVE)
+    except _UNREADABLE as exc:
+        log.warning("pauses and circuit breakers not read: %s", _short_error(exc))
+        return
+    for name, view in by_name.items():
+        action = newest.get(name)
+        if action is not None and action["action"] == "pause":
+            view.paused_by = f"{action['actor']}: {action['reason']}"
+        rows = live.get(name, [])
+        view.circuit_live = len(rows)
+        view.circuit_open = sum(1 for r in rows if r["circuit"] in ("open", "half_open"))
 
 
 async def _read_throttles(pool: Pool, by_name: dict[str, DurableView]) -> None:
@@ -290,16 +320,27 @@ async def _read_lag(topology: Topology, nc: NatsClient | None, view: DurableView
     js = nc.jetstream()
     spec = topology.durables[view.name]
     pending, oldest = 0, 0.0
+    ends: list[datetime | None] = []
+    plans = topology.consumers(view.name)
     try:
-        for plan in topology.consumers(view.name):
+        for plan in plans:
             info = await js.consumer_info(spec.stream, plan.name, timeout=3)
             pending += (info.num_pending or 0) + (info.num_ack_pending or 0)
+            if info.paused:
+                ends.append(parse_server_time(info.config.pause_until))
             if info.num_pending:
                 oldest = max(oldest, await oldest_undelivered_age(js, info))
     except NATS_FAILURES as exc:
         view.error = view.error or f"JetStream: {_short_error(exc)}"
         return
     view.lag_messages, view.lag_seconds = pending, oldest
+    if ends:  # every partition's consumer, or some: a change that did not finish
+        known = [e for e in ends if e is not None]
+        view.paused = (
+            describe_until(min(known) if known else None)
+            if len(ends) == len(plans)
+            else "partly: pause or resume it again"
+        )
 
 
 def _short_error(exc: BaseException) -> str:

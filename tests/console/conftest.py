@@ -175,6 +175,8 @@ async def stack(env: Env, nc: NATS, tmp_path: Path) -> AsyncIterator[Stack]:
         backoff=["200ms", "200ms", "200ms"],
         handler={"url": f"http://127.0.0.1:{handler_port}/handle", "timeout": "2s"},
         replay="operator",  # replays are the operator's (the console's) to start
+        # Open long enough for a page to show it (tests/console/test_browser.py).
+        circuit_breaker={"failures": 5, "window": "10s", "probe_every": "10s"},
     )
     env.write()
     await provision(nc.jetstream(), env.topology, caps=CAPS)

@@ -18,10 +18,11 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import asyncpg
 import pytest
 from playwright.async_api import Browser, Page, async_playwright
 
-from .conftest import DURABLE, PASSWORDS, SCREENSHOTS, Stack, dead_letter_statuses
+from .conftest import DURABLE, PASSWORDS, SCREENSHOTS, Stack, dead_letter_statuses, record
 
 pytestmark = pytest.mark.integration
 CHROMIUM = Path("/usr/bin/chromium")
@@ -283,5 +284,125 @@ async def test_operator_edits_a_dead_letter_and_retries_it(stack: Stack, browser
     assert response.status == 403
     assert "viewer is read-only" in await response.text()
     assert (await dead_letter_statuses(stack.env))[stack.poison[1]] == "held"
+    await context.close()
+    assert "Traceback" not in stack.log("console")
+
+
+async def _inbox_rows(stack: Stack, ids: list[str]) -> tuple[int, int]:
+    """(inbox rows, processed ones) of ``ids`` in the durable's own table."""
+    conn = await asyncpg.connect(stack.env.dsn("sea"))
+    try:
+        row = await conn.fetchrow(
+            "SELECT count(*) AS rows, count(processed_at) AS processed FROM inbox_messages "
+            "WHERE durable = $1 AND message_id = ANY($2::uuid[])",
+            DURABLE,
+            ids,
+        )
+    finally:
+        await conn.close()
+    assert row is not None
+    return int(row["rows"]), int(row["processed"])
+
+
+async def _pause_actions(stack: Stack) -> list[tuple[str, str, str]]:
+    conn = await asyncpg.connect(stack.env.dsn("sea"))
+    try:
+        rows = await conn.fetch(
+            "SELECT action, actor, reason FROM pause_actions WHERE durable = $1 ORDER BY id",
+            DURABLE,
+        )
+    finally:
+        await conn.close()
+    return [(r["action"], r["actor"], r["reason"]) for r in rows]
+
+
+async def _until_text(page: Page, url: str, selector: str, wanted: str, timeout: float) -> str:
+    """Reload ``url`` until ``selector``'s text contains ``wanted``; that text."""
+    deadline = time.monotonic() + timeout
+    while True:
+        await page.goto(url)
+        found = page.locator(selector)
+        text = await found.inner_text() if await found.count() else ""
+        if wanted in text:
+            return text
+        assert time.monotonic() < deadline, f"{selector} never showed {wanted!r}: {text!r}"
+        await asyncio.sleep(0.5)
+
+
+async def test_operator_pauses_and_resumes_a_lane_and_sees_its_circuit_breaker(
+    stack: Stack, browser: Browser
+) -> None:
+    """Pause and resume from the durable's page: while paused nothing reaches the inbox
+    (counted in its table), the overview marks the lane, and on resume every event is
+    processed. A failing handler opens the breaker: the page and the overview show it
+    until a probe closes it. The read-only user has no buttons; her POST is refused."""
+    context = await browser.new_context(viewport={"width": 1400, "height": 900})
+    page = await context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    lane = f"{stack.url}/durables/{DURABLE}"
+    await _sign_in(page, stack, "ops")
+    await page.click(f"#durable-link-{DURABLE}")
+    assert page.url == lane
+    assert "Running" in await page.inner_text("#pause-state")
+    await _until_text(page, lane, "#breakers", "closed", timeout=20)
+
+    await page.fill("#pause-form input[name=reason]", "handler team deploys a fix")
+    await page.click("#pause-form button[name=confirm]")
+    assert "paused until resumed on 1 consumer(s)" in await page.inner_text("#done")
+    assert "by ops@console" in await page.inner_text("#pause-state")
+    assert await page.locator("#pause-form").count() == 0
+    waiting = [await record(stack.env) for _ in range(3)]
+    await asyncio.sleep(5.0)  # past the durable's ack_wait (3 s): nothing delivered
+    assert await _inbox_rows(stack, waiting) == (0, 0)
+    await page.goto(f"{stack.url}/")
+    assert "paused until resumed" in await page.inner_text(f"#paused-{DURABLE}")
+    await _shot(page, "14-overview-paused")
+    await page.goto(lane)
+    await _shot(page, "15-durable-paused")
+    await page.fill("#resume-form input[name=reason]", "fix deployed")
+    await page.click("#resume-form button[name=confirm]")
+    assert "resumed on 1 consumer(s)" in await page.inner_text("#done")
+    deadline = time.monotonic() + 30
+    while await _inbox_rows(stack, waiting) != (3, 3):
+        assert time.monotonic() < deadline, "the events of the pause were not processed"
+        await asyncio.sleep(0.3)
+    assert await _pause_actions(stack) == [
+        ("pause", "ops@console", "handler team deploys a fix"),
+        ("resume", "ops@console", "fix deployed"),
+    ]
+    history = await page.inner_text("#pause-history")
+    assert "handler team deploys a fix" in history and "fix deployed" in history
+
+    # The handler fails every first attempt (503): five in a row open the breaker, which
+    # holds the rest and probes every 10 s; the probe's second attempt succeeds.
+    failing = [await record(stack.env, {"fail_attempts": 1}) for _ in range(8)]
+    opened = await _until_text(page, lane, "#breakers", "open", timeout=30)
+    assert "half-open" in opened or "open" in opened.split()
+    await _shot(page, "16-durable-breaker-open")
+    await page.goto(f"{stack.url}/")
+    circuit = page.locator(f"#circuit-{DURABLE}")
+    if await circuit.count():  # still open when the overview was read
+        assert "circuit open on 1 of 1" in await circuit.inner_text()
+        await _shot(page, "17-overview-breaker-open")
+    await _until_text(page, lane, "#breakers", "closed", timeout=40)
+    deadline = time.monotonic() + 30
+    while await _inbox_rows(stack, failing) != (8, 8):
+        assert time.monotonic() < deadline, "the events held by the breaker were not processed"
+        await asyncio.sleep(0.3)
+    assert not errors, errors
+
+    # The read-only user: no buttons; a POST is refused and records nothing.
+    await page.click("header form.who button")
+    await _sign_in(page, stack, "viewer")
+    await page.goto(lane)
+    assert await page.locator("#pause-form").count() == 0
+    assert "Read-only" in await page.inner_text("main")
+    csrf = await page.get_attribute("header form.who input[name=csrf]", "value")
+    response = await page.request.post(
+        f"{lane}/pause", form={"csrf": csrf or "", "reason": "viewer tries"}
+    )
+    assert response.status == 403
+    assert len(await _pause_actions(stack)) == 2
     await context.close()
     assert "Traceback" not in stack.log("console")
