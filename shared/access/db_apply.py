@@ -18,6 +18,7 @@ import asyncpg
 from shared.access.db_roles import (
     FERRY_TABLES,
     ORDERING_TABLES,
+    PAUSE_TABLE,
     PER_DURABLE_TABLES,
     REWIND_TABLE,
     SCRAM_ITERATIONS,
@@ -114,7 +115,8 @@ class DatabasePlan:
             sql.append(f"REVOKE CREATE ON SCHEMA public FROM {ident(role)}")
             sql.append(f"REVOKE CONNECT, TEMPORARY ON DATABASE {ident(self.database)} "
                        f"FROM {ident(role)}")  # fmt: skip
-        for name in (*PER_DURABLE_TABLES, *ORDERING_TABLES, *THROTTLE_TABLES, REWIND_TABLE):
+        for name in (*PER_DURABLE_TABLES, *ORDERING_TABLES, *THROTTLE_TABLES, PAUSE_TABLE,
+                     REWIND_TABLE):  # fmt: skip
             sql.append(f"ALTER TABLE {name} ENABLE ROW LEVEL SECURITY")
         wanted = {(t.table, a.role) for a in self.accesses for t in a.tables if t.durables}
         managed = set(self.managed)

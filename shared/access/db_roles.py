@@ -41,7 +41,8 @@ console-{topology}          the operator console (services/console): read the ou
                             ``dead_letters`` and ``inbox_messages`` for replays, park and
                             discard; INSERT into ``dead_letter_actions`` and
                             ``parked_actions``, and ``dead_letter_edits`` for an edited
-                            replay; DELETE of a held ``parked_messages`` head);
+                            replay; DELETE of a held ``parked_messages`` head;
+                            INSERT into ``pause_actions`` for its pause buttons);
                             in the replay lane's database (module_g) INSERT into
                             ``replay_jobs`` and ``outbox_events`` (the replay API's jobs)
 ==========================  ================================================================
@@ -101,12 +102,16 @@ REWIND_TABLE = "durable_rewinds"
 REPLAY_JOBS_TABLE = "replay_jobs"
 #: Throttle overrides and their audit (migrations/0012_throttles.sql), one durable's rows each.
 THROTTLE_TABLES = ("throttle_overrides", "throttle_actions", "throttle_members")
+#: The audit of ``ferry durable pause|resume`` (migrations/0018_pauses.sql), one durable's
+#: rows each (the pause itself is JetStream's).
+PAUSE_TABLE = "pause_actions"
 #: The publishers' promises to claim on a timer (migrations/0014_outbox_watch.sql);
 #: readable by PUBLIC (the outbox trigger runs as the producer), written by publishers.
 WATCH_TABLE = "outbox_watch"
 #: Every table of the migrations that a grant here may touch.
 FERRY_TABLES = (
     *THROTTLE_TABLES,
+    PAUSE_TABLE,
     "outbox_events",
     "outbox_actions",
     WATCH_TABLE,
@@ -328,6 +333,8 @@ def _console_access(
             tables.append(TableAccess(REWIND_TABLE, _READ_WRITE, rows))
         if rows:  # the throttles in force and their audit (read only)
             tables += [TableAccess(t, ("SELECT",), rows) for t in THROTTLE_TABLES]
+            # Its pause and resume buttons: recorded as `ferry durable pause` records them.
+            tables.append(TableAccess(PAUSE_TABLE, ("SELECT", "INSERT"), rows))
         tables += [TableAccess(t, ("SELECT",)) for t in KPI_TABLES]
         if replay_lane_db:
             tables.append(TableAccess(REPLAY_JOBS_TABLE, ("SELECT", "INSERT")))
