@@ -102,6 +102,52 @@ def test_consumer_lag_fires_only_when_over_five_minutes_for_five_minutes(tmp_pat
     )
 
 
+def test_a_paused_durable_does_not_page_for_lag_but_a_long_pause_is_flagged(
+    tmp_path: Path,
+) -> None:
+    """An operator's pause makes lag grow on purpose: no FerryConsumerLagHigh while it
+    lasts (the lag alert fires again once resumed and still behind); four hours of pause
+    raise FerryDurablePausedLong (a warning: was it forgotten?)."""
+    lag = 'ferry_consumer_lag_seconds{{namespace="{ns}", durable="{d}", pod="{p}"}}'
+    paused = 'ferry_consumer_paused{{namespace="{ns}", durable="{d}", pod="{p}"}}'
+    long_pause = {
+        "exp_labels": {
+            "severity": "warning",
+            "priority": "P2",
+            "namespace": NS,
+            "durable": "held",
+        },
+        "exp_annotations": {
+            "summary": "Durable held has been paused for 4 hours",
+            "description": (
+                "Nothing has been delivered to held for 4 hours: an operator paused it "
+                "(ferry durable pause --status shows who and why). Its events wait in the "
+                "stream, within the stream's retention. Resume it with ferry durable resume, "
+                "or say in the pause's reason why it must last."
+            ),
+        },
+    }
+    run_tests(
+        tmp_path,
+        [
+            case(
+                {
+                    # Paused for 5 hours, 1,000 s behind and growing; then resumed, still behind.
+                    lag.format(ns=NS, d="held", p="a"): "1000+60x300 20000x20",
+                    paused.format(ns=NS, d="held", p="a"): "1x300 0x20",
+                },
+                [
+                    ("20m", "FerryConsumerLagHigh", []),
+                    ("3h", "FerryDurablePausedLong", []),
+                    ("4h10m", "FerryDurablePausedLong", [long_pause]),
+                    ("4h10m", "FerryConsumerLagHigh", []),
+                    ("5h10m", "FerryConsumerLagHigh", [lag_alert("held", "5h 33m 20s")]),
+                ],
+            )
+        ],
+    )
+
+
 def test_outbox_lag_fires_when_events_wait_over_five_minutes(tmp_path: Path) -> None:
     oldest = 'ferry_outbox_oldest_age_seconds{{namespace="{ns}", context="{c}"}}'
     expected = alert(
