@@ -25,7 +25,12 @@ returned with the reason (``Plan.left_out``) so ``./dev kube`` can list it:
 - container ports are taken out: podman 4.3 publishes every ``containerPort`` on the
   host (all the roles' 8080 collide); pods reach each other on the pod network anyway;
 - init containers run once per pod start (podman's ``always`` type: its ``once`` type
-  races its own clean-up in 4.3 and fails the pod).
+  races its own clean-up in 4.3 and fails the pod);
+- a Deployment's pod restarts on failure (``restartPolicy: OnFailure``): podman 4.3
+  gives the pod's ``Always`` to its init containers too (podman issue 16343), so each
+  one restarted in a loop for as long as the pod ran and ``podman play kube`` waited
+  some 20 s for it to settle, per workload. A container that is killed or fails still
+  comes back; one that exits 0 stays down (a role exits 0 only when told to stop).
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ REWRITES = (
     "probes → run from the host by k8s.podman.probes",
     "nats, postgres images → localhost/ferry-dev-servers:dev",
     "init containers → podman's `always` type (run at each pod start)",
+    "Deployment → restartPolicy OnFailure (podman 4.3 would restart its init containers)",
     "containerPort → not published on the host (podman 4.3 would publish every one)",
 )
 
@@ -395,6 +401,7 @@ def _workload(conv: _Converter, services: dict[str, Doc], doc: Doc) -> tuple[str
             "spec": spec,
         }
     else:
+        spec["restartPolicy"] = "OnFailure"  # not Always: podman 4.3 loops the init containers
         template["metadata"]["annotations"] = annotations
         out = {
             "apiVersion": "apps/v1",

@@ -247,6 +247,7 @@ def probe_forever() -> None:
     var = var_dir()
     plan = render(var)
     prober = Prober(plan.workloads, var / "probes.json")
+    prober.resume()  # the pods `up` saw start have started
     while True:
         prober.round()
         time.sleep(1.0)

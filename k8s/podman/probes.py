@@ -4,9 +4,11 @@ podman 4.3 turns a liveness probe into a health check that only systemd timers r
 ignores readiness and startup probes; this machine has no systemd. So the probes the
 manifests declare are run here, as the kubelet runs them: ``httpGet`` against the pod's
 address on the pod network (a status in 200 to 399 passes), ``exec`` inside the container.
-A liveness probe that fails ``failureThreshold`` times in a row restarts the container,
-as the kubelet would. Every call is counted: ``status.json`` shows, per pod and probe,
-the calls, the failures, the last outcome and whether the pod is ready.
+As the kubelet does, a container's liveness and readiness probes wait until its startup
+probe passed, and a liveness probe that fails ``failureThreshold`` times in a row
+restarts the container (its startup probe then runs again). Every call is counted:
+``status.json`` shows, per pod and probe, the calls, the failures, the last outcome and
+whether the pod is ready.
 """
 
 from __future__ import annotations
@@ -49,6 +51,16 @@ def call(workload: Workload, probe: Probe, ip: str, timeout: float = 3.0) -> str
     return None if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr.strip()[:200]}"
 
 
+def restart(workload: Workload, container: str) -> None:
+    """Restart a container as the kubelet does after its liveness probe failed. When it was
+    the pod's only running container, podman stopped the pod with it (the pod's exit
+    policy), and the restart finds no pod to join: the pod is started again instead."""
+    name = container_name(workload, container)
+    proc = subprocess.run(["podman", "restart", name], capture_output=True, check=False)
+    if proc.returncode != 0:
+        subprocess.run(["podman", "pod", "start", workload.pod], capture_output=True, check=False)
+
+
 @dataclass
 class Tally:
     calls: int = 0
@@ -72,6 +84,24 @@ class Prober:
             return True
         return bool(keys) and all(self.tallies[k].last == "ok" for k in keys)
 
+    def resume(self) -> None:
+        """Take over from the prober that wrote ``status_file``: the containers whose startup
+        probe passed there have started (their liveness and readiness are probed at once)."""
+        if not self.status_file.exists():
+            return
+        status = json.loads(self.status_file.read_text())
+        for workload in self.workloads:
+            for probe in workload.probes:
+                seen = status.get(workload.pod, {}).get(f"{probe.container}/{probe.kind}")
+                if probe.kind == "startup" and seen and seen.get("last") == "ok":
+                    self.tallies[(workload.pod, probe.container, "startup")] = Tally(last="ok")
+
+    def started(self, workload: Workload, container: str) -> bool:
+        """Its startup probe passed since the container last started (or it has none)."""
+        if not any(p.kind == "startup" and p.container == container for p in workload.probes):
+            return True
+        return self.tallies.get((workload.pod, container, "startup"), Tally()).last == "ok"
+
     def round(self) -> None:
         """Every probe that is due, once; the calls run side by side (an ``exec`` probe
         through podman takes seconds on a busy machine)."""
@@ -84,6 +114,8 @@ class Prober:
                     continue
                 if probe.kind == "startup" and self.tallies.get(key, Tally()).last == "ok":
                     continue  # a startup probe stops once it passed
+                if probe.kind != "startup" and not self.started(workload, probe.container):
+                    continue  # liveness and readiness wait for the startup probe
                 self.due[key] = now + min(probe.period, 5.0)
                 due.append((key, workload, probe))
         with ThreadPoolExecutor(max_workers=16) as pool:
@@ -98,13 +130,12 @@ class Prober:
             tally.failures += 1
             tally.in_a_row += 1
             if probe.kind == "liveness" and tally.in_a_row >= probe.failures:
-                subprocess.run(
-                    ["podman", "restart", container_name(workload, probe.container)],
-                    capture_output=True,
-                    check=False,
-                )
+                restart(workload, probe.container)
                 tally.restarts += 1
                 tally.in_a_row = 0
+                started = self.tallies.get((workload.pod, probe.container, "startup"))
+                if started is not None:
+                    started.last = "restarted"  # probed again until it passes
         self.write()
 
     def write(self) -> None:

@@ -96,8 +96,17 @@ def test_every_pod_is_ready_and_its_probes_were_called(kube: Plan) -> None:
     time.sleep(4)
     status = play.status()
     before = {w.pod: status[w.pod][f"{w.doc_containers()[0]}/liveness"] for w in kube.roles}
-    time.sleep(12)
-    after: dict[str, Any] = play.status()
+    # each liveness probe is due every 5 s at most: poll until every one was called again
+    deadline = time.monotonic() + 20
+    while True:
+        time.sleep(1)
+        after: dict[str, Any] = play.status()
+        called = [
+            after[w.pod][f"{w.doc_containers()[0]}/liveness"]["calls"] > before[w.pod]["calls"]
+            for w in kube.roles
+        ]
+        if all(called) or time.monotonic() > deadline:
+            break
     for w in kube.roles:
         now = after[w.pod][f"{w.doc_containers()[0]}/liveness"]
         assert now["calls"] > before[w.pod]["calls"], (w.pod, before[w.pod], now)
