@@ -97,7 +97,7 @@ def test_nothing_changed_names_no_path(payload: dict[str, Any]) -> None:
 def test_a_changed_field_is_named_by_its_path(
     payload: dict[str, Any], name: str, value: Any
 ) -> None:
-    edited = {**payload, name: {"was": payload.get(name), "now": value}}
+    edited = {**payload, name: [payload.get(name), value]}  # a list: compared as a whole
     assert changed_paths(payload, edited) == [f"payload.{name}"]
     removed = {k: v for k, v in payload.items() if k != name}
     assert changed_paths(payload, removed) == ([f"payload.{name}"] if name in payload else [])
