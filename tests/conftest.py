@@ -19,6 +19,7 @@ import atexit
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -265,3 +266,15 @@ async def sea_conn(env: Env) -> AsyncIterator[asyncpg.Connection]:
 
 
 PYTHON = sys.executable
+
+
+def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
+    """``ferry ARGS`` as an operator runs it: a process of its own, with ``env``'s settings."""
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", *args],
+        cwd=ROOT,
+        env=env.settings_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import UTC, datetime
 from typing import TypeVar
 
 from shared.domain.errors import MalformedInput
@@ -85,3 +86,16 @@ def parse_size(value: object) -> int:
     else:
         raise MalformedInput(f"{_shown(value)} is not a size (use e.g. 512MB, 10GB)")
     return _bounded(value, size, MAX_SIZE, _TOO_LARGE)
+
+
+def parse_instant(text: str) -> datetime:
+    """An ISO-8601 time with its timezone (``2026-11-26T17:00:00Z``, ``...+01:00``), in UTC;
+    :class:`MalformedInput` otherwise. A time without a timezone is refused: whose clock it
+    means cannot be guessed."""
+    try:
+        moment = datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00"))
+    except ValueError:
+        raise MalformedInput(f"{text[:60]!r} is not an ISO-8601 time") from None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise MalformedInput(f"{text[:60]!r} has no timezone: add Z or an offset like +01:00")
+    return moment.astimezone(UTC)

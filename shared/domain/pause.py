@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-from shared.domain.durations import parse_duration
+from shared.domain.durations import parse_duration, parse_instant
 from shared.domain.errors import MalformedInput
 
 #: The end of a pause "until resumed" (far enough, yet within the server's nanosecond
@@ -31,13 +31,7 @@ def parse_until(text: str, now: datetime | None = None) -> datetime:
     text = text.strip()
     now = now or datetime.now(UTC)
     if _TIME.match(text):
-        try:
-            moment = datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00"))
-        except ValueError:
-            raise MalformedInput(f"{text[:60]!r} is not an ISO-8601 time") from None
-        if moment.tzinfo is None or moment.utcoffset() is None:
-            raise MalformedInput(f"{text[:60]!r} has no timezone: add Z or an offset like +01:00")
-        moment = moment.astimezone(UTC)
+        moment = parse_instant(text)
     else:
         try:
             seconds = parse_duration(text)

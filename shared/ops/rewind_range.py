@@ -11,7 +11,7 @@ from typing import Any
 
 from shared.adapters.jetstream import NOT_FOUND_ERRORS, JetStream
 from shared.contracts.topology import Topology
-from shared.domain.durations import parse_duration
+from shared.domain.durations import parse_duration, parse_instant
 from shared.domain.errors import ConfigurationError, MalformedInput
 from shared.domain.ordering import all_partitions_filter
 from shared.domain.subjects import REPLAY_PREFIX
@@ -46,13 +46,7 @@ def parse_when(text: str, now: datetime | None = None) -> datetime:
             return now - timedelta(seconds=seconds)
         except OverflowError:
             raise MalformedInput(f"{text[:60]!r} reaches before year 1") from None
-    try:
-        moment = datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00"))
-    except ValueError:
-        raise MalformedInput(f"{text[:60]!r} is not an ISO-8601 time") from None
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise MalformedInput(f"{text[:60]!r} has no timezone: add Z or an offset like +01:00")
-    return moment.astimezone(UTC)
+    return parse_instant(text)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -25,7 +23,7 @@ from shared.access.streams import provision
 from shared.contracts.loading import load_topology
 from shared.domain.pause import INDEFINITE
 from shared.ops import pause as ops
-from tests.conftest import CAPS, ROOT, Env
+from tests.conftest import CAPS, ROOT, Env, ferry
 from tests.consumer.conftest import (
     DURABLE,
     STREAM,
@@ -38,17 +36,6 @@ from tests.consumer.conftest import (
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.integration
-
-
-def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
-        cwd=ROOT,
-        env=env.settings_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 async def publish_many(nc: NATS, count: int, prefix: str) -> list[str]:

@@ -12,8 +12,6 @@ throttled" (40 s against a fraction of a second), never milliseconds.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from typing import Any
 
 import asyncpg
@@ -26,7 +24,7 @@ from shared.access.identities import Identity
 from shared.access.streams import provision
 from shared.cli import main as cli
 from shared.domain.throttle import Limit
-from tests.conftest import CAPS, ROOT, Env
+from tests.conftest import CAPS, Env, ferry
 from tests.consumer.conftest import (
     DURABLE,
     STREAM,
@@ -39,17 +37,6 @@ from tests.consumer.conftest import (
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.integration
-
-
-def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
-        cwd=ROOT,
-        env=env.settings_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 async def throttled_world(env: Env, nc: NATS, handler: ScriptedHandler, **throttle: Any) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import asyncpg
 import pytest
 from nats.aio.client import Client as NATS
 
-from tests.conftest import ROOT, Env
+from tests.conftest import Env, ferry
 from tests.consumer.conftest import (
     DURABLE,
     RunningConsumer,
@@ -26,17 +25,6 @@ from tests.consumer.conftest import (
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.integration
-
-
-def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
-        cwd=ROOT,
-        env=env.settings_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 async def run(env: Env, *args: str) -> subprocess.CompletedProcess[str]:

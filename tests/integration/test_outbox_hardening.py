@@ -9,8 +9,6 @@ one batch raises ends a worker.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -28,7 +26,7 @@ from shared.access.streams import provision
 from shared.adapters import outbox
 from shared.adapters.notify import listen
 from shared.runtime.metrics import RoleMetrics
-from tests.conftest import CAPS, ROOT, Env
+from tests.conftest import CAPS, Env, ferry
 from tests.helpers import eventually, insert_events, stream_messages
 
 pytestmark = pytest.mark.integration
@@ -314,13 +312,6 @@ async def test_each_unbuildable_row_is_set_aside_at_once(
     assert (row["publish_attempts"], row["set_aside_reason"]) == (1, "PAYLOAD_INVALID")
     assert error in row["publish_error"]
     assert await _published_ids(sea_conn) == {good}
-
-
-def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args], cwd=ROOT, env=env.settings_env(),
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
 
 
 async def test_operator_lists_and_republishes_a_set_aside_row_with_a_reason(

@@ -6,8 +6,6 @@ the running process within its poll interval, and cleared again — no restart.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 
 import aiohttp
 import pytest
@@ -15,24 +13,13 @@ from nats.aio.client import Client as NATS
 
 from devstack.ports import free_port
 from shared.access.streams import provision
-from tests.conftest import CAPS, ROOT, Env
+from tests.conftest import CAPS, Env, ferry
 from tests.consumer.conftest import DURABLE, ScriptedHandler, envelope, fast_durable, publish
 from tests.helpers import eventually
 from tests.observability.conftest import Roles, get, metric_value, samples, wait_ready
 from tests.observability.test_metrics import fetchval
 
 pytestmark = pytest.mark.integration
-
-
-def ferry(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
-        cwd=ROOT,
-        env=env.settings_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 async def test_the_role_exports_its_limit_and_applies_an_override_live(
