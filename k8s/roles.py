@@ -195,7 +195,7 @@ def scaled_object(topology: Topology, durable: str) -> Doc:
         }
         for k, plan in enumerate(plans)
     ]
-    names = [t["name"] for t in lag_triggers]
+    names = [f"lag_{k}" for k in range(len(lag_triggers))]
     lag = names[0] if len(names) == 1 else f"max({', '.join(names)})"
     paused_trigger = {
         "type": "prometheus",

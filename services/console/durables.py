@@ -28,6 +28,13 @@ from .host import Host
 from .views import UserError, field
 
 log = logging.getLogger("ferry.console")
+#: What a pause or resume that did not finish raises: some consumer did not take it,
+#: NATS or the database failed on the way.
+_CHANGE_FAILED: tuple[type[BaseException], ...] = (
+    PauseIncomplete,
+    *NATS_FAILURES,
+    *DATABASE_ERRORS,
+)
 #: A consumer process not seen for this long is not shown (its heartbeat is every few s).
 ALIVE = 30.0
 
@@ -102,7 +109,7 @@ class DurablePages:
                 self.console.settings, self.console.topology, self._nc(), durable, until,
                 actor=session.actor, reason=reason,
             )  # fmt: skip
-        except (PauseIncomplete, *NATS_FAILURES, *DATABASE_ERRORS) as exc:
+        except _CHANGE_FAILED as exc:
             return self._failed("pause", exc)
         self.console.actions.labels("pause", "done").inc()
         shown = describe_until(state.until)
@@ -118,7 +125,7 @@ class DurablePages:
                 self.console.settings, self.console.topology, self._nc(), durable,
                 actor=session.actor, reason=reason,
             )  # fmt: skip
-        except (PauseIncomplete, *NATS_FAILURES, *DATABASE_ERRORS) as exc:
+        except _CHANGE_FAILED as exc:
             return self._failed("resume", exc)
         self.console.actions.labels("resume", "done").inc()
         self.console.log_action(f"resume {durable}: {reason}", session.actor)
