@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -256,14 +257,29 @@ def probe_forever() -> None:
 def down() -> None:
     var = var_dir()
     stop_prober(var)
-    for spec in sorted((var / "play").glob("*.yaml")):
-        subprocess.run(
-            ["podman", "play", "kube", "--down", str(spec)], capture_output=True, check=False
-        )
+    # side by side (one at a time took half a minute), the servers last
+    specs = sorted((var / "play").glob("*.yaml"))
+    servers = [s for s in specs if _component(s) in ("database", "messaging")]
+    for batch in ([s for s in specs if s not in servers], servers):
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(_play_down, batch))
     subprocess.run(["podman", "network", "rm", "-f", NETWORK], capture_output=True, check=False)
     shutil.rmtree(var / "files", ignore_errors=True)  # the pods' folders and data
     shutil.rmtree(var / "play", ignore_errors=True)
     host.say("every pod removed, with its data")
+
+
+def _play_down(spec: Path) -> None:
+    subprocess.run(
+        ["podman", "play", "kube", "--down", str(spec)], capture_output=True, check=False
+    )
+
+
+def _component(spec: Path) -> str:
+    doc = yaml.safe_load(spec.read_text()) or {}
+    template = doc.get("spec", {}).get("template") or doc
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    return str(labels.get("app.kubernetes.io/component", ""))
 
 
 def addresses(plan: Plan) -> dict[str, str]:
