@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import NoReturn
@@ -43,10 +45,12 @@ __all__ = [
     "SYSTEM_USER",
     "PostgresServer",
     "ServerError",
+    "ServerTLS",
     "ensure_initialized",
     "install_dir",
     "postgres_argv",
     "run_foreground",
+    "system_postgres",
 ]
 
 DEFAULT_HOST = "127.0.0.1"
@@ -65,6 +69,31 @@ host  all all 127.0.0.1/32 scram-sha-256
 host  all all ::1/128 scram-sha-256
 """
 
+#: The same with TLS (:class:`ServerTLS`): the superuser is still trusted locally; every
+#: other role must come over TLS (``hostssl``) and give its password; a role's plaintext
+#: connection is rejected, naming the reason ("no encryption").
+HBA_TLS = f"""\
+# Written by Ferry's devstack (dev/test only): role logins over TLS only.
+local     all {SUPERUSER} trust
+host      all {SUPERUSER} 127.0.0.1/32 trust
+host      all {SUPERUSER} ::1/128 trust
+hostssl   all all 127.0.0.1/32 scram-sha-256
+hostssl   all all ::1/128 scram-sha-256
+hostnossl all all 127.0.0.1/32 reject
+hostnossl all all ::1/128 reject
+"""
+
+
+@dataclass(frozen=True)
+class ServerTLS:
+    """The server's certificate and key and the CA whose client certificates it accepts
+    (PEM files, e.g. from :class:`devstack.tls.LocalCA`)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
 # sun_path is 108 bytes including the terminating NUL on Linux.
 _MAX_SOCKET_PATH = 107
 _INITDB_TIMEOUT = 300.0
@@ -82,9 +111,35 @@ def install_dir() -> Path:
     return Path(spec.origin).resolve().parent / "pginstall"
 
 
-def _binary(name: str) -> str:
-    """Absolute path of one of the wheel's PostgreSQL programs."""
-    return str(install_dir() / "bin" / name)
+def _binary(name: str, bin_dir: Path | None = None) -> str:
+    """Absolute path of one of PostgreSQL's programs: in ``bin_dir``, else the wheel's."""
+    return str((bin_dir or install_dir() / "bin") / name)
+
+
+def system_postgres() -> Path | None:
+    """The ``bin`` folder of the newest PostgreSQL server from the system's packages that
+    was built with TLS (Debian's ``postgresql-NN``), or None. The wheel's server is built
+    without it ("SSL is not supported by this build"): the TLS tests run this one."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), reverse=True)
+    for postgres in found:
+        config = postgres.parent / "pg_config"
+        try:
+            flags = subprocess.run(
+                [str(config), "--configure"], capture_output=True, text=True, timeout=10
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if "--with-openssl" in flags or "--with-ssl=openssl" in flags:
+            return postgres.parent
+    return None
+
+
+def _major(bin_dir: Path | None) -> int:
+    out = subprocess.run(
+        [_binary("postgres", bin_dir), "--version"], capture_output=True, text=True, timeout=10
+    ).stdout
+    digits = out.split()[-1].split(".")[0] if out.split() else ""
+    return int(digits) if digits.isdigit() else 0
 
 
 def _service_account() -> RunAs | None:
@@ -150,7 +205,7 @@ def run_tool(
     )
 
 
-def ensure_initialized(data_dir: Path) -> None:
+def ensure_initialized(data_dir: Path, bin_dir: Path | None = None) -> None:
     """Create a PostgreSQL cluster in ``data_dir`` unless one is already there.
 
     The cluster trusts local connections of the superuser ``postgres`` (fine for a
@@ -161,12 +216,13 @@ def ensure_initialized(data_dir: Path) -> None:
     if (data_dir / "PG_VERSION").exists():
         return
     account = _prepare_dirs(data_dir)
-    argv = [_binary("initdb"), "-D", str(data_dir), "--auth=trust", "-U", SUPERUSER]
+    argv = [_binary("initdb", bin_dir), "-D", str(data_dir), "--auth=trust", "-U", SUPERUSER]
     # A fixed locale keeps initdb independent of whatever LANG the host has (an
-    # uninstalled locale makes initdb fail); the builtin provider still gives Unicode
-    # case mapping for UTF-8 text.
-    argv += ["--encoding=UTF8", "--locale=C", "--locale-provider=builtin"]
-    argv += ["--builtin-locale=C.UTF-8", "--no-instructions"]
+    # uninstalled locale makes initdb fail); the builtin provider (PostgreSQL 17 and
+    # later) still gives Unicode case mapping for UTF-8 text.
+    argv += ["--encoding=UTF8", "--locale=C", "--no-instructions"]
+    if _major(bin_dir) >= 17:
+        argv += ["--locale-provider=builtin", "--builtin-locale=C.UTF-8"]
     result = run_tool(argv, cwd=data_dir, account=account, timeout=_INITDB_TIMEOUT)
     if result.returncode != 0:
         raise ServerError(
@@ -188,6 +244,7 @@ def postgres_argv(
     host: str = DEFAULT_HOST,
     socket_dir: Path | None = None,
     extra_settings: Mapping[str, str] | None = None,
+    bin_dir: Path | None = None,
 ) -> list[str]:
     """Command line that runs the postmaster in the foreground on ``host:port`` only.
 
@@ -210,7 +267,7 @@ def postgres_argv(
         "fsync": "on",
         **(extra_settings or {}),
     }
-    argv = [_binary("postgres"), "-D", str(data_dir)]
+    argv = [_binary("postgres", bin_dir), "-D", str(data_dir)]
     for name, value in settings.items():
         argv += ["-c", f"{name}={value}"]
     return argv
@@ -276,8 +333,14 @@ class PostgresServer(SpawnedServer):
         extra_settings: Mapping[str, str] | None = None,
         start_timeout: float = 60.0,
         stop_timeout: float = 30.0,
+        tls: ServerTLS | None = None,
+        bin_dir: Path | None = None,
     ) -> None:
         self._data_dir = data_dir.resolve()
+        #: Where its programs are (None: the wheel's; :func:`system_postgres` for TLS).
+        self.bin_dir = bin_dir
+        #: TLS on: role logins only over TLS (:data:`HBA_TLS`), the server's certificate.
+        self.tls = tls
         self._port = free_port(host) if port is None else port
         self._host = host
         self._socket_dir = None if socket_dir is None else socket_dir.resolve()
@@ -327,14 +390,19 @@ class PostgresServer(SpawnedServer):
         """Initialize if needed, start the postmaster, and wait until it accepts queries."""
         if self.running:
             raise ServerError(f"PostgreSQL on port {self._port} is already running")
-        ensure_initialized(self._data_dir)
+        ensure_initialized(self._data_dir, self.bin_dir)
         account = _prepare_dirs(self._data_dir, self._socket_dir)
+        settings = dict(self._extra_settings)
+        if self.tls is not None:
+            settings.update(self._install_tls(self.tls, account))
+            (self._data_dir / "pg_hba.conf").write_text(HBA_TLS)
         argv = postgres_argv(
             self._data_dir,
             port=self._port,
             host=self._host,
             socket_dir=self._socket_dir,
-            extra_settings=self._extra_settings,
+            extra_settings=settings,
+            bin_dir=self.bin_dir,
         )
         self._spawned = spawn(
             argv,
@@ -344,6 +412,38 @@ class PostgresServer(SpawnedServer):
             env=_child_env(account),
         )
         self._wait_ready(f"{self._host}:{self._port}")
+
+    def _install_tls(self, tls: ServerTLS, account: RunAs | None) -> dict[str, str]:
+        """Copy the TLS files into the data directory, readable by the server alone (it
+        refuses a key others may read); the settings that use them."""
+        folder = self._data_dir / "tls"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        for source, name in ((tls.cert, "server.crt"), (tls.key, "server.key"), (tls.ca, "ca.crt")):
+            target = folder / name
+            shutil.copyfile(source, target)
+            target.chmod(0o600)
+            if account is not None:
+                os.chown(target, account.uid, account.gid)
+        if account is not None:
+            os.chown(folder, account.uid, account.gid)
+        return {
+            "ssl": "on",
+            "ssl_cert_file": str(folder / "server.crt"),
+            "ssl_key_file": str(folder / "server.key"),
+            "ssl_ca_file": str(folder / "ca.crt"),
+            "ssl_min_protocol_version": "TLSv1.2",
+        }
+
+    def rotate_tls(self, tls: ServerTLS) -> None:
+        """Put new TLS files in place and have the running server reload them (SIGHUP):
+        new connections get the new certificate, open ones go on. No restart."""
+        if self.tls is None or not self.running:
+            raise ServerError("rotate_tls: the server does not run with TLS")
+        account = _service_account()
+        self._install_tls(tls, account)
+        self.tls = tls
+        assert self.pid is not None
+        os.kill(self.pid, signal.SIGHUP)
 
     def create_database(self, name: str) -> None:
         """Create database ``name`` unless it exists (safe to call concurrently)."""
@@ -366,7 +466,7 @@ class PostgresServer(SpawnedServer):
 
     def _psql(self, script: str, *, variables: Mapping[str, str]) -> str:
         """Run ``script`` with the bundled psql against the ``postgres`` database."""
-        argv = [_binary("psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"]
+        argv = [_binary("psql", self.bin_dir), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"]
         for key, value in variables.items():
             argv += ["-v", f"{key}={value}"]
         argv += ["-d", f"{self.dsn()}?connect_timeout=10"]
@@ -376,7 +476,7 @@ class PostgresServer(SpawnedServer):
         """Our postmaster reports ready in its pid file and answers on host:port."""
         if not self._pid_file_says_ready():
             return False
-        argv = [_binary("pg_isready"), "-q", "-h", self._host, "-p", str(self._port)]
+        argv = [_binary("pg_isready", self.bin_dir), "-q", "-h", self._host, "-p", str(self._port)]
         argv += ["-U", SUPERUSER, "-d", "postgres", "-t", "2"]
         try:
             return subprocess.run(argv, timeout=10, check=False).returncode == 0

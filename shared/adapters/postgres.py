@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import logging
 import re
+import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,20 @@ def _connect_errors(dsn: str) -> Iterator[None]:
         ) from exc
     except asyncpg.exceptions.InvalidCatalogNameError as exc:
         raise ConfigurationError(f"{redact(dsn)} ({DSN_SETTINGS}): {exc}") from exc
+    except asyncpg.exceptions.InvalidAuthorizationSpecificationError as exc:
+        hint = (
+            ": the server accepts this login over TLS only; add sslmode=verify-full and "
+            "sslrootcert=<its CA file> to the DSN"
+            if "no encryption" in str(exc)
+            else ""
+        )
+        raise ConfigurationError(f"{redact(dsn)} ({DSN_SETTINGS}): refused: {exc}{hint}") from exc
+    except ssl.SSLCertVerificationError as exc:
+        # Retried (the role holds its work): a certificate is fixed on the server's side.
+        raise TransientError(
+            f"{redact(dsn)} ({DSN_SETTINGS}): TLS: the server's certificate was refused: "
+            f"{exc.verify_message or exc} (the CA is the DSN's sslrootcert)"
+        ) from exc
     except CONNECTION_ERRORS as exc:
         raise TransientError(f"{redact(dsn)} ({DSN_SETTINGS}): cannot connect: {exc}") from exc
 
