@@ -1,0 +1,178 @@
+"""The NATS hop over TLS (issue 47): a real nats-server whose clients must use TLS, with
+certificates from a local CA made by the test (devstack/tls.py).
+
+A role with the CA (``FERRY_NATS_TLS_CA``) connects over TLS and JetStream answers; with
+``verify_and_map``-free mutual TLS (``verify: true``) it must also show a certificate from
+the CA. Refused, each naming the server and OpenSSL's or the server's reason: a client that
+does not speak TLS, a server certificate from another CA, for another host name, expired;
+a client without a certificate where one is required. The server's certificate is rotated
+with a reload (SIGHUP), no restart: new connections get the new certificate while an open
+one goes on publishing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from devstack.nats import NatsServer
+from devstack.tls import Issued, LocalCA
+from shared.adapters.nats import NatsAuth, connect_nats
+from shared.domain.errors import TransientError
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="ferry-ntls-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _install(issued: Issued, ca: Path, folder: Path) -> None:
+    """The server's files at fixed paths (what its config names; a rotation rewrites them)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(issued.cert, folder / "server.crt")
+    shutil.copyfile(issued.key, folder / "server.key")
+    shutil.copyfile(ca, folder / "ca.crt")
+
+
+def _server(workdir: Path, *, mutual: bool = False) -> NatsServer:
+    files = workdir / "server-tls"
+    block = "\n".join(
+        [
+            "tls {",
+            f'  cert_file: "{files / "server.crt"}"',
+            f'  key_file: "{files / "server.key"}"',
+            f'  ca_file: "{files / "ca.crt"}"',
+            f"  verify: {'true' if mutual else 'false'}",
+            "  timeout: 2",
+            "}",
+        ]
+    )
+    return NatsServer(workdir / "nats", extra=block)
+
+
+def _url(server: NatsServer, host: str = "127.0.0.1") -> str:
+    return f"tls://{host}:{server.port}"
+
+
+async def _round_trip(nc: object) -> int:
+    js = nc.jetstream()  # type: ignore[attr-defined]
+    await js.add_stream(name="T", subjects=["t.>"])
+    ack = await js.publish("t.one", b"x")
+    return int(ack.seq)
+
+
+def _peer_serial(nc: object) -> int:
+    transport = nc._transport  # type: ignore[attr-defined]
+    ssl_object = transport._io_writer.get_extra_info("ssl_object")
+    return int(x509.load_der_x509_certificate(ssl_object.getpeercert(True)).serial_number)
+
+
+async def _clear_text_attempt(port: int) -> str:
+    """What the server answers a client that sends CONNECT without TLS ("" if it just
+    closes the connection)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        info = await asyncio.wait_for(reader.readline(), 5)
+        assert b'"tls_required":true' in info
+        writer.write(b'CONNECT {"verbose":false}\r\nPING\r\n')
+        await writer.drain()
+        return (await asyncio.wait_for(reader.read(4096), 5)).decode(errors="replace")
+    finally:
+        writer.close()
+
+
+async def _refused(url: str, auth: NatsAuth) -> str:
+    with pytest.raises(TransientError) as refused:
+        await connect_nats([url], name="tls-test", auth=auth, give_up_after=3)
+    return str(refused.value)
+
+
+async def test_a_role_connects_over_tls_and_clear_text_or_strangers_are_refused(
+    workdir: Path,
+) -> None:
+    ca, stranger = LocalCA(workdir / "ca"), LocalCA(workdir / "other", "Another CA")
+    _install(ca.issue("nats", hosts=["127.0.0.1"]), ca.cert_path, workdir / "server-tls")
+    with _server(workdir) as server:
+        nc = await connect_nats([_url(server)], name="t", auth=NatsAuth(tls_ca=ca.cert_path))
+        try:
+            assert await _round_trip(nc) == 1
+        finally:
+            await nc.close()
+        # A client speaking clear text: the server asks for TLS in its greeting and closes
+        # the connection on the clear-text CONNECT, never answering its PING.
+        answer = await _clear_text_attempt(server.port)
+        assert "PONG" not in answer and (answer == "" or "-ERR" in answer), answer
+        # Ours, given no CA, upgrades as the server asks and refuses the unknown CA.
+        plain = await _refused(f"nats://127.0.0.1:{server.port}", NatsAuth())
+        assert f"127.0.0.1:{server.port}" in plain and "certificate verify failed" in plain
+        wrong = await _refused(_url(server), NatsAuth(tls_ca=stranger.cert_path))
+        assert "certificate verify failed" in wrong, wrong
+        # "localhost" is this machine too, but the certificate names 127.0.0.1 only.
+        mismatch = await _refused(_url(server, "localhost"), NatsAuth(tls_ca=ca.cert_path))
+        assert "mismatch" in mismatch, mismatch
+
+
+async def test_expired_certificates_and_mutual_tls(workdir: Path) -> None:
+    ca = LocalCA(workdir / "ca")
+    files = workdir / "server-tls"
+    _install(ca.issue("nats", hosts=["127.0.0.1"], expired=True), ca.cert_path, files)
+    with _server(workdir) as server:
+        expired = await _refused(_url(server), NatsAuth(tls_ca=ca.cert_path))
+        assert "certificate has expired" in expired, expired
+    _install(ca.issue("nats", hosts=["127.0.0.1"]), ca.cert_path, files)
+    with _server(workdir, mutual=True) as server:
+        anonymous = await _refused(_url(server), NatsAuth(tls_ca=ca.cert_path))
+        assert f"127.0.0.1:{server.port}" in anonymous
+        role = ca.issue("inbox-consumer-x", client=True)
+        nc = await connect_nats(
+            [_url(server)],
+            name="t",
+            auth=NatsAuth(tls_ca=ca.cert_path, tls_cert=role.cert, tls_key=role.key),
+        )
+        try:
+            assert await _round_trip(nc) == 1
+        finally:
+            await nc.close()
+
+
+async def test_the_servers_certificate_is_rotated_by_a_reload_without_a_restart(
+    workdir: Path,
+) -> None:
+    ca = LocalCA(workdir / "ca")
+    files = workdir / "server-tls"
+    _install(ca.issue("nats", hosts=["127.0.0.1"]), ca.cert_path, files)
+    with _server(workdir) as server:
+        auth = NatsAuth(tls_ca=ca.cert_path)
+        old = await connect_nats([_url(server)], name="old", auth=auth)
+        try:
+            before = _peer_serial(old)
+            assert await _round_trip(old) == 1
+            _install(ca.issue("nats-renewed", hosts=["127.0.0.1"]), ca.cert_path, files)
+            pid = server._spawned.proc.pid  # type: ignore[union-attr]
+            os.kill(pid, signal.SIGHUP)
+            await asyncio.sleep(1.0)
+            new = await connect_nats([_url(server)], name="new", auth=auth)
+            try:
+                assert _peer_serial(new) != before
+            finally:
+                await new.close()
+            # The connection made under the old certificate goes on.
+            ack = await old.jetstream().publish("t.two", b"y")
+            assert ack.seq == 2 and _peer_serial(old) == before
+            assert server._spawned.proc.pid == pid and server.running  # type: ignore[union-attr]
+        finally:
+            await old.close()
