@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import ssl
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,7 +32,8 @@ from shared.domain.errors import ConfigurationError, TransientError
 from shared.ops.replay_jobs import ReplayJobWorker, replay_job_route
 from shared.runtime.lifecycle import EXIT_CONFIG, run_role, serve
 from shared.runtime.logs import configure_logging
-from shared.waits import sleep_unless, within
+from shared.runtime.tls import Reloading, server_context
+from shared.waits import cancel_and_wait, sleep_unless, within
 
 from .app import make_app
 from .service import HandlerService, RouteKey, build_service
@@ -186,25 +188,48 @@ async def _serve(
 ) -> None:
     """Listen at once (503 "starting"), ``start``, serve until ``stop``, then finish the
     calls in flight."""
+    tls = _tls(settings)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=settings.drain_deadline)
     await runner.setup()
+    watching = asyncio.create_task(tls.watch(stop)) if tls is not None else None
     try:
         for port in ports:
-            await _start_site(runner, settings.host, port)
+            await _start_site(runner, settings.host, port, tls.context if tls else None)
         # Port 0 asks the OS for one; log the real ones so a caller can find us.
         bound = sorted({int(address[1]) for address in runner.addresses})
-        urls = ", ".join(f"http://{settings.host}:{p}/handle" for p in bound)
+        scheme = "https" if tls is not None else "http"
+        urls = ", ".join(f"{scheme}://{settings.host}:{p}/handle" for p in bound)
         log.info("serving on %s", urls)
         if not await start():
             return
         await stop.wait()
         log.info("stopping: finishing calls in flight")
     finally:
+        if watching is not None:
+            await cancel_and_wait(watching, 5.0)
         await runner.cleanup()
 
 
-async def _start_site(runner: web.AppRunner, host: str, port: int) -> None:
-    site = web.TCPSite(runner, host, port)
+def _tls(settings: HandlerSettings) -> Reloading | None:
+    """HTTPS when a certificate is set (reloaded on change; mutual TLS with a client CA)."""
+    cert, key = settings.handler_tls_cert, settings.handler_tls_key
+    if cert is None and key is None:
+        if settings.handler_tls_client_ca is not None:
+            raise ConfigurationError(
+                "FERRY_HANDLER_TLS_CLIENT_CA is set without FERRY_HANDLER_TLS_CERT/_KEY"
+            )
+        return None
+    if cert is None or key is None:
+        raise ConfigurationError("FERRY_HANDLER_TLS_CERT and FERRY_HANDLER_TLS_KEY go together")
+    return server_context(
+        cert, key, client_ca=settings.handler_tls_client_ca, what="handler service HTTPS"
+    )
+
+
+async def _start_site(
+    runner: web.AppRunner, host: str, port: int, tls: ssl.SSLContext | None = None
+) -> None:
+    site = web.TCPSite(runner, host, port, ssl_context=tls)
     try:
         await site.start()
     except OSError as exc:

@@ -25,6 +25,12 @@ class HandlerSettings(CommonSettings):
     port: int | None = Field(default=None, ge=0, le=65535)
     #: Interface to bind.
     host: str = "127.0.0.1"
+    #: Serve HTTPS with this certificate and key (issue 47): the consumers then call an
+    #: ``https://`` URL. Reloaded when the files change: new connections get the new one.
+    handler_tls_cert: Path | None = None
+    handler_tls_key: Path | None = None
+    #: Require a client certificate from this CA (mutual TLS, on top of the signature).
+    handler_tls_client_ca: Path | None = None
     #: Secrets of the durables allowed to call, as JSON ``{"durable": "secret"}``. Set (or
     #: the file), every request must be signed by one of them (401 otherwise).
     handler_secrets: dict[str, SecretStr] = Field(default_factory=dict)

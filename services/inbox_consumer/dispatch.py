@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 import uuid
 from collections import OrderedDict
@@ -58,11 +59,17 @@ class HttpHandler:
         connections: int,
         durable: str = "",
         secret: bytes | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.url, self.timeout = url, timeout
         self.durable, self._secret = durable, secret
+        # HTTPS (issue 47): ``tls`` verifies the handler (and may show our certificate);
+        # kept-alive connections keep their session, so a call costs no handshake.
+        connector = aiohttp.TCPConnector(
+            limit=connections, keepalive_timeout=30, ssl=tls if tls is not None else True
+        )
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=connections, keepalive_timeout=30),
+            connector=connector,
             timeout=aiohttp.ClientTimeout(total=timeout),
         )
         self._warned: OrderedDict[str, None] = OrderedDict()

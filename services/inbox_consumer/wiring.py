@@ -63,6 +63,8 @@ from shared.domain.ports import HandlerPort, InboxStore
 from shared.runtime.metrics import RoleMetrics
 from shared.runtime.readiness import ReadinessCheck, postgres_probe
 from shared.runtime.settings import ConsumerSettings
+from shared.runtime.tls import Reloading, client_context
+from shared.waits import cancel_and_wait
 
 ROLE = "inbox-consumer"
 #: Longest a nak or term is retried until JetStream confirms it (a failover takes seconds).
@@ -249,12 +251,15 @@ async def wire(settings: ConsumerSettings, stop: asyncio.Event) -> Wired:
     secret = settings.signing_secret()
     if secret is None:
         log.warning("FERRY_HANDLER_SECRET is not set: handler calls are not signed")
+    url = settings.handler_url or spec.handler.url
+    tls = _handler_tls(settings, url)
     handler = HttpHandler(
-        settings.handler_url or spec.handler.url,
+        url,
         timeout=spec.handler.timeout,
         connections=settings.concurrency,
         durable=settings.durable,
         secret=secret,
+        tls=tls.context if tls is not None else None,
     )
     closers.insert(0, handler.close)
     metrics = RoleMetrics(ROLE, refresh_interval=settings.metrics_refresh_interval)
@@ -316,6 +321,15 @@ async def wire(settings: ConsumerSettings, stop: asyncio.Event) -> Wired:
         log.info("consuming %s from %s", settings.durable, spec.stream)
 
     async def work(inner: asyncio.Event) -> None:
+        # A renewed certificate of the handler hop is loaded when its files change.
+        watching = asyncio.create_task(tls.watch(inner)) if tls is not None else None
+        try:
+            await _work(inner)
+        finally:
+            if watching is not None:
+                await cancel_and_wait(watching, 5.0)
+
+    async def _work(inner: asyncio.Event) -> None:
         # Operator overrides of the throttle, read every few seconds (ferry durable throttle).
         async with throttle.watching(pool, inner, settings.throttle_poll_interval):
             if ownership is not None:
@@ -329,6 +343,24 @@ async def wire(settings: ConsumerSettings, stop: asyncio.Event) -> Wired:
         "durable": lambda: stats.bound,
     }
     return Wired(metrics=metrics, work=work, checks=checks, stats=stats, closers=closers)
+
+
+def _handler_tls(settings: ConsumerSettings, url: str) -> Reloading | None:
+    """The handler hop's TLS: for an https:// URL (the system's CAs unless
+    FERRY_HANDLER_TLS_CA), with our client certificate when one is set."""
+    files = (settings.handler_tls_ca, settings.handler_tls_cert, settings.handler_tls_key)
+    if not url.lower().startswith("https://"):
+        if any(files):
+            raise ConfigurationError(
+                f"FERRY_HANDLER_TLS_* is set but the handler URL {url} is not https://"
+            )
+        return None
+    return client_context(
+        settings.handler_tls_ca,
+        cert=settings.handler_tls_cert,
+        key=settings.handler_tls_key,
+        what=f"handler hop of {settings.durable}",
+    )
 
 
 def _ownership(

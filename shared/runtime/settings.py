@@ -280,6 +280,13 @@ class ConsumerSettings(CommonSettings):
     durable: str = "sea__from_vibespro"
     #: Overrides the topology's handler URL (ports differ per deployment).
     handler_url: str | None = None
+    #: CA that verifies the handler's HTTPS certificate (host name included); unset: the
+    #: system's CAs. Reloaded when the file changes (issue 47).
+    handler_tls_ca: Path | None = None
+    #: Client certificate and key shown to the handler (mutual TLS, on top of the signature);
+    #: reloaded when the files change.
+    handler_tls_cert: Path | None = None
+    handler_tls_key: Path | None = None
     #: Handler calls in flight at once (also bounded by the durable's max_ack_pending).
     concurrency: int = Field(default=64, ge=1, le=1000)
     #: How long the consumer waits for a first message before looping, in seconds (a
