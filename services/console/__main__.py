@@ -20,6 +20,7 @@ from shared.domain.errors import ConfigurationError
 from shared.runtime.connections import Connected
 from shared.runtime.lifecycle import serve, topology_role_main
 from shared.runtime.metrics import RoleMetrics
+from shared.runtime.tls import Reloading, server_context
 
 from .app import Console
 from .auth import Authenticator, hash_password, load_accounts, read_secret_file
@@ -85,15 +86,23 @@ async def _serve(
 ) -> None:
     """Listen at once (503 while starting), open the pools and NATS, serve until ``stop``,
     then refuse new pages, stop the jobs and finish the requests in flight."""
+    tls = _tls(settings)
     runner = web.AppRunner(console.app(), access_log=None)
     await runner.setup()
     sampler: asyncio.Task[None] | None = None
+    watching = asyncio.ensure_future(tls.watch(stop)) if tls is not None else None
     try:
-        site = web.TCPSite(runner, settings.console_host, settings.console_port)
+        site = web.TCPSite(
+            runner,
+            settings.console_host,
+            settings.console_port,
+            ssl_context=tls.context if tls is not None else None,
+        )
         await site.start()
         log.info(
-            "console of %s on http://%s:%s/",
+            "console of %s on %s://%s:%s/",
             console.topology.name,
+            "https" if tls is not None else "http",
             settings.console_host,
             settings.console_port,
         )
@@ -110,7 +119,19 @@ async def _serve(
         await console.jobs.stop(settings.drain_deadline)
         if sampler is not None:
             sampler.cancel()
+        if watching is not None:
+            watching.cancel()
         await runner.cleanup()
+
+
+def _tls(settings: ConsoleSettings) -> Reloading | None:
+    """HTTPS when a certificate is set (reloaded when its files change)."""
+    cert, key = settings.console_tls_cert, settings.console_tls_key
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ConfigurationError("FERRY_CONSOLE_TLS_CERT and FERRY_CONSOLE_TLS_KEY go together")
+    return server_context(cert, key, what="console HTTPS")
 
 
 def hash_password_main() -> int:

@@ -270,7 +270,7 @@ class Console:
             max_age=60,
             httponly=True,
             samesite="Strict",
-            secure=self.settings.console_secure_cookie,
+            secure=self.settings.secure_cookie,
             path=path,
         )
 
@@ -352,7 +352,7 @@ class Console:
             max_age=int(self.auth.ttl),
             httponly=True,
             samesite="Strict",
-            secure=self.settings.console_secure_cookie,
+            secure=self.settings.secure_cookie,
             path="/",
         )
         raise response

@@ -33,8 +33,19 @@ class ConsoleSettings(CommonSettings):
     #: Name of the session cookie (default ``ferry_console_{topology}_{port}``: cookies are
     #: not per port, so every console on one host needs its own name).
     console_cookie_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]+$")
-    #: Send the session cookie only over HTTPS (set it behind a TLS-terminating ingress).
+    #: Send the session cookie only over HTTPS (set it behind a TLS-terminating ingress;
+    #: always on when the console serves HTTPS itself).
     console_secure_cookie: bool = False
+    #: Serve HTTPS with this certificate and key (issue 47), reloaded when the files change:
+    #: new connections get the new certificate, no restart.
+    console_tls_cert: Path | None = None
+    console_tls_key: Path | None = None
+
+    @property
+    def secure_cookie(self) -> bool:
+        """Session cookies only over HTTPS: asked for, or the console serves HTTPS."""
+        return self.console_secure_cookie or self.console_tls_cert is not None
+
     #: Seconds between the overview's samples (the sparklines keep the last hour).
     console_sample_interval: float = Field(default=15.0, gt=0)
     #: Replays per second of a bulk replay when the form does not say (at most 100).
