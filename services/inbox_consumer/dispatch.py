@@ -34,6 +34,7 @@ from shared.domain.envelope import wire_json
 from shared.domain.ports import BatchOutcome as BatchOutcome
 from shared.domain.retry_after import parse_retry_after
 from shared.domain.signing import sign
+from shared.telemetry import hops
 
 log = logging.getLogger("ferry.inbox_consumer")
 
@@ -73,6 +74,7 @@ class HttpHandler:
             timeout=aiohttp.ClientTimeout(total=timeout),
         )
         self._warned: OrderedDict[str, None] = OrderedDict()
+        self._failing = False
 
     async def close(self) -> None:
         """Close the pooled connections."""
@@ -122,13 +124,20 @@ class HttpHandler:
             async with self._session.post(
                 self.url, data=data, headers=headers, allow_redirects=False
             ) as resp:
-                return await read(resp)
+                answer = await read(resp)
         except TimeoutError:
             return HandlerFailure("timeout", f"no answer within {self.timeout}s")
         except (aiohttp.ClientError, OSError) as exc:
-            return HandlerFailure("unreachable", _bounded(f"{type(exc).__name__}: {exc}"))
+            detail = _bounded(f"{type(exc).__name__}: {exc}")
+            self._failing = True  # /readyz says why until a call gets through again
+            hops.report("handler", f"{self.url}: {detail}")
+            return HandlerFailure("unreachable", detail)
         except asyncio.CancelledError:
             raise
+        if self._failing:
+            self._failing = False
+            hops.clear("handler")
+        return answer
 
     async def _answer(self, resp: aiohttp.ClientResponse, message_id: str) -> HandlerResponse:
         """A non-batch answer: its status, Retry-After and (bounded) detail."""

@@ -27,6 +27,7 @@ from nats.aio.client import Client as NATS
 
 from shared.domain.errors import AccessDenied, ConfigurationError, TransientError
 from shared.domain.reply_subjects import inbox_prefix
+from shared.telemetry import hops
 
 log = logging.getLogger("ferry.nats")
 
@@ -165,6 +166,7 @@ class _Events:
             self.on_state(False)
 
     async def reconnected(self) -> None:
+        hops.clear("nats")
         log.info("nats reconnected")
         if self.on_state:
             self.on_state(True)
@@ -175,6 +177,7 @@ class _Events:
                 self.refused.set_result(str(exc))
             return
         self.last_error = str(exc) or type(exc).__name__
+        hops.report("nats", self.last_error)
         log.warning("nats error: %s", exc)
 
 
@@ -219,6 +222,7 @@ async def connect_nats(
     )
     if attempt in done:
         attempt.result()
+        hops.clear("nats")
         events.connected = True
         if on_state:
             on_state(True)
@@ -228,6 +232,7 @@ async def connect_nats(
     await nc.close()
     where = ", ".join(redact_url(s) for s in servers)
     if events.refused.done():
+        hops.report("nats", f"{where}: authorization violation")
         who = f"user {auth.user!r}" if auth.user else "an anonymous client"
         raise AccessDenied(
             f"NATS at {where} refused {who}: authorization violation "

@@ -19,6 +19,7 @@ from asyncpg.exceptions._base import DataError as ArgumentDataError
 from asyncpg.pool import PoolConnectionProxy
 
 from shared.domain.errors import ConfigurationError, TransientError
+from shared.telemetry import hops
 
 log = logging.getLogger("ferry.postgres")
 
@@ -214,13 +215,17 @@ async def create_pool_when_up(dsn: str, *, max_size: int, stop: asyncio.Event) -
     delay = 0.2
     while True:
         try:
-            return await create_pool(dsn, min_size=1, max_size=max_size)
+            pool = await create_pool(dsn, min_size=1, max_size=max_size)
         except TransientError as exc:
+            hops.report("postgres", str(exc))
             if stop.is_set():
                 raise
             log.warning("postgres not reachable (%s); retrying in %.1fs", exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+        else:
+            hops.clear("postgres")
+            return pool
 
 
 async def ensure_database(dsn: str) -> bool:

@@ -2,7 +2,8 @@
 
 A tiny aiohttp app: ``/healthz`` answers while the event loop runs; ``/readyz`` answers
 200 only when every readiness check (:mod:`shared.runtime.readiness`) passes, else 503
-with the failing checks named; ``/metrics`` serves the role's Prometheus registry
+with the failing checks named (and, in ``hops``, why a hop to a server or the handler
+fails: :mod:`shared.telemetry.hops`); ``/metrics`` serves the role's Prometheus registry
 (:mod:`shared.runtime.metrics`).
 """
 
@@ -12,6 +13,7 @@ from aiohttp import web
 
 from shared.runtime.metrics import RoleMetrics
 from shared.runtime.readiness import ReadinessCheck, run_checks
+from shared.telemetry import hops
 
 
 class HealthServer:
@@ -58,7 +60,8 @@ class HealthServer:
         results = await run_checks(self.checks)
         failing = [name for name, ok in results.items() if not ok]
         status = 503 if failing else 200
-        return web.json_response({"ready": not failing, "failing": failing}, status=status)
+        doc = {"ready": not failing, "failing": failing, "hops": hops.failing()}
+        return web.json_response(doc, status=status)
 
     async def _metrics(self, _: web.Request) -> web.Response:
         assert self.metrics is not None

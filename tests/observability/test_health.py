@@ -41,15 +41,19 @@ async def test_readiness_drops_when_nats_goes_away_and_returns_with_it(
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
         await wait_ready(session, port, proc, "consumer")
         _, body = await get(session, readyz)
-        assert json.loads(body) == {"ready": True, "failing": []}
+        assert json.loads(body) == {"ready": True, "failing": [], "hops": {}}
 
         nats_server.stop()
 
         async def not_ready() -> bool:
             status, body = await get(session, readyz)
-            return status == 503 and json.loads(body)["failing"] == ["nats"]
+            doc = json.loads(body)
+            # Which hop, and why (the client's last error: the refused connection).
+            return status == 503 and doc["failing"] == ["nats"] and "nats" in doc["hops"]
 
-        await eventually(not_ready, timeout=20, what="/readyz 503 naming nats")
+        await eventually(not_ready, timeout=20, what="/readyz 503 naming nats and why")
+        why = json.loads((await get(session, readyz))[1])["hops"]["nats"]["why"]
+        assert any(w in why.lower() for w in ("eof", "refused", "connect")), why
         assert (await get(session, healthz))[0] == 200  # alive: no restart wanted
         assert proc.poll() is None
 
@@ -59,6 +63,7 @@ async def test_readiness_drops_when_nats_goes_away_and_returns_with_it(
             return (await get(session, readyz))[0] == 200
 
         await eventually(ready_again, timeout=30, what="/readyz 200 after NATS returned")
+        assert json.loads((await get(session, readyz))[1])["hops"] == {}
         metrics = (await get(session, f"http://127.0.0.1:{port}/metrics"))[1]
         assert 'ferry_ready{check="nats"} 1.0' in metrics
         assert 'ferry_ready{check="durable"} 1.0' in metrics

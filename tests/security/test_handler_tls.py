@@ -31,6 +31,7 @@ from services.inbox_consumer.dispatch import HttpHandler
 from shared.domain.ack import HandlerFailure, HandlerResponse
 from shared.domain.errors import ConfigurationError
 from shared.runtime.tls import Reloading, client_context, server_context
+from shared.telemetry import hops
 
 pytestmark = pytest.mark.integration
 
@@ -95,6 +96,9 @@ async def test_https_calls_are_answered_and_strangers_refused(workdir: Path) -> 
         assert isinstance(clear, HandlerFailure) and clear.kind == "unreachable"
         wrong = await _call(url, client_context(stranger.cert_path, what="t").context)
         assert isinstance(wrong, HandlerFailure) and "certificate verify failed" in wrong.detail
+        # /readyz says which hop fails and why until a call gets through again.
+        assert "certificate verify failed" in hops.failing()["handler"]["why"]  # type: ignore[operator]
+        assert isinstance(await _call(url, trusted), HandlerResponse)
         other_host = await _call(f"https://localhost:{port}/handle", trusted)
         assert isinstance(other_host, HandlerFailure) and "mismatch" in other_host.detail
 
