@@ -24,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +56,23 @@ def seed_list(urls: list[str]) -> str:
     return ",".join(urls)
 
 
+@dataclass(frozen=True)
+class RouteTLS:
+    """The routes' TLS: each node's certificate and key (a peer's: server and client use)
+    and the CA every peer's certificate must come from (routes verify both ways)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
 def cluster_block(
-    *, name: str, listen: str, routes: list[str], advertise: str | None = None
+    *,
+    name: str,
+    listen: str,
+    routes: list[str],
+    advertise: str | None = None,
+    tls: RouteTLS | None = None,
 ) -> str:
     """The ``cluster`` block of one node's config (as in production, routes explicit).
 
@@ -76,6 +92,16 @@ def cluster_block(
     ]
     if advertise is not None:
         lines.append(f"  advertise: {json.dumps(advertise)}")
+    if tls is not None:  # routes over TLS, each side verifying the other (issue 47)
+        lines += [
+            "  tls {",
+            f"    cert_file: {json.dumps(str(tls.cert))}",
+            f"    key_file: {json.dumps(str(tls.key))}",
+            f"    ca_file: {json.dumps(str(tls.ca))}",
+            "    verify: true",
+            "    timeout: 2",
+            "  }",
+        ]
     return "\n".join([*lines, "}"])
 
 
@@ -107,6 +133,7 @@ class NatsCluster(Served):
         name: str = CLUSTER_NAME,
         access: DevAccess | None = None,
         extra: str = "",
+        route_tls: list[RouteTLS] | None = None,
         ports: Mapping[str, list[int]] | None = None,
         start_timeout: float = 30.0,
         ready_timeout: float = READY_TIMEOUT,
@@ -135,6 +162,10 @@ class NatsCluster(Served):
             (i, j): self.cluster_ports[j] for i in range(size) for j in range(size) if i != j
         }
         self._extra, self._access, self._start_timeout = extra, access, start_timeout
+        #: Each node's route TLS (None: routes in clear, as on a laptop's loopback).
+        self.route_tls = route_tls
+        if route_tls is not None and len(route_tls) != size:
+            raise ValueError(f"{len(route_tls)} route certificates for {size} nodes")
         self.nodes: list[NatsServer] = []
         self._bent = False
         self._build_nodes()
@@ -168,6 +199,7 @@ class NatsCluster(Served):
                 listen=f"{self.host}:{self.cluster_ports[index]}",
                 routes=routes,
                 advertise=NOWHERE if self._bent else None,
+                tls=self.route_tls[index] if self.route_tls else None,
             )
             if old and old[index].running:
                 raise ServerError(f"{self.node_name(index)} is running; reconfigure it stopped")

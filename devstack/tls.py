@@ -115,19 +115,23 @@ class LocalCA:
         *,
         hosts: list[str] | None = None,
         client: bool = False,
+        peer: bool = False,
         days: float = VALID_DAYS,
         expired: bool = False,
         folder: Path | None = None,
     ) -> Issued:
         """A certificate for ``name``: a server's for ``hosts`` (its subject alternative
-        names), or a client's (``client``: its common name is the role). ``expired``: valid
+        names), a client's (``client``: its common name is the role), or a cluster peer's
+        (``peer``: both, for NATS routes). ``expired``: valid
         until yesterday, for the tests of refusals. Written to ``folder`` (the CA's)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         start, end = now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)
         if expired:
             start, end = now - dt.timedelta(days=30), now - dt.timedelta(days=1)
-        usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else [ExtendedKeyUsageOID.SERVER_AUTH]
+        if peer:  # a node that dials its peers and is dialled by them (NATS routes)
+            usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
         builder = (
             x509.CertificateBuilder()
             .subject_name(_name(name))
@@ -137,7 +141,7 @@ class LocalCA:
             .not_valid_before(start)
             .not_valid_after(end)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         )
         if hosts:
             builder = builder.add_extension(x509.SubjectAlternativeName(_san(hosts)), False)

@@ -13,10 +13,12 @@ one goes on publishing.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +26,7 @@ import pytest
 from cryptography import x509
 
 from devstack.nats import NatsServer
+from devstack.nats_cluster import NatsCluster, RouteTLS
 from devstack.tls import Issued, LocalCA
 from shared.adapters.nats import NatsAuth, connect_nats
 from shared.domain.errors import TransientError
@@ -79,6 +82,11 @@ def _peer_serial(nc: object) -> int:
     transport = nc._transport  # type: ignore[attr-defined]
     ssl_object = transport._io_writer.get_extra_info("ssl_object")
     return int(x509.load_der_x509_certificate(ssl_object.getpeercert(True)).serial_number)
+
+
+def _route_peers(url: str) -> set[str]:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return {r.get("remote_name") for r in json.load(resp)["routes"] or []}
 
 
 async def _clear_text_attempt(port: int) -> str:
@@ -176,3 +184,54 @@ async def test_the_servers_certificate_is_rotated_by_a_reload_without_a_restart(
             assert server._spawned.proc.pid == pid and server.running  # type: ignore[union-attr]
         finally:
             await old.close()
+
+
+async def test_a_three_node_cluster_with_tls_routes_and_clients_replicates(
+    workdir: Path,
+) -> None:
+    """Routes between the nodes are TLS, each side verifying the other's certificate;
+    clients use TLS too. A stream of three replicas takes a publish, and a node whose route
+    certificate comes from another CA is not let into the cluster."""
+    ca, stranger = LocalCA(workdir / "ca"), LocalCA(workdir / "other", "Another CA")
+    routes = [ca.issue(f"route-{k}", hosts=["127.0.0.1"], peer=True) for k in range(3)]
+    client = ca.issue("nats-clients", hosts=["127.0.0.1"])
+    block = "\n".join(
+        ["tls {", f'  cert_file: "{client.cert}"', f'  key_file: "{client.key}"', "}"]
+    )
+    cluster = NatsCluster(
+        workdir / "cluster",
+        extra=block,
+        route_tls=[RouteTLS(r.cert, r.key, ca.cert_path) for r in routes],
+    )
+    cluster.start()
+    try:
+        urls = [u.replace("nats://", "tls://") for u in cluster.urls]
+        nc = await connect_nats(urls, name="t", auth=NatsAuth(tls_ca=ca.cert_path))
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="R3", subjects=["r3.>"], num_replicas=3)
+            ack = await js.publish("r3.one", b"x")
+            assert ack.seq == 1
+            info = await js.stream_info("R3")
+            assert info.cluster is not None and len(info.cluster.replicas or []) == 2
+        finally:
+            await nc.close()
+    finally:
+        cluster.stop()
+    # Node 3's route certificate from another CA: the others refuse its routes.
+    bad = stranger.issue("route-2", hosts=["127.0.0.1"], peer=True)
+    cluster.route_tls = [RouteTLS(r.cert, r.key, ca.cert_path) for r in routes[:2]] + [
+        RouteTLS(bad.cert, bad.key, ca.cert_path)
+    ]
+    cluster._build_nodes()
+    for node in cluster.nodes[:2]:
+        node.start()
+    try:
+        cluster.nodes[2].start()
+        await asyncio.sleep(3.0)
+        peers = await asyncio.to_thread(_route_peers, cluster.monitor_url(0, "routez"))
+        assert cluster.node_name(1) in peers and cluster.node_name(2) not in peers, peers
+    finally:
+        for node in cluster.nodes:
+            if node.running:
+                node.stop()
