@@ -393,9 +393,12 @@ class PostgresServer(SpawnedServer):
         ensure_initialized(self._data_dir, self.bin_dir)
         account = _prepare_dirs(self._data_dir, self._socket_dir)
         settings = dict(self._extra_settings)
+        hba = self._data_dir / "pg_hba.conf"
         if self.tls is not None:
             settings.update(self._install_tls(self.tls, account))
-            (self._data_dir / "pg_hba.conf").write_text(HBA_TLS)
+            hba.write_text(HBA_TLS)
+        elif hba.exists() and hba.read_text() == HBA_TLS:
+            hba.write_text(HBA)  # a cluster that ran with TLS, now without: logins again
         argv = postgres_argv(
             self._data_dir,
             port=self._port,

@@ -298,8 +298,11 @@ def critical_alert_group(topologies: Sequence[Topology]) -> dict[str, Any] | Non
             },
             {
                 "alert": "FerryCriticalLag",
+                # Not while an operator paused it: a pause of a critical lane is a
+                # decision (audited), and FerryDurablePausedLong still says it lasts.
                 "expr": f"max by (namespace, durable) (ferry_consumer_lag_seconds{{{match}}})"
-                f" > {CRITICAL_LAG_SECONDS}",
+                f" > {CRITICAL_LAG_SECONDS} unless on (namespace, durable) "
+                "max by (namespace, durable) (ferry_consumer_paused) == 1",
                 "for": CRITICAL_LAG_FOR,
                 "labels": labels,
                 "annotations": {

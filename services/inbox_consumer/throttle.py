@@ -183,8 +183,12 @@ class Throttle:
         if self.circuit is not None:  # written when it changed, and now and then anyway
             report = self.circuit()
             if report != self._reported or self._polls % REPORT_EVERY == 1:
-                await circuits.report_circuit(conn, self.durable, self.owner, *report)
-                self._reported = report
+                try:
+                    await circuits.report_circuit(conn, self.durable, self.owner, *report)
+                except READ_ERRORS as exc:  # the console's view only: the throttle goes on
+                    log.warning("circuit breaker state of %s not reported: %s", self.durable, exc)
+                else:
+                    self._reported = report
 
     async def watch(
         self, pool: Any, stop: asyncio.Event, interval: float = DEFAULT_POLL_INTERVAL

@@ -110,6 +110,9 @@ def _show(args: argparse.Namespace, state: PauseState) -> int:
         }
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
+    if state.unknown:
+        print(f"{state.durable}: JetStream did not answer for {', '.join(state.unknown)}: "
+              "paused or not there is unknown")  # fmt: skip
     if state.paused:
         who = state.set_by
         by = f", by {who['actor']} at {who['at']:%Y-%m-%d %H:%M:%S}: {who['reason']}" if who else ""

@@ -61,8 +61,14 @@ class PauseState:
 
     @property
     def paused(self) -> bool:
-        """Every consumer of the durable is paused."""
-        return bool(self.consumers) and all(c.paused for c in self.consumers)
+        """Every consumer of the durable is paused (as far as they could be read)."""
+        readable = [c for c in self.consumers if c.error is None]
+        return bool(readable) and all(c.paused for c in readable)
+
+    @property
+    def unknown(self) -> list[str]:
+        """The consumers whose state could not be read (then paused or not is unknown)."""
+        return [c.name for c in self.consumers if c.error is not None]
 
     @property
     def partly(self) -> bool:
@@ -133,10 +139,21 @@ async def _change(
         resume = until is None
         target = datetime(1970, 1, 1, tzinfo=UTC) if resume else until
         assert target is not None
-        failed = await _each(js, spec.stream, names, target)
-        if len(failed) < len(names):
-            action = "resume" if resume else "pause"
+        action = "resume" if resume else "pause"
+        # The audit row is written first and committed once a consumer took the change: a
+        # change never stands unrecorded, and one no consumer took leaves no record.
+        transaction = conn.transaction()
+        await transaction.start()
+        try:
             await pauses.record(conn, durable, action, until, actor=actor, reason=reason)
+            failed = await _each(js, spec.stream, names, target)
+        except BaseException:
+            await transaction.rollback()
+            raise
+        if len(failed) < len(names):
+            await transaction.commit()
+        else:
+            await transaction.rollback()
         state = await _state(conn, js, spec.stream, durable, names, 10)
     finally:
         await conn.close()

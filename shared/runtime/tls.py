@@ -6,9 +6,11 @@ consumer calling its handler over HTTPS — and certificates rotated without a r
 the client's, which verifies the server against a CA (and may show a client certificate).
 Both watch their files: :meth:`Reloading.watch` loads them again into the **same** context
 when they change (cert-manager renews a mounted Secret in place), so new handshakes use the
-new certificate while open connections go on — no restart, nothing in flight lost. A file
-that cannot be loaded (half-written, a key that does not match) keeps the previous
-certificate in force and is logged, naming the file.
+new certificate while open connections go on — no restart, nothing in flight lost. New
+files are tried in a scratch context first: a file that cannot be loaded (half-written, a
+key that does not match) keeps the previous certificate in force and is logged, naming the
+file. A CA file is *added to* what the context trusts: adding a new CA takes effect at
+once, retiring one needs a restart.
 """
 
 from __future__ import annotations
@@ -58,8 +60,22 @@ class Reloading:
         """The files it watches."""
         return [p for p in (self.cert, self.key, self.ca) if p is not None]
 
+    def check(self) -> None:
+        """Load the files into a scratch context: :class:`ConfigurationError` when they
+        cannot be used (a key that does not match, a half-written file). OpenSSL replaces a
+        context's certificate before it checks the key, so a bad pair loaded into the live
+        context would leave it with no usable key; it is tried here first."""
+        scratch = Reloading(ssl.SSLContext(self.context.protocol), self.cert, self.key,
+                            self.ca, self.what)  # fmt: skip
+        scratch._load()
+
     def load(self) -> None:
-        """(Re)load the certificate chain and the CA into the context."""
+        """(Re)load the certificate chain and the CA into the context, once they are
+        known to load (:meth:`check`)."""
+        self.check()
+        self._load()
+
+    def _load(self) -> None:
         if self.cert is not None:
             try:
                 self.context.load_cert_chain(str(self.cert), str(self.key) if self.key else None)
@@ -120,7 +136,10 @@ def client_context(
     (None: the system's CAs), showing ``cert``/``key`` when given (mutual TLS)."""
     if key is not None and cert is None:
         raise ConfigurationError(f"{what}: a client key without its certificate")
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    # With a CA of its own the context trusts that CA alone, not the system's as well.
+    context = ssl.create_default_context(
+        ssl.Purpose.SERVER_AUTH, cafile=str(ca) if ca is not None else None
+    )
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     reloading = Reloading(context, cert, key, ca, what)
     reloading.load()

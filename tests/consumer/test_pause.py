@@ -200,3 +200,31 @@ async def _called(handler: ScriptedHandler, mid: str) -> bool:
 async def _acked(js: object) -> bool:
     info = await js.consumer_info(STREAM, DURABLE)  # type: ignore[attr-defined]
     return bool(info.num_ack_pending == 0)
+
+
+async def test_jetstream_redelivers_nothing_while_paused_and_counts_no_delivery(
+    env: Env, nc: NATS
+) -> None:
+    """What the pause relies on, at the JetStream level: a message nak'ed with a delay and
+    one held past its ack_wait are not redelivered while the consumer is paused (no
+    delivery counted); on resume each comes again on its second delivery, not later."""
+    fast_durable(env, "http://127.0.0.1:9/handle")
+    js = nc.jetstream()
+    await provision(js, env.topology, caps=CAPS)
+    for n in range(2):
+        await publish(nc, envelope(vibe_id=f"raw{n}"))
+    sub = await js.pull_subscribe_bind(DURABLE, STREAM)
+    nacked, _held_past_its_ack_wait = await sub.fetch(2, timeout=5)
+    await nacked.nak(delay=1)
+    await ops._each(js, STREAM, [DURABLE], INDEFINITE)
+    await asyncio.sleep(5.0)  # past the nak's delay and the held one's ack_wait (3 s)
+    with pytest.raises(asyncio.TimeoutError):
+        await sub.fetch(1, timeout=1)
+    info = await js.consumer_info(STREAM, DURABLE)
+    assert (info.num_redelivered, info.num_ack_pending) == (0, 2)
+    await ops._each(js, STREAM, [DURABLE], datetime(1970, 1, 1, tzinfo=UTC))
+    again = await sub.fetch(2, timeout=10)
+    assert sorted(m.metadata.num_delivered for m in again) == [2, 2]
+    for m in again:
+        await m.ack()
+    await sub.unsubscribe()

@@ -143,6 +143,14 @@ def test_lag_over_a_minute_pages_a_critical_durable_only(tmp_path: Path) -> None
                     ("12m", "FerryCriticalLag", []),  # over the bound, not yet for a minute
                     ("13m", "FerryCriticalLag", fired("cg_h_publish", lag="2m 30s")),
                 ],
-            )
+            ),
+            # Paused by an operator (ferry durable pause): no page while it lasts.
+            case(
+                {
+                    high: "0x5 30x5 90+60x10",
+                    f'ferry_consumer_paused{{namespace="{NS}",durable="cg_h_publish"}}': "1x20",
+                },
+                [("13m", "FerryCriticalLag", []), ("19m", "FerryCriticalLag", [])],
+            ),
         ],
     )

@@ -161,7 +161,13 @@ async def test_a_renewed_certificate_is_loaded_without_a_restart(workdir: Path) 
             assert peer(kept) == first == seen[0]
         finally:
             await kept.close()
-        # A half-written file keeps the certificate in force.
+        # A new certificate beside the old key (the two files written apart), then a
+        # half-written key: neither is taken, the certificate in force keeps answering.
+        other = ca.issue("handler-other", hosts=["127.0.0.1"])
+        shutil.copyfile(other.cert, workdir / "srv" / "server.crt")
+        assert not server.reload_if_changed()
+        again = await _call(url, client_context(ca.cert_path, what="t").context)
+        assert isinstance(again, HandlerResponse) and again.status == 200
         (workdir / "srv" / "server.key").write_text("not a key")
         assert not server.reload_if_changed()
         again = await _call(url, client_context(ca.cert_path, what="t").context)
@@ -189,3 +195,5 @@ def test_the_consumer_calls_https_only_where_its_url_says_so(workdir: Path) -> N
     tls = _handler_tls(ConsumerSettings(handler_tls_ca=ca.cert_path), "https://h:1/handle")
     assert tls is not None and tls.context.check_hostname
     assert tls.context.verify_mode == ssl.CERT_REQUIRED
+    # Its own CA alone: not the system's CAs as well.
+    assert len(tls.context.get_ca_certs()) == 1
