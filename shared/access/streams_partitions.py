@@ -150,6 +150,13 @@ async def _repartition(
             "no consumer would ever deliver them, --repartition or not; "
         )
         return _refused(name, diffs, dropped, why)
+    paused = sorted(c.name for c in old if getattr(c, "paused", False))
+    if paused:  # its recreated consumers would start unpaused: the pause would end unseen
+        return Change("durable", name, "refused", diffs, error=(
+            f"{name} is paused ({', '.join(paused)}): a repartition recreates its "
+            "consumers, which would run unpaused; resume it first (ferry durable resume), "
+            "repartition, then pause it again"
+        ))  # fmt: skip
     if busy and not forced:
         why = "the partition layout changes while {} still hold messages; "
         return _refused(name, diffs, busy, why)

@@ -209,3 +209,26 @@ async def test_drained_consumers_repartition_without_the_flag(tmp_path: Path, nc
     cleaned = _by_name(await provision(js, ordered, caps=CAPS, repartition=True))
     assert cleaned["cg_g_archive"].action == "deleted"
     assert is_clean(await provision(js, ordered, caps=CAPS))
+
+
+async def test_a_paused_durable_is_not_repartitioned(tmp_path: Path, nc: NATS) -> None:
+    """A repartition recreates the durable's consumers, which would run unpaused: while the
+    durable is paused (ferry durable pause) it is refused, naming the pause, even forced."""
+    from datetime import UTC, datetime
+
+    from shared.domain.pause import INDEFINITE
+    from shared.ops.pause import _each
+
+    js = nc.jetstream()
+    await provision(js, _load(tmp_path, _doc()), caps=CAPS)
+    names = [f"cg_g_archive_p{k}" for k in range(4)]
+    assert await _each(js, STREAM, names, INDEFINITE) == {}
+    two = _load(tmp_path, _partitions(_doc(), 2), "two.yaml")
+    refused = _by_name(await provision(js, two, caps=CAPS, repartition=True))
+    change = refused["durable:cg_g_archive"]
+    assert change.action == "refused" and "is paused" in (change.error or "")
+    for name in names:  # untouched: still there, still paused
+        assert (await js.consumer_info(STREAM, name)).paused
+    assert await _each(js, STREAM, names, datetime(1970, 1, 1, tzinfo=UTC)) == {}
+    forced = _by_name(await provision(js, two, caps=CAPS, repartition=True))
+    assert forced["durable:cg_g_archive"].action == "updated"
