@@ -12,9 +12,13 @@ out the ladder's 600 s step. A longer outage turns the backlog into dead letters
 messages (the keeper heart-beats them, so JetStream neither redelivers them nor counts a
 delivery; what is not fetched yet waits in the stream). Every ``probe_every`` seconds one
 caller is let through as the **probe** (half-open); its success closes the breaker and
-lets every waiter through, its failure keeps it open until the next probe. A failed probe
-is settled like any failed call (its message is nak'ed with its back-off): the probes are
-the only deliveries an outage spends.
+lets every waiter through. A call that fails while the breaker is not closed — a failed
+probe, the failure that opened it, a call that was out when it opened — keeps its
+messages in hand too (:meth:`CircuitBreaker.holds`): they are not nak'ed up the back-off
+ladder (whose long steps, and the max_ack_pending places they would hold, kept a lane
+idle for minutes after its handler came back) but wait for the next probe, at most
+:data:`KEEP_AT_MOST` times each. So an outage spends hardly a delivery beyond the calls
+that failed before the breaker opened.
 
 A stop ends every wait: the call is not made, and the caller gets :data:`STOPPING` (an
 unreachable handler), so its message is nak'ed like a failed call and redelivered to
@@ -40,6 +44,10 @@ log = logging.getLogger("ferry.inbox_consumer")
 STOPPING = HandlerFailure("unreachable", "circuit breaker open, consumer stopping")
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+#: Failed calls of one message (or batch) kept in hand for a later probe, at most; then it
+#: is settled as any failed call (nak'ed with its back-off): a handler that fails on one
+#: event alone, with no other traffic to close the breaker, still dead-letters it in time.
+KEEP_AT_MOST = 10
 #: Longest a waiter sleeps before it looks at the state and the clock again (s).
 RECHECK = 1.0
 #: The state as a number, for the metric.
@@ -78,6 +86,8 @@ class CircuitBreaker:
         #: Times the breaker opened; probes let through; callers that waited at it.
         self.opened = 0
         self.probes = 0
+        #: Failed calls whose messages were kept in hand for a later probe (not nak'ed).
+        self.kept = 0
         self.held = 0
 
     @property
@@ -113,6 +123,14 @@ class CircuitBreaker:
                 for task in waiting:
                     task.cancel()
         return True
+
+    def holds(self, outcome: Any) -> bool:
+        """Whether a call that ended with ``outcome`` keeps its messages in hand for the
+        next probe instead of settling them: it failed and the breaker is not closed."""
+        if self.enabled and failed(outcome) and self.state != CLOSED:
+            self.kept += 1
+            return True
+        return False
 
     def record(self, outcome: Any) -> None:
         """The outcome of a call :meth:`admit` let through."""

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from services.inbox_consumer.breaker import STOPPING, CircuitBreaker
+from services.inbox_consumer.breaker import KEEP_AT_MOST, STOPPING, CircuitBreaker
 from services.inbox_consumer.delivery import CONSUMER_ERROR, Delivery
 from services.inbox_consumer.keepalive import KeepAlive
 from services.inbox_consumer.metrics import ConsumerMetrics
@@ -153,15 +153,27 @@ class Decider:
     async def guarded(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """``call()`` through the circuit breaker: waits while it is open (the messages
         held meanwhile), records the outcome; :data:`~.breaker.STOPPING` if the consumer
-        stopped while waiting."""
-        if not await self.breaker.admit(self.stop):
-            return STOPPING
-        outcome: Any = STOPPING
-        try:
-            outcome = await call()
-        finally:
-            self.breaker.record(outcome)
-        return outcome
+        stopped while waiting.
+
+        A call that failed while the breaker is open — the probe, the call whose failure
+        opened it, one that was out when it opened — is not returned to be nak'ed: its
+        messages stay in hand (heart-beaten, no delivery spent, no step up the back-off
+        ladder, their place in max_ack_pending kept for the moment the handler is back)
+        and wait for the next probe, which may be theirs."""
+        kept = 0
+        while True:
+            if not await self.breaker.admit(self.stop):
+                return STOPPING
+            outcome: Any = STOPPING
+            try:
+                outcome = await call()
+            finally:
+                self.breaker.record(outcome)
+            # Kept at most KEEP_AT_MOST times: an event the handler fails on alone (no
+            # other traffic to close the breaker) still climbs its ladder to a dead letter.
+            if self.stop.is_set() or kept >= KEEP_AT_MOST or not self.breaker.holds(outcome):
+                return outcome
+            kept += 1
 
     async def _call_once(self, delivery: Delivery, envelope: Envelope) -> Any:
         call = self._timed(

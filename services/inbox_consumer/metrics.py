@@ -287,12 +287,14 @@ def breaker_families(durable: str, breaker: Any) -> list[Metric]:
         counter_family(
             "ferry_consumer_circuit",
             "What the circuit breaker did: opened, probes (calls let through while open), "
-            "held (calls that waited at it).",
+            "held (calls that waited at it), kept (failed calls whose messages stayed in "
+            "hand for a later probe instead of being nak'ed).",
             ["durable", "event"],
             {
                 (durable, "opened"): breaker.opened,
                 (durable, "probes"): breaker.probes,
                 (durable, "held"): breaker.held,
+                (durable, "kept"): breaker.kept,
             },
         ),
     ]

@@ -4,8 +4,8 @@ The handler is down (every call answered 503) while events arrive, then comes ba
 ``max_deliver`` 4 and a 200 ms back-off, every event would be spent and dead-lettered
 within a second or two of the outage; with the breaker open, the consumer holds them
 (heart-beating: no delivery counted) and probes, so the outage ends with every event
-applied once, none dead-lettered, and no event past its second delivery except the
-probes.
+applied once, none dead-lettered, and no event past its second delivery — probes
+included: a failed probe keeps its messages in hand for the next probe.
 """
 
 from __future__ import annotations
@@ -65,3 +65,8 @@ async def test_an_outage_is_held_and_probed_not_spent(
     assert all(handler.applied[e.message_id] == 1 for e in events)
     attempts = Counter(c["body"]["message_id"] for c in handler.calls)
     assert max(attempts.values()) <= 2 + probes_failed
+    # JetStream's own count: no event past its second delivery, probes included (a failed
+    # probe keeps its message in hand for the next one, it is not nak'ed).
+    deliveries = {c["body"]["delivery"]["attempt"] for c in handler.calls}
+    assert max(deliveries) <= 2, sorted(deliveries)
+    assert breaker.kept >= probes_failed

@@ -140,3 +140,25 @@ def test_a_late_success_while_open_closes_it(outcome: HandlerResponse) -> None:
     assert b.state == OPEN
     b.record(outcome)  # a call admitted before it opened answers now: the handler is back
     assert b.state == CLOSED
+
+
+def test_a_failure_while_not_closed_keeps_its_messages_in_hand() -> None:
+    """Closed, a failed call is settled (nak'ed with its back-off); once the breaker is
+    open — the failure that opened it, a failed probe, a late failure — it is kept in hand
+    for the next probe; an answer about the event (a 422) is never kept."""
+    clock = Clock()
+    b = breaker(clock)
+    b.record(DOWN)
+    assert not b.holds(DOWN)  # closed: settle it
+    b.record(DOWN)
+    b.record(DOWN)  # the third opens it
+    assert b.state == OPEN and b.holds(DOWN)
+    assert not b.holds(HandlerResponse(422)) and not b.holds(OK)
+    clock.now += 5.0
+    b.state = HALF_OPEN  # the probe is out
+    b.record(HandlerResponse(503))  # and fails: open again
+    assert b.state == OPEN and b.holds(HandlerResponse(503))
+    assert b.kept == 2
+    disabled = breaker(clock, enabled=False)
+    disabled.state = OPEN
+    assert not disabled.holds(DOWN)
