@@ -17,8 +17,8 @@ probe, the failure that opened it, a call that was out when it opened — keeps 
 messages in hand too (:meth:`CircuitBreaker.holds`): they are not nak'ed up the back-off
 ladder (whose long steps, and the max_ack_pending places they would hold, kept a lane
 idle for minutes after its handler came back) but wait for the next probe, at most
-:data:`KEEP_AT_MOST` times each. So an outage spends hardly a delivery beyond the calls
-that failed before the breaker opened.
+:data:`KEEP_AT_MOST` times each when no other caller waits. So an outage spends hardly
+a delivery beyond the calls that failed before the breaker opened.
 
 A stop ends every wait: the call is not made, and the caller gets :data:`STOPPING` (an
 unreachable handler), so its message is nak'ed like a failed call and redelivered to
@@ -44,9 +44,11 @@ log = logging.getLogger("ferry.inbox_consumer")
 STOPPING = HandlerFailure("unreachable", "circuit breaker open, consumer stopping")
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
-#: Failed calls of one message (or batch) kept in hand for a later probe, at most; then it
-#: is settled as any failed call (nak'ed with its back-off): a handler that fails on one
-#: event alone, with no other traffic to close the breaker, still dead-letters it in time.
+#: Failed calls of one message (or batch) kept in hand for a later probe while no other
+#: caller waits at the breaker, at most; then it is settled as any failed call (nak'ed with
+#: its back-off): a handler that fails on one event alone, with no other traffic to close
+#: the breaker, still dead-letters it in time. While others wait (a handler down for
+#: everyone), a failed call is kept as long as the breaker stays open.
 KEEP_AT_MOST = 10
 #: Longest a waiter sleeps before it looks at the state and the clock again (s).
 RECHECK = 1.0
@@ -88,6 +90,8 @@ class CircuitBreaker:
         self.probes = 0
         #: Failed calls whose messages were kept in hand for a later probe (not nak'ed).
         self.kept = 0
+        #: Callers waiting at it now (other traffic that a healthy handler would answer).
+        self.waiting = 0
         self.held = 0
 
     @property
@@ -97,32 +101,37 @@ class CircuitBreaker:
     async def admit(self, stop: asyncio.Event) -> bool:
         """Wait until a call may go through; False when ``stop`` was set meanwhile."""
         waited = False
-        while self.enabled:
-            if self.state == CLOSED:
-                break
-            now = self.clock()
-            if self.state == OPEN and now >= self._next_probe:
-                self._set(HALF_OPEN)
-                self.probes += 1
-                log.info("%s: circuit breaker half-open: probing the handler", self.durable)
-                break
-            if stop.is_set():
-                return False
-            if not waited:
-                waited = True
-                self.held += 1
-            self._changed.clear()
-            wake = self.recheck
-            if self.state == OPEN:
-                wake = min(max(self._next_probe - now, 0.01), self.recheck)
-            waiting = [asyncio.ensure_future(self._changed.wait())]
-            waiting.append(asyncio.ensure_future(stop.wait()))
-            try:
-                await asyncio.wait(waiting, timeout=wake, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in waiting:
-                    task.cancel()
-        return True
+        try:
+            while self.enabled:
+                if self.state == CLOSED:
+                    break
+                now = self.clock()
+                if self.state == OPEN and now >= self._next_probe:
+                    self._set(HALF_OPEN)
+                    self.probes += 1
+                    log.info("%s: circuit breaker half-open: probing the handler", self.durable)
+                    break
+                if stop.is_set():
+                    return False
+                if not waited:
+                    waited = True
+                    self.held += 1
+                    self.waiting += 1
+                self._changed.clear()
+                wake = self.recheck
+                if self.state == OPEN:
+                    wake = min(max(self._next_probe - now, 0.01), self.recheck)
+                waiting = [asyncio.ensure_future(self._changed.wait())]
+                waiting.append(asyncio.ensure_future(stop.wait()))
+                try:
+                    await asyncio.wait(waiting, timeout=wake, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for task in waiting:
+                        task.cancel()
+            return True
+        finally:
+            if waited:
+                self.waiting -= 1
 
     def holds(self, outcome: Any) -> bool:
         """Whether a call that ended with ``outcome`` keeps its messages in hand for the

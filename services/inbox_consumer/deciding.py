@@ -169,9 +169,13 @@ class Decider:
                 outcome = await call()
             finally:
                 self.breaker.record(outcome)
-            # Kept at most KEEP_AT_MOST times: an event the handler fails on alone (no
-            # other traffic to close the breaker) still climbs its ladder to a dead letter.
-            if self.stop.is_set() or kept >= KEEP_AT_MOST or not self.breaker.holds(outcome):
+            # Alone at the breaker, kept at most KEEP_AT_MOST times: an event the handler
+            # fails on alone (no other traffic to close the breaker) still climbs its
+            # ladder to a dead letter; with others waiting, kept while it stays open.
+            alone = self.breaker.waiting == 0
+            if self.stop.is_set() or (alone and kept >= KEEP_AT_MOST):
+                return outcome
+            if not self.breaker.holds(outcome):
                 return outcome
             kept += 1
 

@@ -162,3 +162,49 @@ def test_a_failure_while_not_closed_keeps_its_messages_in_hand() -> None:
     disabled = breaker(clock, enabled=False)
     disabled.state = OPEN
     assert not disabled.holds(DOWN)
+
+
+def _guard(b: CircuitBreaker) -> object:
+    """What Decider.guarded needs of its decider: the breaker and the stop event."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(breaker=b, stop=asyncio.Event())
+
+
+async def test_a_lone_failing_call_is_kept_at_most_keep_at_most_times_then_settled() -> None:
+    from services.inbox_consumer.breaker import KEEP_AT_MOST
+    from services.inbox_consumer.deciding import Decider
+
+    b = CircuitBreaker(
+        BreakerSpec(failures=1, window=10.0, probe_every=0.01), durable="d", recheck=0.01
+    )
+    calls = 0
+
+    async def down() -> HandlerFailure:
+        nonlocal calls
+        calls += 1
+        return DOWN
+
+    outcome = await asyncio.wait_for(Decider.guarded(_guard(b), down), timeout=10)  # type: ignore[arg-type]
+    assert outcome == DOWN and calls == KEEP_AT_MOST + 1 and b.kept == KEEP_AT_MOST
+    assert b.waiting == 0
+
+
+async def test_with_others_waiting_a_failed_call_is_kept_until_the_handler_answers() -> None:
+    from services.inbox_consumer.breaker import KEEP_AT_MOST
+    from services.inbox_consumer.deciding import Decider
+
+    b = CircuitBreaker(
+        BreakerSpec(failures=1, window=10.0, probe_every=0.01), durable="d", recheck=0.01
+    )
+    b.waiting = 1  # another caller holds its messages at the breaker meanwhile
+    calls = 0
+
+    async def down_then_back() -> HandlerResponse | HandlerFailure:
+        nonlocal calls
+        calls += 1
+        return OK if calls > KEEP_AT_MOST + 5 else DOWN
+
+    outcome = await asyncio.wait_for(Decider.guarded(_guard(b), down_then_back), timeout=10)  # type: ignore[arg-type]
+    assert outcome == OK and calls == KEEP_AT_MOST + 6 and b.state == CLOSED
+    assert b.waiting == 1  # its own waits counted and uncounted
