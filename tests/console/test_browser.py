@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -374,17 +376,22 @@ async def test_operator_pauses_and_resumes_a_lane_and_sees_its_circuit_breaker(
     history = await page.inner_text("#pause-history")
     assert "handler team deploys a fix" in history and "fix deployed" in history
 
-    # The handler fails every first attempt (503): five in a row open the breaker, which
-    # holds the rest and probes every 10 s; the probe's second attempt succeeds.
-    failing = [await record(stack.env, {"fail_attempts": 1}) for _ in range(8)]
-    opened = await _until_text(page, lane, "#breakers", "open", timeout=30)
-    assert "half-open" in opened or "open" in opened.split()
-    await _shot(page, "16-durable-breaker-open")
-    await page.goto(f"{stack.url}/")
-    circuit = page.locator(f"#circuit-{DURABLE}")
-    if await circuit.count():  # still open when the overview was read
+    # The handler hangs (SIGSTOP: every call times out after 2 s): five failures open the
+    # breaker, which holds the events and probes every 10 s; back (SIGCONT), the next
+    # probe closes it.
+    handler = stack.procs["handler-sea"]
+    os.kill(handler.pid, signal.SIGSTOP)
+    try:
+        failing = [await record(stack.env) for _ in range(8)]
+        opened = await _until_text(page, lane, "#breakers", "open", timeout=40)
+        assert "half-open" in opened or "open" in opened.split()
+        await _shot(page, "16-durable-breaker-open")
+        await page.goto(f"{stack.url}/")
+        circuit = page.locator(f"#circuit-{DURABLE}")
         assert "circuit open on 1 of 1" in await circuit.inner_text()
         await _shot(page, "17-overview-breaker-open")
+    finally:
+        os.kill(handler.pid, signal.SIGCONT)
     await _until_text(page, lane, "#breakers", "closed", timeout=40)
     deadline = time.monotonic() + 30
     while await _inbox_rows(stack, failing) != (8, 8):
