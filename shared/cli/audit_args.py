@@ -38,6 +38,13 @@ def uuid_argument(what: str) -> Callable[[str], uuid.UUID]:
     return convert
 
 
+def history_count(text: str) -> int:
+    """A ``--history`` value: how many latest changes to show, 0 to 1000."""
+    if not text.isdigit() or not 0 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count from 0 to 1000")
+    return int(text)
+
+
 def nonblank(text: str) -> str:
     """Any text but blank (an optional ``--actor``, or ``--reason`` where it may be left out)."""
     if not text.strip():

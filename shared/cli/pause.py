@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from shared.adapters.nats import connect_nats
-from shared.cli.audit_args import actor_of, argument_type, nonblank
+from shared.cli.audit_args import actor_of, argument_type, history_count, nonblank
 from shared.cli.throttle import durable_verbs
 from shared.domain.errors import MalformedInput
 from shared.domain.pause import describe_until, parse_until
@@ -130,12 +130,6 @@ def _show(args: argparse.Namespace, state: PauseState) -> int:
     return 0
 
 
-def _count(text: str) -> int:
-    if not text.isdigit() or int(text) > 1000:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count from 0 to 1000")
-    return int(text)
-
-
 def add_commands(sub: Any) -> None:
     """Register ``ferry durable pause`` and ``ferry durable resume``."""
     verbs = durable_verbs(sub)
@@ -152,7 +146,7 @@ def add_commands(sub: Any) -> None:
         "--until", type=_until, help="when it ends by itself: 2h, 30m, or an ISO time with zone"
     )
     pause.add_argument("--status", action="store_true", help="show the pause; change nothing")
-    pause.add_argument("--history", type=_count, default=10, help="latest changes shown")
+    pause.add_argument("--history", type=history_count, default=10, help="latest changes shown")
     pause.set_defaults(func=cmd_pause)
     resume = verbs.add_parser(
         "resume",

@@ -17,7 +17,7 @@ import json
 import sys
 from typing import Any
 
-from shared.cli.audit_args import actor_of, argument_type, nonblank
+from shared.cli.audit_args import actor_of, argument_type, history_count, nonblank
 from shared.domain.throttle import MAX_BURST, Limit, RateError, format_rate, parse_rate
 from shared.ops.throttle import (
     ThrottleRefused,
@@ -53,12 +53,6 @@ def burst_argument(text: str) -> int:
     if not 1 <= value <= MAX_BURST:
         raise argparse.ArgumentTypeError(f"burst {value} must be between 1 and {MAX_BURST}")
     return value
-
-
-def _count(text: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) <= 1000:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count from 0 to 1000")
-    return int(text)
 
 
 def _describe(limit: Limit | None) -> str:
@@ -188,7 +182,9 @@ def add_commands(sub: Any) -> argparse.ArgumentParser:
     )
     cmd.add_argument("--reason", type=nonblank, help="why (recorded; required to set or clear)")
     cmd.add_argument("--actor", type=nonblank, help="who (default: OS user@host)")
-    cmd.add_argument("--history", type=_count, default=10, help="latest changes shown (default 10)")
+    cmd.add_argument(
+        "--history", type=history_count, default=10, help="latest changes shown (default 10)"
+    )
     cmd.add_argument("--json", action="store_true", help="machine-readable output")
     cmd.set_defaults(func=cmd_throttle)
     return cmd
