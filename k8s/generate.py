@@ -5,16 +5,18 @@ hand: one outbox-publisher Deployment per context that owns a stream, one inbox-
 Deployment per durable, a dlq-router, a dlq-replayer and the operator console (with its
 Service) per topology, the provisioning Job,
 the retention CronJob (``ferry purge``), the KEDA ScaledObjects, the demo handler services
-of the dev overlay, CloudNativePG ``Database`` objects for every context database, the
-PrometheusRule built from ``k8s/base/alerts/ferry-alerts.rules.yaml``, and the NATS users
-(``ferry nats-auth``) as a nats-server config file and as values for the NATS Helm chart.
+of the dev overlay, the cert-manager ``Certificate`` objects and the patches mounting them
+(``tls/``, switched on by ``k8s/components/tls``), CloudNativePG ``Database`` objects for
+every context database, the PrometheusRule built from
+``k8s/base/alerts/ferry-alerts.rules.yaml``, and the NATS users (``ferry nats-auth``) as a
+nats-server config file and as values for the NATS Helm chart.
 The kustomize base and overlays include the result from ``k8s/generated/``.
 
 This module loads the topologies, assembles the files and writes them; the documents
 come from its neighbours: ``pods.py`` (names, pod pieces, each pod's credentials, a
 role's Deployment), ``roles.py`` (the long-running roles, KEDA), ``jobs.py`` (the
 provisioning Job, the retention CronJob), ``kpi.py`` (the KPI job), ``demo.py`` (the dev
-overlay's handlers).
+overlay's handlers), ``tls.py`` (TLS from cert-manager).
 
 Credentials (README "Security"): every pod mounts only its own role's Secret
 ``ferry-role-<role>`` (read-only, mode 0400) and reads it through ``*_FILE`` settings and
@@ -40,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from k8s import tls
 from k8s.demo import demo_handler
 from k8s.jobs import provision_job, purge_cronjob
 from k8s.kpi import kpi_cronjob, scheduled_spark_application
@@ -90,6 +93,13 @@ class _Dumper(yaml.SafeDumper):
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+
+def _literal(dumper: yaml.SafeDumper, data: tls.Literal) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", str(data), style="|")
+
+
+_Dumper.add_representer(tls.Literal, _literal)
 
 
 def _dump(docs: Sequence[Doc], sources: str) -> str:
@@ -160,7 +170,20 @@ def topology_files(topology: Topology, source: Path, label: str) -> dict[str, st
     )
     files.update(_demo_handler_files(topology, label))
     files.update(kpi_files(topology, label))
+    files.update(tls_files(topology, label))
     return files
+
+
+def tls_files(topology: Topology, label: str) -> dict[str, str]:
+    """The topology's cert-manager Certificates and the patches that mount them (the
+    Component ``tls/``, included by ``k8s/components/tls``; :mod:`k8s.tls`)."""
+    base = tname(topology)
+    return {
+        f"{base}/tls/certificates.yaml": _dump(tls.certificates(topology), label),
+        f"{base}/tls/kustomization.yaml": _kustomization(
+            "Component", label, **tls.component(topology)
+        ),
+    }
 
 
 def _demo_handler_files(topology: Topology, label: str) -> dict[str, str]:

@@ -23,6 +23,9 @@ KUSTOMIZATIONS = {
     "dev": K8S / "overlays" / "dev",
     "prod": K8S / "overlays" / "prod",
     "cnpg": K8S / "examples" / "cnpg",
+    # cert-manager: the NATS servers' certificates and the example CA issuer.
+    "nats-tls": K8S / "nats" / "tls",
+    "cert-manager-ca": K8S / "examples" / "cert-manager-ca",
 }
 TOPOLOGIES = {
     "sea-vibespro": ROOT / "topologies" / "sea-vibespro.yaml",
@@ -97,3 +100,13 @@ def _template(doc: Doc) -> Doc:
 
 
 WORKLOADS = ("Deployment", "StatefulSet", "Job", "CronJob")
+
+
+def tls_secrets(docs: list[Doc]) -> set[str]:
+    """The TLS Secrets of a render (k8s/components/tls): each one a Certificate of the render
+    makes, and CloudNativePG's CA. They hold certificates, not credentials: the tests of
+    the roles' own Secrets leave them to tests/k8s/test_tls.py."""
+    from k8s.tls import PG_CA_SECRET
+
+    made = {d["spec"]["secretName"] for d in by_kind(docs, "Certificate")}
+    return made | {PG_CA_SECRET} if made else set()

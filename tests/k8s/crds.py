@@ -222,7 +222,99 @@ def scheduled_spark_application(doc: Doc, docs: list[Doc]) -> list[str]:
     return errors + _spark_spec(where, _get(doc, "spec.template") or {}, docs)
 
 
+_DURATION = re.compile(r"^(\d+(\.\d+)?(h|m|s|ms))+$")
+_USAGES = {
+    "signing", "digital signature", "content commitment", "key encipherment", "key agreement",
+    "data encipherment", "cert sign", "crl sign", "encipher only", "decipher only", "any",
+    "server auth", "client auth", "code signing", "email protection", "s/mime",
+    "ipsec end system", "ipsec tunnel", "ipsec user", "timestamping", "ocsp signing",
+    "microsoft sgc", "netscape sgc",
+}  # fmt: skip
+_KEY_SIZES = {"RSA": range(2048, 8193), "ECDSA": (256, 384, 521), "Ed25519": (None,)}
+_DNS_NAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+_CERTIFICATE_FIELDS = {
+    "secretName", "secretTemplate", "commonName", "dnsNames", "uris", "ipAddresses",
+    "emailAddresses", "duration", "renewBefore", "privateKey", "usages", "issuerRef", "isCA",
+    "subject", "literalSubject", "keystores", "revisionHistoryLimit", "additionalOutputFormats",
+    "nameConstraints", "otherNames", "encodeUsagesInRequest", "renewBeforePercentage",
+}  # fmt: skip
+_SUBJECTS = ("commonName", "dnsNames", "uris", "ipAddresses", "emailAddresses")
+
+
+def certificate(doc: Doc, docs: list[Doc]) -> list[str]:
+    """cert-manager Certificate (v1): only fields of its schema, a secretName, a subject
+    (commonName at most 64 characters, DNS names valid), known usages, a valid key and
+    durations, and an issuerRef naming an Issuer of the render or a ClusterIssuer (made
+    elsewhere: k8s/examples/cert-manager-ca)."""
+    where = f"Certificate/{doc['metadata']['name']}"
+    spec = doc.get("spec", {})
+    errors = _require(doc, ["spec.secretName", "spec.issuerRef.name"])
+    if set(spec) - _CERTIFICATE_FIELDS:
+        errors.append(f"{where}: unknown spec fields {sorted(set(spec) - _CERTIFICATE_FIELDS)}")
+    if not any(spec.get(k) for k in _SUBJECTS):
+        errors.append(f"{where}: needs a commonName or a SAN")
+    if len(spec.get("commonName", "")) > 64:
+        errors.append(f"{where}: commonName longer than 64 characters")
+    errors += [f"{where}: {n!r} is not a DNS name" for n in spec.get("dnsNames", [])
+               if not _DNS_NAME.match(n) or len(n) > 253]  # fmt: skip
+    errors += [f"{where}: unknown usage {u!r}" for u in spec.get("usages", []) if u not in _USAGES]
+    errors += [f"{where}: {f} must be a Go duration" for f in ("duration", "renewBefore")
+               if f in spec and not _DURATION.match(str(spec[f]))]  # fmt: skip
+    return errors + _private_key(where, spec.get("privateKey", {})) + _issuer_ref(where, spec, docs)
+
+
+def _private_key(where: str, key: Doc) -> list[str]:
+    algorithm = key.get("algorithm", "RSA")
+    size = key.get("size", 2048 if algorithm == "RSA" else None)
+    errors = []
+    if algorithm not in _KEY_SIZES or size not in _KEY_SIZES[algorithm]:
+        errors.append(f"{where}: privateKey {algorithm} of size {size} is invalid")
+    if key.get("rotationPolicy", "Always") not in ("Always", "Never"):
+        errors.append(f"{where}: rotationPolicy must be Always or Never")
+    return errors
+
+
+def _issuer_ref(where: str, spec: Doc, docs: list[Doc]) -> list[str]:
+    ref = spec.get("issuerRef", {})
+    kind = ref.get("kind", "Issuer")
+    if ref.get("group", "cert-manager.io") != "cert-manager.io" or kind not in (
+        "Issuer",
+        "ClusterIssuer",
+    ):
+        return [f"{where}: issuerRef must name a cert-manager Issuer or ClusterIssuer"]
+    if kind == "Issuer" and _named(docs, "Issuer", ref.get("name", "")) is None:
+        return [f"{where}: its Issuer is not in the render"]
+    return []
+
+
+def issuer(doc: Doc, docs: list[Doc]) -> list[str]:
+    """cert-manager Issuer or ClusterIssuer: exactly one kind of issuer; a CA issuer names
+    its Secret, and a Certificate of the render makes it when one does."""
+    where = f"{doc['kind']}/{doc['metadata']['name']}"
+    spec = doc.get("spec", {})
+    kinds = [k for k in ("selfSigned", "ca", "vault", "acme", "venafi") if k in spec]
+    if len(kinds) != 1:
+        return [f"{where}: needs exactly one of selfSigned, ca, vault, acme, venafi"]
+    errors = []
+    if kinds == ["ca"]:
+        secret = _get(doc, "spec.ca.secretName")
+        if not secret:
+            errors.append(f"{where}: a CA issuer needs ca.secretName")
+        makers = [d for d in docs if d["kind"] == "Certificate"
+                  and _get(d, "spec.secretName") == secret]  # fmt: skip
+        if makers and not all(_get(d, "spec.isCA") is True for d in makers):
+            errors.append(f"{where}: the Certificate making {secret} is not a CA (isCA)")
+    if doc["kind"] == "ClusterIssuer" and "namespace" in doc["metadata"]:
+        errors.append(f"{where}: a ClusterIssuer is cluster-scoped: no namespace")
+    return errors
+
+
 CUSTOM_RESOURCES: dict[tuple[str, str], Checker] = {
+    ("cert-manager.io/v1", "Certificate"): certificate,
+    ("cert-manager.io/v1", "Issuer"): issuer,
+    ("cert-manager.io/v1", "ClusterIssuer"): issuer,
     ("keda.sh/v1alpha1", "ScaledObject"): scaled_object,
     ("monitoring.coreos.com/v1", "PodMonitor"): pod_monitor,
     ("monitoring.coreos.com/v1", "PrometheusRule"): prometheus_rule,

@@ -27,7 +27,7 @@ from shared.access.secret_copy import copy_private
 from shared.contracts.loading import load_topology
 from shared.domain.reply_subjects import inbox_prefix
 
-from .conftest import K8S, ROOT, TOPOLOGIES, WORKLOADS, Doc, by_kind, pod_spec
+from .conftest import K8S, ROOT, TOPOLOGIES, WORKLOADS, Doc, by_kind, pod_spec, tls_secrets
 
 LOADED = [load_topology(path) for path in TOPOLOGIES.values()]
 ROLE_IDENTITIES = {i.name: i for t in LOADED for i in identities(t)}
@@ -142,11 +142,12 @@ def test_each_role_mounts_its_own_secret_and_no_other(
     rendered: dict[str, list[Doc]], name: str
 ) -> None:
     pods = _pods(rendered[name])
+    certificates = tls_secrets(rendered[name])  # test_tls.py checks those
     roles = {}
     for workload, spec, container in pods:
         where = f"{workload['kind']}/{workload['metadata']['name']}"
         role = _role_of(workload, container)
-        refs = _secret_refs(spec) | _secret_refs(container)
+        refs = (_secret_refs(spec) | _secret_refs(container)) - certificates
         if role is None:  # the provisioning Job: the admin and nothing else
             assert workload["metadata"]["labels"]["app.kubernetes.io/component"] == (
                 "provisioning"
@@ -178,9 +179,14 @@ def test_secrets_are_read_only_files_named_by_file_settings(
     assert not any(key.startswith(SECRET_VALUES) and not key.endswith("_FILE") for key in settings)
     assert "FERRY_DATABASES" not in settings, "a DSN map would bypass each role's own login"
     secrets = _secrets_by_name(secret_docs)
+    certificates = tls_secrets(rendered[name])  # test_tls.py checks those
     for workload, spec, container in _pods(rendered[name]):
         where = f"{workload['kind']}/{workload['metadata']['name']}"
-        [volume] = [v for v in spec["volumes"] if "secret" in v]
+        [volume] = [
+            v
+            for v in spec["volumes"]
+            if "secret" in v and v["secret"]["secretName"] not in certificates
+        ]
         assert volume["secret"]["defaultMode"] == 0o400, where
         keys = secrets[volume["secret"]["secretName"]]
         for c in [container, *spec.get("initContainers", [])]:

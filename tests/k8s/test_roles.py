@@ -233,10 +233,11 @@ def _references(node: Any) -> list[tuple[str, str, str | None]]:
 
 
 #: Objects an operator creates before applying besides the Secrets `python -m k8s.secrets`
-#: renders (README "Deploy to Kubernetes"): the CA certificates (optional in dev).
+#: renders (README "Deploy to Kubernetes"): the CA certificates (optional ConfigMap
+#: ferry-tls), and with TLS from cert-manager CloudNativePG's CA (k8s/examples/cnpg).
 EXTERNAL = {
     "dev": {("ConfigMap", "ferry-tls")},
-    "prod": {("ConfigMap", "ferry-tls")},
+    "prod": {("ConfigMap", "ferry-tls"), ("Secret", "ferry-pg-ca")},
     "cnpg": set(),
 }
 
@@ -249,6 +250,9 @@ def test_every_reference_resolves_in_the_render(
     Secret a workload names is one the operator renders."""
     docs = rendered[name] + secret_docs
     objects = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    # A cert-manager Certificate of the render makes its Secret.
+    for cert in by_kind(rendered[name], "Certificate"):
+        objects[("Secret", cert["spec"]["secretName"])] = {"data": {}}
     unresolved = set()
     for doc in docs:
         for kind, ref, key in _references(doc.get("spec", {})):

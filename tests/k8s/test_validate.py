@@ -96,4 +96,5 @@ def test_dev_needs_no_operator(rendered: dict[str, list[Doc]]) -> None:
 def test_prod_carries_every_operator_resource(rendered: dict[str, list[Doc]]) -> None:
     kinds = {d["kind"] for d in rendered["prod"]}
     assert {"ScaledObject", "PodMonitor", "PrometheusRule", "ScheduledSparkApplication"} <= kinds
+    assert "Certificate" in kinds  # k8s/components/tls
     assert {d["kind"] for d in rendered["cnpg"]} == {"Cluster", "Database"}
