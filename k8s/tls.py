@@ -166,8 +166,8 @@ def _workloads(topology: Topology) -> Iterator[tuple[Doc, str, bool]]:
 
 def _handler_deployment(topology: Topology, context: str) -> Doc:
     """The demo handler's Deployment (dev overlay), or, for a context without an example
-    service, a stand-in with its name: the certificate is for the operator's own handler
-    Service ``handler-<context>`` (the patch then matches nothing)."""
+    service, a stand-in with its name and no spec: the certificate is for the operator's
+    own handler Service ``handler-<context>``, and no patch is made for it."""
     from services.handlers.specs import SERVICES
 
     if context in SERVICES:
