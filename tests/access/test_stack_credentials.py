@@ -39,7 +39,9 @@ def test_every_role_program_runs_as_its_own_identity() -> None:
         identity = identity_named(TOPOLOGIES, name)  # the program is a role of a topology
         dsn = program["env:FERRY_DSN_TEMPLATE"]
         assert dsn.startswith(f"postgresql://{pg_role_name(name)}@"), name
-        assert dsn.endswith(f"?passfile=%(ENV_FERRY_VAR)s/secrets/pgpass-{name}"), name
+        # Its own passfile, and TLS (verify-full with the stack's CA) when the server has it.
+        tail = f"?passfile=%(ENV_FERRY_VAR)s/secrets/pgpass-{name}%(ENV_FERRY_PG_TLS_QUERY)s"
+        assert dsn.endswith(tail), name
         if identity.uses_nats:
             assert program["env:FERRY_NATS_USER"] == name
             assert program["env:FERRY_NATS_PASSWORD_FILE"].endswith(f"/nats-password-{name}")
@@ -47,6 +49,17 @@ def test_every_role_program_runs_as_its_own_identity() -> None:
             assert "env:FERRY_NATS_USER" not in program, name
         assert program["autostart"] == "false", f"{name} must wait for bootstrap"
         assert not any("PASSWORD=" in k or k == "env:FERRY_NATS_PASSWORD" for k in program)
+    # Every HTTP hop between programs is HTTPS, verified against the stack's CA.
+    tls_dir = "%(ENV_FERRY_TLS_DIR)s"
+    for name, program in programs.items():
+        if name.startswith("handler-"):
+            assert program["env:FERRY_HANDLER_TLS_CERT"] == f"{tls_dir}/handlers.crt", name
+            assert program["env:FERRY_HANDLER_TLS_KEY"] == f"{tls_dir}/handlers.key", name
+        if name.startswith("inbox-consumer-"):
+            assert program["env:FERRY_HANDLER_URL"].startswith("https://127.0.0.1:"), name
+            assert program["env:FERRY_HANDLER_TLS_CA"] == f"{tls_dir}/ca.crt", name
+        if name.startswith("console-"):
+            assert program["env:FERRY_CONSOLE_TLS_CERT"] == f"{tls_dir}/consoles.crt", name
     # Only bootstrap is the admin.
     admins = [n for n, p in programs.items() if p.get("env:FERRY_NATS_USER") == NATS_ADMIN]
     assert admins == ["bootstrap"]

@@ -30,6 +30,7 @@ from devstack.nats_cluster import NatsCluster, RouteTLS
 from devstack.tls import Issued, LocalCA
 from shared.adapters.nats import NatsAuth, connect_nats
 from shared.domain.errors import TransientError
+from tests.security.probes import clear_text_attempt
 
 pytestmark = pytest.mark.integration
 
@@ -89,20 +90,6 @@ def _route_peers(url: str) -> set[str]:
         return {r.get("remote_name") for r in json.load(resp)["routes"] or []}
 
 
-async def _clear_text_attempt(port: int) -> str:
-    """What the server answers a client that sends CONNECT without TLS ("" if it just
-    closes the connection)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        info = await asyncio.wait_for(reader.readline(), 5)
-        assert b'"tls_required":true' in info
-        writer.write(b'CONNECT {"verbose":false}\r\nPING\r\n')
-        await writer.drain()
-        return (await asyncio.wait_for(reader.read(4096), 5)).decode(errors="replace")
-    finally:
-        writer.close()
-
-
 async def _refused(url: str, auth: NatsAuth) -> str:
     with pytest.raises(TransientError) as refused:
         await connect_nats([url], name="tls-test", auth=auth, give_up_after=3)
@@ -122,7 +109,7 @@ async def test_a_role_connects_over_tls_and_clear_text_or_strangers_are_refused(
             await nc.close()
         # A client speaking clear text: the server asks for TLS in its greeting and closes
         # the connection on the clear-text CONNECT, never answering its PING.
-        answer = await _clear_text_attempt(server.port)
+        answer = await clear_text_attempt(server.port)
         assert "PONG" not in answer and (answer == "" or "-ERR" in answer), answer
         # Ours, given no CA, upgrades as the server asks and refuses the unknown CA.
         plain = await _refused(f"nats://127.0.0.1:{server.port}", NatsAuth())

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import stat
 import subprocess
 import sys
@@ -199,9 +200,14 @@ class DemoRun:
     scraped: dict[str, bytes] = field(default_factory=dict)
 
 
-def _get(url: str) -> bytes:
+def _get(url: str, trust: ssl.SSLContext | None = None) -> bytes:
+    opener = _HTTP
+    if trust is not None:
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=trust)
+        )
     try:
-        with _HTTP.open(url, timeout=5) as response:
+        with opener.open(url, timeout=5) as response:
             return bytes(response.read())
     except OSError as exc:  # a role that is not serving yet: recorded, not fatal
         return f"unavailable: {exc}".encode()
@@ -212,8 +218,15 @@ def _scrape(run: DemoRun, label: str) -> None:
     for variable, port in run.ports.items():
         if variable.startswith(("FERRY_PORT_PUB_", "FERRY_PORT_CON_", "FERRY_PORT_DLQ_",
                                 "FERRY_PORT_HANDLER_")):  # fmt: skip
+            # The handler services serve HTTPS (the stack's CA); roles' health ports HTTP.
+            handler = variable.startswith("FERRY_PORT_HANDLER_")
+            trust = None
+            if handler:
+                trust = ssl.create_default_context(cafile=str(run.var / "tls" / "ca.crt"))
+            scheme = "https" if handler else "http"
             for path in ("/metrics", "/healthz", "/readyz"):
-                run.scraped[f"{label}{path}@{variable}"] = _get(f"http://127.0.0.1:{port}{path}")
+                url = f"{scheme}://127.0.0.1:{port}{path}"
+                run.scraped[f"{label}{path}@{variable}"] = _get(url, trust)
     monitor = run.ports["FERRY_NATS_MONITOR_PORT"]
     run.scraped[f"{label}/connz"] = _get(f"http://127.0.0.1:{monitor}/connz?auth=true&limit=1024")
 
