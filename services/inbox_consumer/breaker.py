@@ -50,6 +50,12 @@ CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 #: the breaker, still dead-letters it in time. While others wait (a handler down for
 #: everyone), a failed call is kept as long as the breaker stays open.
 KEEP_AT_MOST = 10
+#: Longest a failed call is kept in hand, others waiting or not (s); then it is settled
+#: as any failed call. Past any outage the breaker is for (the issue's 30 minutes), short
+#: of forever: events the handler fails on (a 5xx caused by their content) with no other
+#: traffic to close the breaker wait on each other, none ever alone, and would otherwise
+#: hold the lane for good instead of reaching their dead letters.
+KEEP_FOR = 3600.0
 #: Longest a waiter sleeps before it looks at the state and the clock again (s).
 RECHECK = 1.0
 #: The state as a number, for the metric.
@@ -76,8 +82,11 @@ class CircuitBreaker:
         durable: str,
         clock: Callable[[], float] = time.monotonic,
         recheck: float = RECHECK,
+        keep_for: float = KEEP_FOR,
     ) -> None:
         self.spec, self.durable, self.clock, self.recheck = spec, durable, clock, recheck
+        #: Longest a failed call is kept in hand (:data:`KEEP_FOR`).
+        self.keep_for = keep_for
         self.state = CLOSED
         #: When the state last changed (wall clock, for the console).
         self.since: datetime | None = None

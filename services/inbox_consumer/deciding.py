@@ -160,7 +160,7 @@ class Decider:
         messages stay in hand (heart-beaten, no delivery spent, no step up the back-off
         ladder, their place in max_ack_pending kept for the moment the handler is back)
         and wait for the next probe, which may be theirs."""
-        kept = 0
+        kept, first_kept = 0, 0.0
         while True:
             if not await self.breaker.admit(self.stop):
                 return STOPPING
@@ -171,12 +171,16 @@ class Decider:
                 self.breaker.record(outcome)
             # Alone at the breaker, kept at most KEEP_AT_MOST times: an event the handler
             # fails on alone (no other traffic to close the breaker) still climbs its
-            # ladder to a dead letter; with others waiting, kept while it stays open.
+            # ladder to a dead letter; with others waiting, kept while it stays open, up
+            # to keep_for in all (events failing on their content wait on each other).
             alone = self.breaker.waiting == 0
-            if self.stop.is_set() or (alone and kept >= KEEP_AT_MOST):
+            too_long = kept > 0 and self.breaker.clock() - first_kept >= self.breaker.keep_for
+            if self.stop.is_set() or (alone and kept >= KEEP_AT_MOST) or too_long:
                 return outcome
             if not self.breaker.holds(outcome):
                 return outcome
+            if kept == 0:
+                first_kept = self.breaker.clock()
             kept += 1
 
     async def _call_once(self, delivery: Delivery, envelope: Envelope) -> Any:

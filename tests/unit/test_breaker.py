@@ -208,3 +208,37 @@ async def test_with_others_waiting_a_failed_call_is_kept_until_the_handler_answe
     outcome = await asyncio.wait_for(Decider.guarded(_guard(b), down_then_back), timeout=10)  # type: ignore[arg-type]
     assert outcome == OK and calls == KEEP_AT_MOST + 6 and b.state == CLOSED
     assert b.waiting == 1  # its own waits counted and uncounted
+
+
+async def test_with_others_waiting_a_failed_call_is_kept_no_longer_than_keep_for() -> None:
+    """Events the handler fails on by their content, with no other traffic, wait on each
+    other at the breaker (none is ever alone): each is still settled after keep_for, so
+    it climbs its ladder to a dead letter instead of holding the lane for good."""
+    from services.inbox_consumer.deciding import Decider
+
+    class Ticking(Clock):  # time passes while the breaker waits for its next probe
+        def __call__(self) -> float:
+            self.now += 0.001
+            return self.now
+
+    clock = Ticking()
+    b = CircuitBreaker(
+        BreakerSpec(failures=1, window=10.0, probe_every=0.01),
+        durable="d",
+        recheck=0.01,
+        clock=clock,
+        keep_for=60.0,
+    )
+    b.waiting = 1  # another failing event waits at the breaker the whole time
+    calls = 0
+
+    async def down_for_good() -> HandlerFailure:
+        nonlocal calls
+        calls += 1
+        clock.now += 7.0  # each probe comes a probe interval (and a call) later
+        return DOWN
+
+    outcome = await asyncio.wait_for(Decider.guarded(_guard(b), down_for_good), timeout=10)  # type: ignore[arg-type]
+    # Kept at the 1st call (t=7), then settled on the first failure 60 s after that.
+    assert outcome == DOWN and calls == 10, calls
+    assert b.kept == 9
