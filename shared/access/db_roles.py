@@ -31,9 +31,16 @@ kpi-spark-job-{topology}    every database of the topology: read ``outbox_events
                             durables' ``inbox_messages``/``dead_letters`` (and the
                             ``ordering: key`` ones' ``parked_messages``); write its own
                             ``kpi_*`` result tables
-retention-{topology}        ``ferry purge``: read and DELETE ``outbox_events`` in its
-                            contexts' databases and its durables' ``inbox_messages``
-                            (nothing else: no INSERT, no UPDATE, no dead letters)
+retention-{topology}        ``ferry purge``: read and DELETE ``outbox_events`` and
+                            ``outbox_actions`` in its contexts' databases, its durables'
+                            rows of ``inbox_messages`` and the audit tables
+                            (``dead_letter_actions``, ``dead_letter_edits``,
+                            ``throttle_actions``, ``pause_actions``, ``durable_rewinds``;
+                            an ordered durable's ``parked_actions`` and
+                            ``partition_leases``), ``replay_jobs`` in the replay lane's
+                            database; read its durables' ``dead_letters`` and
+                            ``parked_messages`` (an open dead letter's or a parked key's
+                            audit is kept); nothing else: no INSERT, no UPDATE
 console-{topology}          the operator console (services/console): read the outbox,
                             its durables' inbox, dead letters, parked messages, the
                             actions and the ``kpi_*`` tables of every database; write
@@ -277,18 +284,35 @@ def _replay_worker_access(
 def _retention_access(
     identity: Identity, topology: Topology, by_db: dict[str, list[str]]
 ) -> list[RoleAccess]:
-    """``ferry purge`` deletes published outbox rows and processed inbox rows; it reads
-    them to find them (DELETE ... WHERE needs SELECT) and touches nothing else."""
+    """``ferry purge`` deletes the rows past their retention (shared.ops.retention_tables):
+    published outbox rows, processed inbox rows, old audit rows; it reads them to find
+    them (DELETE ... WHERE needs SELECT), reads the dead letters and parked messages that
+    keep their audit rows, and touches nothing else."""
     publishing = {c.database for c in topology.contexts.values() if c.stream is not None}
+    lane = replay_lane(topology)
+    ordered = {name for name, spec in topology.durables.items() if spec.ordering == "key"}
+    purge = ("SELECT", "DELETE")
     out = []
     for database in topology.databases():
         tables: list[TableAccess] = []
         if database in publishing:
-            tables.append(TableAccess("outbox_events", ("SELECT", "DELETE")))
-        if by_db.get(database):
-            tables.append(
-                TableAccess("inbox_messages", ("SELECT", "DELETE"), tuple(by_db[database]))
-            )
+            tables.append(TableAccess("outbox_events", purge))
+            tables.append(TableAccess("outbox_actions", purge))
+        rows = tuple(by_db.get(database, ()))
+        if rows:
+            tables.append(TableAccess("inbox_messages", purge, rows))
+            tables.append(TableAccess("dead_letters", ("SELECT",), rows))
+            audit = ("dead_letter_actions", EDITS_TABLE, "throttle_actions", PAUSE_TABLE)
+            tables += [TableAccess(t, purge, rows) for t in (*audit, REWIND_TABLE)]
+            keyed = tuple(name for name in rows if name in ordered)
+            if keyed:
+                tables += [
+                    TableAccess("parked_messages", ("SELECT",), keyed),
+                    TableAccess("parked_actions", purge, keyed),
+                    TableAccess("partition_leases", purge, keyed),
+                ]
+        if lane is not None and database == lane.database:
+            tables.append(TableAccess(REPLAY_JOBS_TABLE, purge))
         if tables:
             out.append(RoleAccess(identity, database, tuple(tables)))
     return out

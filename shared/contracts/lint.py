@@ -17,6 +17,9 @@ Rules (what each protects against):
     source stream's ``max_age``, the redelivery horizon (every attempt and back-off) and
     the replay horizon (dead letters kept for their stream's ``max_age``, automatic replay
     schedule). A copy arriving after its inbox row is purged is processed twice.
+``claims-retention``
+    A context's ``claims_retention`` (the handler SDK's ``handler_applied``) must outlast
+    the same horizons: a copy arriving after its claim is purged is applied twice.
 ``handler-timeout``
     Without heartbeats the handler timeout must stay below ``ack_wait``: otherwise
     JetStream redelivers a message whose handler is still running.
@@ -97,6 +100,7 @@ from shared.contracts.lint_horizons import redelivery_horizon as redelivery_hori
 from shared.contracts.lint_horizons import replay_horizon as replay_horizon
 from shared.contracts.lint_ordering import ordering
 from shared.contracts.lint_ordering import ordering_key_defect as ordering_key_defect
+from shared.contracts.lint_retention import claims_retention
 from shared.contracts.lint_rules import (
     ack_pending,
     criticality,
@@ -119,6 +123,7 @@ def lint_topology(
     problems = [
         *duplicate_window(topology, source, timing),
         *inbox_retention(topology, source),
+        *claims_retention(topology, source),
         *handler_timeout(topology, source),
         *max_deliver(topology, source),
         *ack_pending(topology, source),

@@ -69,6 +69,18 @@ class ContextSpec(Model):
     #: How long the outbox keeps a row once it is published (``ferry purge``); an
     #: unpublished row is kept whatever its age.
     outbox_retention: Seconds = 7 * 86400.0
+    #: How long the handler SDK's claims (``handler_applied``) and effects ledger
+    #: (``handler_calls``) in this context's database are kept (``ferry purge``). A claim
+    #: must outlast every way a copy can still arrive, like the inbox row; ``ferry lint``
+    #: checks it (rule ``claims-retention``).
+    claims_retention: Seconds = 35 * 86400.0
+    #: How long the audit rows in this context's database are kept (``ferry purge``):
+    #: ``outbox_actions``, ``dead_letter_actions``, ``dead_letter_edits``,
+    #: ``parked_actions``, ``throttle_actions``, ``pause_actions``, ``durable_rewinds``,
+    #: ``replay_jobs``. Rows of unfinished work (an open dead letter, an unpublished
+    #: outbox row, a running rewind or replay job, the throttle or pause in force) are
+    #: kept whatever their age.
+    audit_retention: Seconds = 400 * 86400.0
     #: How long this context's outbox-publisher, woken by a commit, may wait to gather the
     #: commits behind it into one claim (FERRY_PUBLISHER_LINGER, which wins when set):
     #: for a context whose events can spare it, claims at a moderate rate grow large

@@ -5,14 +5,18 @@ Per context, published outbox rows older than ``outbox_retention``; per durable,
 rows processed longer ago than its target context's ``inbox_retention``. Nothing
 unfinished is ever deleted: an unpublished outbox row (pending or failing), an inbox row
 still in process or retrying, a dead-lettered inbox row (its dead letter's lifecycle
-governs it). Deletion goes in batches of ``batch`` rows, one statement each in its own
-transaction, so a large purge never holds many row locks for long nor blocks the roles;
-two purges can run at once (the second waits for the rows the first is deleting, then
-skips them).
+governs it). Every other table Ferry or its handler SDK writes (the audit tables, the
+SDK's claims and calls, lease rows of dropped partitions) is purged after them by its
+policy (:mod:`shared.ops.retention_tables`, run by :mod:`shared.ops.retention_run`), at
+the context's ``audit_retention`` or ``claims_retention``. Deletion goes in batches of
+``batch`` rows, one statement each in its own transaction, so a large purge never holds
+many row locks for long nor blocks the roles; two purges can run at once (the second
+waits for the rows the first is deleting, then skips them).
 
 The cut-off is taken once, from the database's clock, at the start of each table's
 purge. It runs as the topology's ``retention-{topology}`` login, which may read and
-DELETE exactly those tables' rows and nothing else (``ferry db-roles``); the roles' own
+DELETE exactly those tables' rows (reading what decides whether a row is still needed)
+and nothing else (``ferry db-roles``); the roles' own
 logins may not delete. In Kubernetes a daily CronJob runs it (``k8s/generate.py``).
 """
 
@@ -21,46 +25,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from datetime import datetime, timedelta
 from functools import partial
-from typing import Any
 
 from shared.adapters import inbox, outbox
-from shared.adapters.postgres import DATABASE_ERRORS, NOT_PERMITTED_ERRORS, connect, redact
 from shared.domain.errors import ConfigurationError, TransientError
+from shared.ops.retention_common import Purged, cutoff, database, drain
+from shared.ops.retention_run import purge_tables
 from shared.runtime.settings import CommonSettings
 from shared.waits import sleep_unless
+
+__all__ = ["DEFAULT_BATCH", "Purged", "purge", "purge_forever"]
 
 log = logging.getLogger("ferry.retention")
 
 #: Rows per DELETE statement.
 DEFAULT_BATCH = 5000
-
-
-@dataclass
-class Purged:
-    """What one table's purge found and did."""
-
-    table: str
-    scope: str
-    database: str
-    retention_seconds: float
-    before: datetime
-    purged: int
-
-    def line(self, dry_run: bool) -> str:
-        verb = "would purge" if dry_run else "purged"
-        return (
-            f"{self.table} {self.scope} ({self.database}): {verb} {self.purged:,} rows "
-            f"older than {self.before.isoformat()} (retention {_days(self.retention_seconds)})"
-        )
-
-
-def _days(seconds: float) -> str:
-    return f"{seconds / 86400:g}d" if seconds >= 86400 else f"{seconds:g}s"
 
 
 async def purge(
@@ -78,62 +57,26 @@ async def purge(
     for name, ctx in topology.contexts.items():
         if only not in (None, name) or ctx.stream is None:
             continue  # a context without a stream publishes nothing: it has no outbox rows
-        async with _database(settings, ctx.database) as conn:
-            before = await _cutoff(conn, ctx.outbox_retention)
+        async with database(settings, ctx.database) as conn:
+            before = await cutoff(conn, ctx.outbox_retention)
             if dry_run:
                 count = await outbox.purgeable(conn, before)
             else:
-                count = await _drain(partial(outbox.purge_batch, conn, before, batch))
+                count = await drain(partial(outbox.purge_batch, conn, before, batch))
         report.append(Purged("outbox", name, ctx.database, ctx.outbox_retention, before, count))
     for name, durable in topology.durables.items():
         if only not in (None, name, durable.target):
             continue
         target = topology.context(durable.target)
-        async with _database(settings, target.database) as conn:
-            before = await _cutoff(conn, target.inbox_retention)
+        async with database(settings, target.database) as conn:
+            before = await cutoff(conn, target.inbox_retention)
             if dry_run:
                 count = await inbox.purgeable(conn, name, before)
             else:
-                count = await _drain(partial(inbox.purge_batch, conn, name, before, batch))
+                count = await drain(partial(inbox.purge_batch, conn, name, before, batch))
         report.append(Purged("inbox", name, target.database, target.inbox_retention, before, count))
+    report += await purge_tables(settings, topology, batch=batch, dry_run=dry_run, only=only)
     return report
-
-
-@asynccontextmanager
-async def _database(settings: CommonSettings, database: str) -> AsyncIterator[Any]:
-    """A connection to ``database``; a refused statement or a lost server named with it.
-
-    A permission error is a configuration error (the login lacks the grants ``ferry
-    db-roles`` gives ``retention-{topology}``); anything else from the server is transient:
-    what was deleted stays deleted, the rest waits for the next run.
-    """
-    dsn = settings.dsn(database)
-    conn = await connect(dsn)
-    try:
-        yield conn
-    except NOT_PERMITTED_ERRORS as exc:
-        raise ConfigurationError(
-            f"{redact(dsn)}: {exc}; the purge needs the grants `ferry db-roles` gives the "
-            "topology's retention login"
-        ) from exc
-    except DATABASE_ERRORS as exc:
-        raise TransientError(f"{redact(dsn)}: purge interrupted: {exc}") from exc
-    finally:
-        await conn.close()
-
-
-async def _cutoff(conn: Any, retention: float) -> datetime:
-    now: datetime = await conn.fetchval("SELECT now()")
-    return now - timedelta(seconds=retention)
-
-
-async def _drain(step: Callable[[], Awaitable[int]]) -> int:
-    total = 0
-    while True:
-        deleted = await step()
-        total += deleted
-        if deleted == 0:
-            return total
 
 
 async def purge_forever(

@@ -185,7 +185,7 @@ async def test_retention_only_reads_and_deletes_outbox_and_inbox_rows(
         with pytest.raises(DENIED):
             await _produce(purger)
         with pytest.raises(DENIED):
-            await purger.fetch("SELECT * FROM dead_letters")
+            await purger.execute("DELETE FROM dead_letters")
         with pytest.raises(DENIED):
             await purger.execute("DELETE FROM kpi_runs")
 

@@ -97,7 +97,8 @@ async def test_purge_deletes_exactly_what_is_past_its_retention(env: Env) -> Non
 
         dry = await ferry(env, "purge", "--dry-run", "--json")
         assert dry.returncode == 0, dry.stderr
-        counts = {(t["table"], t["scope"]): t["purged"] for t in json.loads(dry.stdout)["tables"]}
+        counts = {(t["table"], t["scope"]): t["purged"] for t in json.loads(dry.stdout)["tables"]
+                  if t["table"] in ("outbox", "inbox")}  # fmt: skip
         assert counts == {("outbox", "sea"): 7, ("outbox", "vibespro"): 0,
                           ("inbox", VIBESPRO_DURABLE): 5, ("inbox", SEA_DURABLE): 2}  # fmt: skip
         assert await sea.fetchval("SELECT count(*) FROM outbox_events") == 9  # nothing deleted
@@ -119,7 +120,7 @@ async def test_purge_deletes_exactly_what_is_past_its_retention(env: Env) -> Non
         assert await ids(vibespro, "SELECT message_id FROM inbox_messages") == kept_inbox
 
         again = await ferry(env, "purge", "--json")
-        assert [t["purged"] for t in json.loads(again.stdout)["tables"]] == [0, 0, 0, 0]
+        assert {t["purged"] for t in json.loads(again.stdout)["tables"]} == {0}
     finally:
         await sea.close()
         await vibespro.close()
