@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -164,10 +165,17 @@ def clean_environ() -> dict[str, str]:
     return env
 
 
-async def wait_http(url: str, proc: Proc, *, timeout: float = READY_TIMEOUT) -> None:
-    """Poll ``url`` until it answers 200; fail naming the process if it dies or stalls."""
+async def wait_http(
+    url: str, proc: Proc, *, timeout: float = READY_TIMEOUT, tls: ssl.SSLContext | None = None
+) -> None:
+    """Poll ``url`` until it answers 200; fail naming the process if it dies or stalls.
+
+    ``tls``: the context that verifies an ``https://`` URL (a handler serving HTTPS)."""
     deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+    connector = aiohttp.TCPConnector(ssl=tls if tls is not None else True)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=2)
+    ) as session:
         while time.monotonic() < deadline:
             if not proc.alive():
                 raise RuntimeError(f"{proc.name} exited early:\n{proc.log_tail()}")

@@ -34,6 +34,8 @@ TRACING_TARGET = Target(">=", 0.9, "≥ 0.9 x")
 #: outbox-publisher drain ÷ raw pipelined publish, and ÷ faststream-outbox's drain.
 PUBLISHER_TARGET = Target(">=", 0.75, "≥ 0.75 x raw", ratio=True)
 PEER_TARGET = Target(">=", 1.5, "≥ 1.5 x")
+#: Issue 47: a drain with TLS on (NATS and the handler hop) ÷ the same drain with TLS off.
+TLS_TARGET = Target(">=", 0.9, "≥ 0.9 x TLS off", ratio=True)
 
 CPU_KEY = "ferry.cpu_moderate_vs_drain"
 PROTO_SUSTAINED_KEY = "raw.proto_sustained"

@@ -22,6 +22,10 @@ processes and the load generator in a process of its own, and measures, by secti
 ``latency``    end-to-end latency at each of ``--rates`` offered by the producer
 ``sustained``  the highest rate the pipeline holds with the producer on the box
 ``mediation``  lanes E→F and F→G of the mediation topology together
+``tls``        issue 47: the publisher drain and the one-consumer drain (``--tls-pairs``
+               pairs of each) and the latency at ``--tls-rate`` msg/s with TLS off and on
+               (NATS over ``tls://``, the handler over HTTPS; PostgreSQL plain text), each
+               arm on a fresh nats-server of its own; each figure TLS on ÷ off
 ``soak``       resident memory of every role over ``--soak-seconds``
 
 Issue 29's figures, each a ratio to a baseline of the same run, are judged per tracing
@@ -173,6 +177,10 @@ def _plan(bench: s.Bench) -> Plan:
     for index, (name, make) in enumerate(_measurements(bench)):
         order = list(modes) if index % 2 == 0 else list(reversed(modes))
         plan.extend((f"{name} [{mode}]", make(mode)) for mode in order)
+    if "tls" in sections:
+        # Once, in one tracing mode (off when the run has it): TLS on ÷ off is the figure.
+        mode = "off" if "off" in modes else modes[0]
+        plan.append((f"tls [{mode}]", partial(s.tls, bench, mode)))
     if "soak" in sections:
         plan.append((f"soak [{modes[0]}]", partial(s.soak, bench, modes[0])))
     if "baselines" in sections and len(plan) > 1:

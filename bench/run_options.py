@@ -22,6 +22,7 @@ SECTIONS = (
     "latency",
     "sustained",
     "mediation",
+    "tls",
     "soak",
 )
 
@@ -130,6 +131,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "pairs whose order alternates (on, off, off, on): its figures are all events "
         "over all their time (2)",
     )  # fmt: skip
+    parser.add_argument(
+        "--tls-rate", type=int, default=600,
+        help="offered load of the TLS section's latency step, TLS off and on (600)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tls-pairs", type=int, default=2,
+        help="pairs of each drain of the TLS section (publisher, one consumer), TLS on and "
+        "off, their order alternating (2)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="output directory (bench/results/<time>)")
     parser.add_argument(
         "--keep",
@@ -163,6 +173,10 @@ def options_from(args: argparse.Namespace) -> s.Options:
         raise SystemExit("--handler-batch must be between 2 and 1000")
     if not 1 <= args.drain_pairs <= 10:
         raise SystemExit("--drain-pairs must be between 1 and 10")
+    if not 1 <= args.tls_pairs <= 10:
+        raise SystemExit("--tls-pairs must be between 1 and 10")
+    if args.tls_rate < 1:
+        raise SystemExit("--tls-rate must be at least 1 msg/s")
     if args.ordered_partitions < 1 or args.ordered_replicas < 1:
         raise SystemExit("--ordered-partitions and --ordered-replicas must be at least 1")
     modes = ["on", "off"] if args.tracing == "both" else [args.tracing]
@@ -182,6 +196,7 @@ def options_from(args: argparse.Namespace) -> s.Options:
         role_settings=role_settings(args.role_settings),
         ordered_partitions=args.ordered_partitions, ordered_replicas=args.ordered_replicas,
         handler_batch=args.handler_batch, drain_pairs=args.drain_pairs,
+        tls_rate=args.tls_rate, tls_pairs=args.tls_pairs,
     )  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +66,27 @@ def traces_ratio() -> str:
 _deployments = itertools.count(1)
 
 
+@dataclass(frozen=True)
+class TlsHops:
+    """The TLS arm of a deployment (issue 47): the roles reach NATS over ``tls://`` and
+    the consumer calls its handler over HTTPS, every certificate from one local CA.
+
+    Server authentication only (no client certificates); PostgreSQL stays as it is."""
+
+    #: The CA every client verifies its server with (FERRY_NATS_TLS_CA,
+    #: FERRY_HANDLER_TLS_CA).
+    ca: Path
+    #: The roles' NATS URL (``tls://127.0.0.1:PORT``).
+    nats_url: str
+    #: The handler's certificate and key (FERRY_HANDLER_TLS_CERT/_KEY), for 127.0.0.1.
+    handler_cert: Path
+    handler_key: Path
+
+    def client_context(self) -> ssl.SSLContext:
+        """A context that verifies the handler (the bench's readiness probe)."""
+        return ssl.create_default_context(cafile=str(self.ca))
+
+
 def _server_pid(server: NatsServer | PostgresServer) -> int:
     # devstack keeps the child it spawned privately; the bench only reads its pid.
     spawned = server._spawned
@@ -84,6 +106,8 @@ class Servers:
         settings = {"shared_preload_libraries": "pg_stat_statements"} if statements else {}
         self.pg = PostgresServer(base / "pg" / "data", extra_settings=settings)
         self.book = CpuBook()
+        #: The context that verifies a nats-server requiring TLS (the TLS section's arm).
+        self.nats_tls: ssl.SSLContext | None = None
         self.sink: Proc | None = None
         self.sink_port: int | None = None
 
@@ -103,6 +127,12 @@ class Servers:
             self.pg.stop()
         finally:
             self.nats.stop()
+
+    async def connect_nats(self) -> Any:
+        """The bench's own connection to :attr:`nats` (over TLS when it requires it)."""
+        if self.nats_tls is None:
+            return await nats.connect(self.nats.url)
+        return await nats.connect(self.nats.url, tls=self.nats_tls)
 
     async def statement_counts(self) -> dict[str, tuple[float, float]]:
         """Per statement text: calls and total execution ms so far, every database summed.
@@ -198,9 +228,14 @@ class Deployment:
     role_settings: dict[str, str] = field(default_factory=dict)
     #: Each role's /metrics address, by its name in the CPU book.
     metrics_urls: dict[str, str] = field(default_factory=dict)
+    #: Each handler's process id, by its name in the CPU book.
+    handler_pids: dict[str, int] = field(default_factory=dict)
     #: Changes the topology document before it is written (the ordered drain declares a
     #: partitioned stream and an ``ordering: key`` durable this way).
     patch: Callable[[dict[str, Any]], None] | None = None
+    #: The TLS arm (:class:`TlsHops`): NATS over TLS and the handler over HTTPS; None:
+    #: plain text, as every other measurement runs.
+    tls: TlsHops | None = None
 
     async def __aenter__(self) -> Self:
         doc: dict[str, Any] = yaml.safe_load(
@@ -223,7 +258,7 @@ class Deployment:
         await self._drop_databases()
 
     async def _fresh_streams(self) -> None:
-        nc = await nats.connect(self.servers.nats.url)
+        nc = await self.servers.connect_nats()
         try:
             js = nc.jetstream()
             for info in await js.streams_info():
@@ -262,8 +297,12 @@ class Deployment:
         return env
 
     def role_env(self, **extra: str) -> dict[str, str]:
-        """Environment of a role: :meth:`env` with the run's ``--set`` settings."""
-        return self.env(**self.role_settings, **extra)
+        """Environment of a role: :meth:`env` with the run's ``--set`` settings (and, in
+        the TLS arm, the NATS URL ``tls://`` and the CA that verifies the server)."""
+        hops: dict[str, str] = {}
+        if self.tls is not None:
+            hops = {"FERRY_NATS_URL": self.tls.nats_url, "FERRY_NATS_TLS_CA": str(self.tls.ca)}
+        return self.env(**{**self.role_settings, **hops, **extra})
 
     async def _start(self, name: str, kind: str, argv: list[str], **extra: str) -> Proc:
         port = free_port()
@@ -296,22 +335,33 @@ class Deployment:
         return counts
 
     async def start_handler(self, service: str) -> str:
-        """Start an example handler service; return its /handle URL."""
+        """Start an example handler service; return its /handle URL (``https://`` in
+        the TLS arm, the handler serving its certificate)."""
         port = free_port()
         argv = [PYTHON, "-m", "services.handlers", "--service", service, "--port", str(port)]
         name = f"handler-{service}"
-        proc = await spawn(f"{self.label}-{name}", "handler", argv, self.role_env(), self.logs)
+        extra, scheme, probe = {}, "http", None
+        if self.tls is not None:
+            extra = {"FERRY_HANDLER_TLS_CERT": str(self.tls.handler_cert),
+                     "FERRY_HANDLER_TLS_KEY": str(self.tls.handler_key)}  # fmt: skip
+            scheme, probe = "https", self.tls.client_context()
+        env = self.role_env(**extra)
+        proc = await spawn(f"{self.label}-{name}", "handler", argv, env, self.logs)
         self.procs.append(proc)
-        await wait_http(f"http://127.0.0.1:{port}/readyz", proc)
+        await wait_http(f"{scheme}://127.0.0.1:{port}/readyz", proc, tls=probe)
         self.servers.book.add(name, proc.pid)
         self.role_names.append(name)
-        return f"http://127.0.0.1:{port}/handle"
+        self.handler_pids[name] = proc.pid
+        return f"{scheme}://127.0.0.1:{port}/handle"
 
     async def start_consumer(self, durable: str, handler_url: str, replica: int = 1) -> Proc:
         """Start one inbox-consumer replica of ``durable`` calling ``handler_url``."""
         argv = [PYTHON, "-m", "services.inbox_consumer", "--durable", durable]
         name = f"consumer-{durable}-{replica}"
-        return await self._start(name, "consumer", argv, FERRY_HANDLER_URL=handler_url)
+        extra = {"FERRY_HANDLER_URL": handler_url}
+        if self.tls is not None:
+            extra["FERRY_HANDLER_TLS_CA"] = str(self.tls.ca)
+        return await self._start(name, "consumer", argv, **extra)
 
     async def start_publisher(self, context: str) -> Proc:
         """Start the outbox-publisher of ``context``."""

@@ -14,6 +14,7 @@ from what the bench believes it sent.
     mediation    lanes E→F and F→G together
     peer         faststream-outbox, the closest Python peer
     soak         resident memory over a long steady run
+    tls          drains and latency with TLS off and on (issue 47)
 """
 
 from bench.sections.bare_bones import prototype
@@ -31,6 +32,7 @@ from bench.sections.latency import latency
 from bench.sections.mediation import mediation
 from bench.sections.peer import finish_peer_ratio, peer
 from bench.sections.soak import soak
+from bench.sections.tls import tls
 
 __all__ = [
     "Bench",
@@ -50,4 +52,5 @@ __all__ = [
     "prototype",
     "publisher_drain",
     "soak",
+    "tls",
 ]

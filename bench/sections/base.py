@@ -17,6 +17,7 @@ from bench.report import Results, Row
 from bench.world import (
     Deployment,
     Servers,
+    TlsHops,
     traces_ratio,
 )
 
@@ -64,6 +65,10 @@ class Options:
     #: With both tracing modes, runs of the one-consumer drain in each (pairs, order
     #: alternating); its figures are all events over all their time.
     drain_pairs: int = 2
+    #: The TLS section (issue 47): the offered load of its latency step, and the pairs
+    #: of its one-consumer drain (TLS off and on, order alternating).
+    tls_rate: int = 600
+    tls_pairs: int = 2
 
 
 @dataclass
@@ -78,11 +83,11 @@ class Bench:
 
     def deployment(
         self, topology: str, mode: str, label: str,
-        patch: Callable[[dict[str, Any]], None] | None = None,
+        patch: Callable[[dict[str, Any]], None] | None = None, tls: TlsHops | None = None,
     ) -> Deployment:  # fmt: skip
         return Deployment(
             self.servers, topology, mode == "on", self.logs, label,
-            role_settings=dict(self.options.role_settings), patch=patch,
+            role_settings=dict(self.options.role_settings), patch=patch, tls=tls,
         )  # fmt: skip
 
 

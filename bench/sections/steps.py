@@ -12,7 +12,6 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
-import nats
 
 from bench.books import batch_delta, cpu_delta, pair_delta
 from bench.common import fetch, say, summarize
@@ -168,7 +167,7 @@ async def pipeline_idle(bench: Bench, dep: Deployment) -> bool:
             await conn.close()
         if pending:
             return False
-    nc = await nats.connect(bench.servers.nats.url)
+    nc = await bench.servers.connect_nats()
     try:
         js = nc.jetstream()
         for name, durable in dep.topology.durables.items():

@@ -25,8 +25,9 @@ def test_both_modes_of_a_measurement_run_side_by_side_first_mode_alternating() -
     for index, step in enumerate(steps):
         modes = ["on", "off"] if index % 2 == 0 else ["off", "on"]
         expected += [f"{step} [{mode}]" for mode in modes]
-    # Two baselines again at the very end: how far the machine drifted over the run.
-    assert names[3:] == [*expected, "baselines again"]
+    # The TLS section once, in tracing off (TLS on ÷ off is its figure); two baselines
+    # again at the very end: how far the machine drifted over the run.
+    assert names[3:] == [*expected, "tls [off]", "baselines again"]
 
 
 def test_baselines_are_measured_again_only_after_other_sections() -> None:
@@ -41,6 +42,11 @@ def test_one_mode_runs_each_measurement_once() -> None:
         "drain x1 [off]", "drain batch x1 [off]", "drain x2 [off]", "drain ordered [off]",
         "mediation [off]",
     ]  # fmt: skip
+
+
+def test_the_tls_section_runs_once_in_tracing_off_or_the_only_mode() -> None:
+    assert _names("--sections", "tls") == ["tls [off]"]
+    assert _names("--sections", "tls,soak", "--tracing", "on") == ["tls [on]", "soak [on]"]
 
 
 def test_the_soak_comes_last_in_the_first_mode() -> None:

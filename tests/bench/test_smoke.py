@@ -35,7 +35,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any],
         "--rows", str(ROWS), "--peer-rows", "100", "--rates", str(RATE),
         "--mediation-rate", "100", "--sustain-start", "100", "--sustain-max", "100",
         "--soak-seconds", "3", "--soak-rate", "100", "--statements", "--out", str(out),
-        "--set", "FERRY_LINGER=0.002",
+        "--set", "FERRY_LINGER=0.002", "--tls-rate", str(RATE), "--tls-pairs", "1",
     ]  # fmt: skip
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -166,6 +166,35 @@ def test_latency_covers_every_committed_event(run: tuple[Path, dict[str, Any], s
     )
     assert sections["sustained"]["on"]["steps"]
     assert sections["soak"]["on"]["samples"]
+
+
+def test_tls_section_measures_both_arms_on_the_hops_it_says(
+    run: tuple[Path, dict[str, Any], str],
+) -> None:
+    _, doc, _ = run
+    tls = doc["sections"]["tls"]["on"]  # the run's only tracing mode
+    for arm in ("off", "on"):
+        assert tls[arm]["publisher_drain"]["in_stream"] == ROWS
+        drain = tls[arm]["drain"]
+        assert (drain["processed"], drain["handler_applied"]) == (ROWS, ROWS)
+        assert drain["dead_lettered"] == 0 and drain["msg_s"] > 0
+        # Connections to the handler are the consumer's pool at most (kept alive), and
+        # the roles reached NATS as the arm says (nats-server's /connz: TLS or not).
+        assert 1 <= drain["handler_connections"] <= 64
+        for measured in (tls[arm]["publisher_drain"], drain, tls[arm]["latency"]):
+            clients = measured["nats_role_connections"]
+            assert clients["tls" if arm == "on" else "plain"] >= 1
+            assert clients["plain" if arm == "on" else "tls"] == 0
+        step = tls[arm]["latency"]
+        assert step["unprocessed"] == 0
+        assert step["latency_ms"]["count"] == step["committed"] > 0
+    rows = _rows(doc)
+    for key in ("ferry.tls_publisher_drain", "ferry.tls_drain", "ferry.tls_latency"):
+        row = rows[key]
+        assert row["values"]["on"] > 0 and row["baseline"] > 0, key
+        assert row["ratio"]["on"] == pytest.approx(row["values"]["on"] / row["baseline"], abs=0.01)
+    assert rows["ferry.tls_drain"]["baseline"] == tls["off"]["drain"]["msg_s"]
+    assert rows["ferry.tls_drain"]["verdict"] in ("met", "MISSED")  # no timing target here
 
 
 def test_writes_table_and_plots(run: tuple[Path, dict[str, Any], str]) -> None:
