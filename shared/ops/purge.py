@@ -25,12 +25,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from functools import partial
 
 from shared.adapters import inbox, outbox
 from shared.domain.errors import ConfigurationError, TransientError
 from shared.ops.retention_common import Purged, cutoff, database, drain
-from shared.ops.retention_run import purge_tables
+from shared.ops.retention_metrics import RetentionMetrics
+from shared.ops.retention_run import purge_tables, table_size
+from shared.runtime.health import HealthServer
+from shared.runtime.metrics import RoleMetrics
 from shared.runtime.settings import CommonSettings
 from shared.waits import sleep_unless
 
@@ -63,7 +67,9 @@ async def purge(
                 count = await outbox.purgeable(conn, before)
             else:
                 count = await drain(partial(outbox.purge_batch, conn, before, batch))
-        report.append(Purged("outbox", name, ctx.database, ctx.outbox_retention, before, count))
+            rows, size = await table_size(conn, "outbox_events")
+        report.append(Purged("outbox", name, ctx.database, ctx.outbox_retention, before, count,
+                             rows_estimate=rows, bytes=size))  # fmt: skip
     for name, durable in topology.durables.items():
         if only not in (None, name, durable.target):
             continue
@@ -74,7 +80,9 @@ async def purge(
                 count = await inbox.purgeable(conn, name, before)
             else:
                 count = await drain(partial(inbox.purge_batch, conn, name, before, batch))
-        report.append(Purged("inbox", name, target.database, target.inbox_retention, before, count))
+            rows, size = await table_size(conn, "inbox_messages")
+        report.append(Purged("inbox", name, target.database, target.inbox_retention, before,
+                             count, rows_estimate=rows, bytes=size))  # fmt: skip
     report += await purge_tables(settings, topology, batch=batch, dry_run=dry_run, only=only)
     return report
 
@@ -92,21 +100,45 @@ async def purge_forever(
     A run that fails on the way (a server down, a connection lost) is logged and the next
     one comes at the next interval: rows past their retention only wait. A configuration
     error (an unknown scope, a login without its grants) ends the loop: no later run
-    could succeed.
+    could succeed. With ``FERRY_HEALTH_PORT`` set, ``/metrics`` there serves each table's
+    figures (:mod:`shared.ops.retention_metrics`) and ``/healthz``.
     """
     stop = stop or _stop_on_signals()
-    while not stop.is_set():
-        try:
-            report = await purge(settings, batch=batch, only=only)
-        except TransientError as exc:
-            log.warning("purge failed; retrying at the next interval", extra={"error": str(exc)})
-        else:
-            for table in report:
-                log.info(table.line(False), extra={"table": table.table, "scope": table.scope,
-                                                   "purged": table.purged})  # fmt: skip
-        await sleep_unless(stop, every)
+    role = RoleMetrics("retention", refresh_interval=settings.metrics_refresh_interval)
+    metrics = RetentionMetrics(role)
+    health = HealthServer(
+        host=settings.health_host, port=settings.health_port or 0, checks={}, metrics=role
+    )
+    if settings.health_port:
+        await health.start()
+    try:
+        while not stop.is_set():
+            started = time.time()
+            try:
+                report = await purge(settings, batch=batch, only=only)
+            except TransientError as exc:
+                log.warning(
+                    "purge failed; retrying at the next interval", extra={"error": str(exc)}
+                )
+            else:
+                metrics.observe(report, started, time.time())
+                for table in report:
+                    log.info(table.line(False), extra=_log_fields(table))
+            await sleep_unless(stop, every)
+    finally:
+        await health.stop()
     log.info("retention scheduler stopped")
     return 0
+
+
+def _log_fields(table: Purged) -> dict[str, object]:
+    fields: dict[str, object] = {"table": table.table, "scope": table.scope,
+                                 "database": table.database, "purged": table.purged}  # fmt: skip
+    for name in ("rows_estimate", "bytes", "oldest_age_seconds", "skipped"):
+        value = getattr(table, name)
+        if value not in (None, ""):
+            fields[name] = value
+    return fields
 
 
 def _stop_on_signals() -> asyncio.Event:

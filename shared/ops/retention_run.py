@@ -164,7 +164,7 @@ async def _run(
 async def measure(conn: Any, policy: TablePolicy) -> tuple[int | None, int | None, float | None]:
     """(rows estimated, bytes, oldest row's age in seconds) of ``policy``'s table: the
     statistics and one index probe, never a count."""
-    size = await conn.fetchrow(SIZE_SQL, policy.table)
+    rows, size = await table_size(conn, policy.table)
     try:
         oldest: datetime | None = await conn.fetchval(policy.oldest)
     except NOT_PERMITTED_ERRORS:
@@ -173,9 +173,15 @@ async def measure(conn: Any, policy: TablePolicy) -> tuple[int | None, int | Non
     if oldest is not None:
         age = float(await conn.fetchval("SELECT extract(epoch FROM now() - $1::timestamptz)",
                                         oldest))  # fmt: skip
-    if size is None:
-        return None, None, age
-    return int(size["rows"]), int(size["bytes"]), age
+    return rows, size, age
+
+
+async def table_size(conn: Any, table: str) -> tuple[int | None, int | None]:
+    """(rows estimated, bytes) of ``table`` from the statistics; (None, None) if absent."""
+    found = await conn.fetchrow(SIZE_SQL, table)
+    if found is None:
+        return None, None
+    return int(found["rows"]), int(found["bytes"])
 
 
 def _lease_work(topology: Topology, database_name: str, only: str | None) -> list[tuple[str, int]]:

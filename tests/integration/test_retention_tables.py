@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 import uuid
@@ -19,10 +20,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import pytest
 import yaml
 
+from devstack.ports import free_port
 from devstack.postgres import PostgresServer
 from shared.access.identities import Identity
 from shared.adapters.postgres import migrate_database
@@ -444,3 +447,53 @@ async def test_the_retention_login_deletes_audit_rows_and_nothing_more(
     finally:
         await login.close()
     assert await conn.fetchval("SELECT count(*) FROM throttle_actions") == 1  # the foreign one
+
+
+async def test_purge_every_serves_each_tables_figures(
+    world: Env, admin: dict[str, asyncpg.Connection]
+) -> None:
+    """``ferry purge --every`` with FERRY_HEALTH_PORT: /metrics gives, per table and
+    database, rows purged, size, oldest row's age and the policy it is held to."""
+    conn = admin[db(world, "module_f")]
+    for days in (OLD_AUDIT, OLD_AUDIT, 10):
+        await conn.execute(
+            "INSERT INTO durable_rewinds (id, durable, stream, since, dry_run, actor, reason,"
+            " started_at, outcome) VALUES ($1, 'cg_f_ingest', 'S', now(), false, 'op', 'r',"
+            " now() - $2 * interval '1 day', 'done')",
+            uuid.uuid4(), days,
+        )  # fmt: skip
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "shared.cli", "purge", "--every", "1h",
+        cwd=ROOT, env=world.settings_env(role=PURGER, FERRY_HEALTH_PORT=str(port)),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    found: dict[str, float] = {}
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(200):
+                try:
+                    async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+                        text = await response.text()
+                except aiohttp.ClientError:
+                    text = ""
+                if "ferry_retention_purged_rows_total{" in text:  # a run is done
+                    break
+                await asyncio.sleep(0.1)
+        for line in text.splitlines():
+            if line.startswith("ferry_retention_") and db(world, "module_f") in line:
+                name, value = line.rsplit(" ", 1)
+                found[name] = float(value)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, out.decode()
+    labels_ = f'{{database="{db(world, "module_f")}",table="durable_rewinds"}}'
+    assert found[f"ferry_retention_purged_rows_total{labels_}"] == 2
+    assert found[f"ferry_retention_seconds{labels_}"] == 400 * 86400
+    assert found[f"ferry_retention_table_bytes{labels_}"] > 0
+    assert found[f"ferry_retention_oldest_row_age_seconds{labels_}"] == pytest.approx(
+        10 * 86400, abs=600
+    )
+    inbox = f'{{database="{db(world, "module_f")}",table="inbox_messages"}}'
+    assert found[f"ferry_retention_seconds{inbox}"] == 35 * 86400
