@@ -37,9 +37,12 @@ def add_purge_command(sub: Any) -> None:
     """Register ``ferry purge`` on the CLI's subparsers."""
     cmd = sub.add_parser(
         "purge",
-        help="delete published outbox rows and processed inbox rows past their retention",
+        help="delete the rows past their retention: published outbox rows, processed inbox "
+        "rows, old audit rows, handler claims (docs/reference/topology.md)",
     )
-    cmd.add_argument("scope", nargs="?", help="one context or durable (default: all)")
+    cmd.add_argument(
+        "scope", nargs="?", help="one context (its databases' tables) or durable (default: all)"
+    )
     cmd.add_argument("--dry-run", action="store_true", help="count, delete nothing")
     cmd.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="rows per statement")
     cmd.add_argument(
