@@ -184,3 +184,23 @@ SIZE_SQL = (
     "SELECT greatest(c.reltuples, 0)::bigint AS rows, pg_total_relation_size(c.oid) AS bytes"
     " FROM pg_class c WHERE c.oid = to_regclass($1)"
 )
+
+#: Tables ``ferry purge`` does not purge, and why (everything else Ferry or its SDK creates
+#: has a policy above, or is the outbox or the inbox: tests/unit/test_retention_policies.py
+#: fails on a new table that has neither).
+NOT_PURGED = {
+    "outbox_events": "purged by its own policy (outbox_retention, shared.adapters.outbox)",
+    "inbox_messages": "purged by its own policy (inbox_retention, shared.adapters.inbox)",
+    "partition_leases": "purged by LEASES_DELETE (dropped partitions only)",
+    "dead_letters": "the operator's: a dead letter is replayed, parked or discarded",
+    "parked_messages": "unfinished work: each row waits for its key's head",
+    "throttle_overrides": "live state: one row per durable at most",
+    "throttle_members": "live state: each consumer prunes the members not seen for a while",
+    "partition_members": "live state: each consumer prunes the members not seen for a while",
+    "outbox_watch": "live state: one row per publisher at most",
+    "ferry_schema_migrations": "one row per migration",
+    "kpi_windows": "the KPI job's results: the KPI job's own to keep or prune",
+    "kpi_reasons": "the KPI job's results: the KPI job's own to keep or prune",
+    "kpi_runs": "the KPI job's results: the KPI job's own to keep or prune",
+    "kpi_watermarks": "the KPI job's state: one row per topology and window",
+}
