@@ -59,6 +59,7 @@ PORT_VARS = (
     "FERRY_PORT_DLQ_ROUTER_SEA_VIBESPRO", "FERRY_PORT_DLQ_ROUTER_MEDIATION",
     "FERRY_PORT_DLQ_REPLAYER_SEA_VIBESPRO", "FERRY_PORT_DLQ_REPLAYER_MEDIATION",
     "FERRY_PORT_CONSOLE_SEA_VIBESPRO", "FERRY_PORT_CONSOLE_MEDIATION",
+    "FERRY_PORT_RETENTION_SEA_VIBESPRO", "FERRY_PORT_RETENTION_MEDIATION",
 )  # fmt: skip
 #: No proxies: an http_proxy in the environment must not intercept 127.0.0.1 probes.
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))

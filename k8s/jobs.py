@@ -88,7 +88,8 @@ PURGE_FINAL_EXIT_CODES = [2]
 
 def purge_cronjob(topology: Topology) -> Doc:
     """Retention: ``ferry purge`` daily as the topology's ``retention`` login (published
-    outbox rows and processed inbox rows past the topology's retention; nothing else),
+    outbox rows, processed inbox rows, old claims and audit rows past the topology's
+    retention settings; nothing unfinished),
     never two at once, retried once on a connection failure."""
     identity = Identity("retention", topology.name)
     name = f"ferry-purge-{tname(topology)}"

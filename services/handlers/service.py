@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shared.access.identities import Identity
 from shared.adapters.postgres import Pool
 from shared.contracts.topology import Topology
 from shared.domain.errors import ConfigurationError
@@ -57,6 +58,7 @@ class HandlerService(Handler):
         schemas: Mapping[RouteKey, Mapping[str, Any]] | None = None,
         tables: Sequence[str] = (),
         fault_injection: bool = False,
+        purge_login: str | None = None,
     ) -> None:
         super().__init__(
             name,
@@ -68,6 +70,7 @@ class HandlerService(Handler):
             # A batch call (handler.batch >= 2) is applied in one transaction, a
             # savepoint per event: module F forwards a whole batch with one commit.
             batch_transaction=True,
+            purge_login=purge_login,
         )
         for key, route in routes.items():
             self.add_route(key, route)
@@ -107,4 +110,6 @@ def build_service(
         schemas=topology_schemas(topology, spec.name),
         tables=spec.tables,
         fault_injection=fault_injection,
+        # The topology's retention role purges old claims (claims_retention).
+        purge_login=Identity("retention", topology.name).pg_role,
     )

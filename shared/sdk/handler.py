@@ -131,6 +131,7 @@ class Handler:
         ledger: bool = False,
         hooks: Sequence[Hook] = (),
         batch_transaction: bool = False,
+        purge_login: str | None = None,
     ) -> None:
         if not store.IDENTIFIER.fullmatch(name):
             raise ConfigurationError(f"handler name {name!r} must be snake_case")
@@ -146,6 +147,8 @@ class Handler:
         self.hooks = tuple(hooks)
         #: Apply a batch call's events in one transaction (a savepoint each).
         self.batch_transaction = batch_transaction
+        #: The retention role's login, granted the purge of old claims at :meth:`install`.
+        self.purge_login = purge_login
         self.installed = False
 
     # --- configuration ----------------------------------------------------------------
@@ -190,7 +193,7 @@ class Handler:
     async def install(self) -> None:
         """Create the claim table (and the ledger) and :attr:`tables`, idempotently."""
         async with self.pool.acquire(timeout=ACQUIRE_TIMEOUT) as conn:
-            await store.install(conn, self.tables, ledger=self.ledger)
+            await store.install(conn, self.tables, ledger=self.ledger, purge_login=self.purge_login)
         self.installed = True
 
     async def ready(self) -> bool:

@@ -85,14 +85,50 @@ class NotInTransaction(RuntimeError):
     """:func:`claim` was called outside a transaction: the claim would commit alone."""
 
 
-async def install(conn: Conn, ddl: Sequence[str], *, ledger: bool = True) -> None:
+async def install(
+    conn: Conn, ddl: Sequence[str], *, ledger: bool = True, purge_login: str | None = None
+) -> None:
     """Create the claim table (and the ledger), then ``ddl`` (a service's own tables),
-    idempotently; replicas starting together take turns."""
+    idempotently; replicas starting together take turns. ``purge_login``: the login of
+    the topology's retention role (``ferry_retention_<topology>``), which may then read
+    and delete old claims (``claims_retention``); the service's login owns the tables, so
+    only it can grant that."""
     bookkeeping = BOOKKEEPING_DDL if ledger else (CLAIMS_DDL, CLAIMS_RETENTION_DDL)
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", INSTALL_LOCK_KEY)
         for statement in (*bookkeeping, *ddl):
             await conn.execute(statement)
+        if purge_login is not None:
+            await _grant_purge(conn, purge_login, ledger=ledger)
+
+
+async def _grant_purge(conn: Conn, login: str, *, ledger: bool) -> None:
+    """Grant the purge of old claims to ``login`` if it exists; a deployment without the
+    retention role, or a login that does not own the tables (they were migrated by
+    another), is told in the log and goes on: its claims are then purged by whoever
+    grants it."""
+    if not await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", login):
+        log.warning("no login %s: old claims are not purged (ferry db-roles creates it)", login)
+        return
+    try:
+        async with conn.transaction():  # a savepoint: a refusal leaves the install whole
+            await conn.execute(purge_grant(login, ledger=ledger))
+    except SERVER_ERRORS as exc:
+        log.warning(
+            "cannot grant the purge of old claims to %s (%s): grant SELECT, DELETE on "
+            "handler_applied%s to it as the tables' owner",
+            login,
+            exc,
+            ", handler_calls" if ledger else "",
+        )
+
+
+def purge_grant(login: str, *, ledger: bool) -> str:
+    """``GRANT SELECT, DELETE`` on the claim table (and the ledger) to ``login``."""
+    if not IDENTIFIER.fullmatch(login):
+        raise ValueError(f"retention login {login!r} must be a lower-case identifier")
+    tables = "handler_applied, handler_calls" if ledger else "handler_applied"
+    return f"GRANT SELECT, DELETE ON {tables} TO {login}"
 
 
 async def claim(conn: Conn, *, handler: str, message_id: uuid.UUID | str) -> bool:

@@ -31,7 +31,7 @@ from shared.access.identities import Identity
 from shared.adapters.postgres import migrate_database
 from shared.contracts.replay_jobs import replay_lane
 from shared.ops.retention_tables import POLICIES
-from shared.sdk.store import BOOKKEEPING_DDL
+from shared.sdk.store import BOOKKEEPING_DDL, install
 from tests.conftest import ROOT, Env
 
 pytestmark = pytest.mark.integration
@@ -236,13 +236,12 @@ async def seed_audit(env: Env, admin: dict[str, asyncpg.Connection], ledger: Led
 
 
 async def seed_claims(env: Env, admin: dict[str, asyncpg.Connection], ledger: Ledger) -> None:
-    """module_f's handler tables, granted to the retention login by their owner (as the
-    docs ask); module_h's created but not granted; module_g has none."""
+    """module_f's handler tables, granted to the retention login by the SDK's install (as
+    a handler service's ``purge_login`` asks); module_h's created but not granted;
+    module_g has none."""
     purger = Identity("retention", "mediation").pg_role
     conn = admin[db(env, "module_f")]
-    for statement in BOOKKEEPING_DDL:
-        await conn.execute(statement)
-    await conn.execute(f'GRANT SELECT, DELETE ON handler_applied, handler_calls TO "{purger}"')
+    await install(conn, (), ledger=True, purge_login=purger)
     for label, days, fate in [("c-old", OLD_CLAIM, "gone"), ("c-young", YOUNG_CLAIM, "kept")]:
         for i in range(3):
             await conn.execute(
@@ -497,3 +496,14 @@ async def test_purge_every_serves_each_tables_figures(
     )
     inbox = f'{{database="{db(world, "module_f")}",table="inbox_messages"}}'
     assert found[f"ferry_retention_seconds{inbox}"] == 35 * 86400
+
+
+async def test_an_install_for_a_missing_retention_login_warns_and_installs(
+    world: Env, admin: dict[str, asyncpg.Connection], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deployment without the retention role: the claim table is installed all the
+    same (its transaction is not spoiled), and the log says the claims are not purged."""
+    conn = admin[db(world, "module_g")]
+    await install(conn, (), ledger=True, purge_login="ferry_retention_nobody")
+    assert await conn.fetchval("SELECT to_regclass('handler_applied') IS NOT NULL")
+    assert "no login ferry_retention_nobody" in caplog.text
