@@ -136,6 +136,18 @@ class _Client(NATS):
     for a lost link, and only a lost link is worth a warning."""
 
     closing_on_purpose = False
+    #: TLS is configured: upgrade every connection, whatever the server's INFO says.
+    tls_only = False
+
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        """nats-py upgrades to TLS only when the server's INFO says ``tls_required``: a
+        server that also takes plaintext (``allow_non_tls``), or anyone in the middle who
+        strips the flag, would get the CONNECT, password included, in clear. With TLS
+        configured the flag is set here, before nats-py decides (its INFO dict is the one
+        it reads next), so the connection is TLS or fails."""
+        await super()._process_info(info, initial_connection)
+        if initial_connection and self.tls_only:
+            self._server_info["tls_required"] = True
 
     async def close(self) -> None:
         self.closing_on_purpose = True
@@ -214,6 +226,7 @@ async def connect_nats(
         **auth.options(servers),
     }
     nc = _Client()
+    nc.tls_only = auth.wants_tls(servers)
     events.client = nc
     attempt: asyncio.Future[Any] = asyncio.ensure_future(nc.connect(**options))
     waiting: set[asyncio.Future[Any]] = {attempt, events.refused}

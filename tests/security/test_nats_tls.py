@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from devstack.nats import NatsServer
+from devstack.nats import NatsServer, tls_block
 from devstack.nats_cluster import NatsCluster, RouteTLS
 from devstack.tls import Issued, LocalCA
 from shared.adapters.nats import NatsAuth, connect_nats
@@ -52,19 +52,12 @@ def _install(issued: Issued, ca: Path, folder: Path) -> None:
     shutil.copyfile(ca, folder / "ca.crt")
 
 
-def _server(workdir: Path, *, mutual: bool = False) -> NatsServer:
+def _server(workdir: Path, *, mutual: bool = False, plaintext_too: bool = False) -> NatsServer:
+    """A nats-server requiring TLS (``plaintext_too``: taking both, ``allow_non_tls``)."""
     files = workdir / "server-tls"
-    block = "\n".join(
-        [
-            "tls {",
-            f'  cert_file: "{files / "server.crt"}"',
-            f'  key_file: "{files / "server.key"}"',
-            f'  ca_file: "{files / "ca.crt"}"',
-            f"  verify: {'true' if mutual else 'false'}",
-            "  timeout: 2",
-            "}",
-        ]
-    )
+    block = tls_block(files / "server.crt", files / "server.key", files / "ca.crt", verify=mutual)
+    if plaintext_too:
+        block += "\nallow_non_tls: true"
     return NatsServer(workdir / "nats", extra=block)
 
 
@@ -88,6 +81,11 @@ def _peer_serial(nc: object) -> int:
 def _route_peers(url: str) -> set[str]:
     with urllib.request.urlopen(url, timeout=5) as resp:
         return {r.get("remote_name") for r in json.load(resp)["routes"] or []}
+
+
+def _connections(url: str) -> list[dict[str, object]]:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return list(json.load(resp)["connections"])
 
 
 async def _refused(url: str, auth: NatsAuth) -> str:
@@ -222,3 +220,30 @@ async def test_a_three_node_cluster_with_tls_routes_and_clients_replicates(
         for node in cluster.nodes:
             if node.running:
                 node.stop()
+
+
+async def test_with_tls_configured_a_server_that_takes_plaintext_too_gets_tls(
+    workdir: Path,
+) -> None:
+    """nats-py upgrades only when the server's INFO says TLS is required; a server that
+    also takes plaintext (``allow_non_tls``), or anyone in the middle who strips the flag,
+    would get the CONNECT and its password in clear. Ours, with TLS configured, upgrades
+    all the same: the server's own /connz says the connection is TLS."""
+    ca = LocalCA(workdir / "ca")
+    _install(ca.issue("nats", hosts=["127.0.0.1"]), ca.cert_path, workdir / "server-tls")
+    with _server(workdir, plaintext_too=True) as server:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        info = await asyncio.wait_for(reader.readline(), 5)
+        writer.close()
+        assert b'"tls_required"' not in info, info  # the server does not ask for it
+        for url in (_url(server), f"nats://127.0.0.1:{server.port}"):
+            nc = await connect_nats([url], name="tls-only", auth=NatsAuth(tls_ca=ca.cert_path))
+            try:
+                assert _peer_serial(nc) > 0  # a TLS session, the server's certificate
+                assert await _round_trip(nc) >= 1
+                monitor = f"http://127.0.0.1:{server.monitor_port}/connz"
+                connections = await asyncio.to_thread(_connections, monitor)
+                (conn,) = [c for c in connections if c["name"] == "tls-only"]
+                assert conn.get("tls_version"), conn
+            finally:
+                await nc.close()
