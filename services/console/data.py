@@ -35,7 +35,7 @@ _GROUPS = f"""
 SELECT durable, reason_code, {_FINGERPRINT} AS fingerprint, count(*) AS count,
        min(first_dead_lettered_at) AS first_seen, max(dead_lettered_at) AS last_seen,
        (array_agg(last_error ORDER BY dead_lettered_at DESC))[1] AS last_error,
-       jsonb_object_agg_strict(status, 1) AS statuses
+       jsonb_object_agg(status, 1) AS statuses
 FROM dead_letters
 WHERE durable = ANY($1::text[]) AND status = ANY($2::text[])
   AND ($3::text IS NULL OR reason_code = $3)
