@@ -43,10 +43,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
+#: asyncio's warning when a peer ends a TLS connection (its stream protocol asks to keep
+#: the transport half-open, which TLS cannot; asyncio/sslproto.py): said of every TLS
+#: connection a server closes, and meaning nothing.
+_TLS_EOF_NOISE = "returning true from eof_received() has no effect when using ssl"
+
+
+def _not_tls_eof_noise(record: logging.LogRecord) -> bool:
+    return not (record.name == "asyncio" and record.getMessage() == _TLS_EOF_NOISE)
+
+
 def configure_logging(role: str, level: str = "INFO") -> None:
     """JSON lines on stderr for ``role``."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(role))
+    handler.addFilter(_not_tls_eof_noise)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
