@@ -111,7 +111,9 @@ async def test_every_role_exposes_its_series_with_the_values_of_a_known_workload
     world: Env, nc: NATS, roles: Roles
 ) -> None:
     env = world
-    ports = {name: free_port() for name in ("publisher", "consumer", "router", "replayer")}
+    ports = {
+        name: free_port() for name in ("publisher", "consumer", "router", "replayer", "retention")
+    }
     fast = {"FERRY_METRICS_REFRESH_INTERVAL": "0", "FERRY_FETCH_TIMEOUT": "0.2"}
     handler_port = env.handler_port  # type: ignore[attr-defined]
     procs = {
@@ -133,6 +135,11 @@ async def test_every_role_exposes_its_series_with_the_values_of_a_known_workload
         "replayer": roles.start(
             "replayer", ["services.dlq_replayer"], FERRY_HEALTH_PORT=str(ports["replayer"]),
             FERRY_INTERVAL="0.2", **fast,
+        ),
+        # Purging every 2 s: its figures describe the tables as the workload left them.
+        "retention": roles.start(
+            "retention", ["shared.cli", "purge", "--every", "2s"],
+            FERRY_HEALTH_PORT=str(ports["retention"]), **fast,
         ),
     }  # fmt: skip
     sea, vibespro = env.dsn("sea"), env.dsn("vibespro")
@@ -163,6 +170,13 @@ async def test_every_role_exposes_its_series_with_the_values_of_a_known_workload
             return bool(info.num_pending == 0 and info.num_ack_pending == 0 and dups == 1)
 
         await eventually(quiet, timeout=30, what="the durable drained")
+        claims = {"table": "handler_applied", "database": env.topology.contexts["sea"].database}
+
+        async def measured() -> bool:  # a retention run since the handler claimed events
+            text = await scrape(session, ports["retention"])
+            return metric_value(text, "ferry_retention_oldest_row_age_seconds", **claims) > 0
+
+        await eventually(measured, timeout=30, what="the retention role measured the claims")
         texts = {name: await scrape(session, port) for name, port in ports.items()}
         handler_text = await scrape(session, handler_port)
 
@@ -175,6 +189,10 @@ async def test_every_role_exposes_its_series_with_the_values_of_a_known_workload
     for text in (*texts.values(), handler_text):
         assert metric_value(text, "process_resident_memory_bytes") > 0
         assert metric_value(text, "ferry_role_info") == 1
+    # The retention role measured the claims the workload left, against their policy.
+    retention = texts["retention"]
+    assert metric_value(retention, "ferry_retention_seconds", **claims) == 35 * 86400
+    assert metric_value(retention, "ferry_retention_table_bytes", **claims) > 0
     check_alert_series(texts.values())
 
 
