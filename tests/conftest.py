@@ -36,8 +36,9 @@ import pytest
 import yaml
 from nats.aio.client import Client as NATS
 
-from devstack.nats import NatsServer
-from devstack.postgres import PostgresServer
+from devstack.nats import NatsServer, tls_block
+from devstack.postgres import PostgresServer, ServerTLS, system_postgres
+from devstack.tls import stack_certificates
 from shared.access.db_apply import apply_roles
 from shared.access.identities import (
     NATS_ADMIN,
@@ -68,6 +69,10 @@ SECRETS = SecretsDir(Path(tempfile.mkdtemp(prefix="ferry-secrets-")))
 atexit.register(shutil.rmtree, SECRETS.root, True)
 #: The users of each running test nats-server, by URL (Env finds its credentials here).
 NATS_ACCESS: dict[str, DevAccess] = {}
+#: The session's CA and server certificates (issue 47): the test nats-server requires TLS
+#: of every client, as the dev stack's does; clients verify it with ``TLS.ca``.
+TLS = stack_certificates(Path(tempfile.mkdtemp(prefix="ferry-tls-")))
+atexit.register(shutil.rmtree, TLS.folder, True)
 
 
 @cache
@@ -75,15 +80,27 @@ def _auth_topologies() -> tuple[Topology, ...]:
     return tuple(load_topology(ROOT / path) for path in AUTH_TOPOLOGIES)
 
 
-def nats_access() -> DevAccess:
-    """Users and passwords of a test nats-server: every shipped role plus the admin."""
-    return DevAccess.create(list(_auth_topologies()), SECRETS.root)
+def nats_access(*, tls: bool = True) -> DevAccess:
+    """Users and passwords of a test nats-server: every shipped role plus the admin; with
+    ``tls`` (a server started with :func:`nats_tls_block`) its clients verify it by the
+    session's CA."""
+    return DevAccess.create(list(_auth_topologies()), SECRETS.root, TLS.ca if tls else None)
+
+
+def nats_tls_block() -> str:
+    """The ``tls`` block of a test nats-server: clients must speak TLS (its certificate for
+    the loopback names, from the session's CA)."""
+    return tls_block(TLS.nats.cert, TLS.nats.key, TLS.ca)
 
 
 def admin_settings(nats_url: str) -> dict[str, Any]:
     """Settings fields (``nats_user``, ``nats_password_file``) of the admin of a test server."""
     access = NATS_ACCESS[nats_url]
-    return {"nats_user": NATS_ADMIN, "nats_password_file": access.password_file(NATS_ADMIN)}
+    return {
+        "nats_user": NATS_ADMIN,
+        "nats_password_file": access.password_file(NATS_ADMIN),
+        "nats_tls_ca": access.tls_ca,
+    }
 
 
 def admin_auth(server: NatsServer) -> NatsAuth:
@@ -92,16 +109,35 @@ def admin_auth(server: NatsServer) -> NatsAuth:
     return server.access.auth(NATS_ADMIN)
 
 
+def tls_postgres() -> Path:
+    """The system's PostgreSQL built with TLS (Debian's; ``./dev setup`` installs it), the
+    one the dev stack runs: nothing is skipped for want of it."""
+    found = system_postgres()
+    assert found is not None, (
+        "no PostgreSQL built with TLS: ./dev setup installs Debian's postgresql-15 "
+        "(the embedded wheel's server has no TLS)"
+    )
+    return found
+
+
 @contextmanager
 def postgres(prefix: str, settings: dict[str, str] = FAST_PG) -> Iterator[PostgresServer]:
     """A PostgreSQL in its own directory, which its unprivileged user can reach when we are root.
 
     pytest's tmp_path lives under a 0700 directory of root's; PostgreSQL refuses to run as
     root and runs as a system user instead (devstack.postgres), so it needs a path of its own.
+    It runs as the dev stack's does (issue 47): the system's server with TLS, role logins
+    over TLS only (:meth:`Env.role_dsn` asks for ``verify-full``); the superuser, which
+    the tests use to set up, is trusted on loopback.
     """
     base = Path(tempfile.mkdtemp(prefix=f"ferry-{prefix}-"))
     base.chmod(0o711)
-    server = PostgresServer(base / "data", extra_settings=settings)
+    server = PostgresServer(
+        base / "data",
+        extra_settings=settings,
+        bin_dir=tls_postgres(),
+        tls=ServerTLS(TLS.postgres.cert, TLS.postgres.key, TLS.ca),
+    )
     server.start()
     try:
         yield server
@@ -119,8 +155,8 @@ def pg_server() -> Iterator[PostgresServer]:
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    """A fresh nats-server with JetStream and per-role authorization for one test."""
-    server = NatsServer(tmp_path / "nats", access=nats_access())
+    """A fresh nats-server with JetStream, per-role authorization and TLS for one test."""
+    server = NatsServer(tmp_path / "nats", access=nats_access(), extra=nats_tls_block())
     server.start()
     assert server.access is not None
     NATS_ACCESS[server.url] = server.access
@@ -182,7 +218,10 @@ class Env:
             write_private(path, f"*:*:*:{identity.pg_role}:{_pg_password(identity.name)}\n")
         parts = urlsplit(self.pg.dsn(database))
         netloc = f"{identity.pg_role}@{parts.netloc.rsplit('@', 1)[-1]}"
-        return urlunsplit(parts._replace(netloc=netloc, query=f"passfile={path}"))
+        query = f"passfile={path}"
+        if self.pg.tls is not None:  # role logins come over TLS only, the server verified
+            query += f"&sslmode=verify-full&sslrootcert={self.pg.tls.ca}"
+        return urlunsplit(parts._replace(netloc=netloc, query=query))
 
     def settings_env(
         self, *, command: Sequence[str] | None = None, role: str | None = None, **extra: str

@@ -243,11 +243,15 @@ class DevAccess:
 
     secrets: SecretsDir
     users: dict[str, Permissions | None]
+    #: The CA that verifies the server when it requires TLS (None: plaintext).
+    tls_ca: Path | None = None
 
     @classmethod
-    def create(cls, topologies: list[Topology], secrets_dir: Path) -> DevAccess:
+    def create(
+        cls, topologies: list[Topology], secrets_dir: Path, tls_ca: Path | None = None
+    ) -> DevAccess:
         """Users of ``topologies`` plus the admin; missing passwords are generated."""
-        access = cls(SecretsDir(secrets_dir), nats_users(topologies))
+        access = cls(SecretsDir(secrets_dir), nats_users(topologies), tls_ca)
         for user in access.users:
             access.secrets.ensure(access.secrets.nats_password_file(user))
         return access
@@ -267,9 +271,13 @@ class DevAccess:
         return self.secrets.read(self.password_file(user))
 
     def env(self, user: str = NATS_ADMIN) -> dict[str, str]:
-        """The ``FERRY_NATS_USER`` / ``FERRY_NATS_PASSWORD_FILE`` a process of ``user`` gets."""
-        return {"FERRY_NATS_USER": user, "FERRY_NATS_PASSWORD_FILE": str(self.password_file(user))}
+        """The ``FERRY_NATS_USER`` / ``FERRY_NATS_PASSWORD_FILE`` (and with TLS the
+        ``FERRY_NATS_TLS_CA``) a process of ``user`` gets."""
+        env = {"FERRY_NATS_USER": user, "FERRY_NATS_PASSWORD_FILE": str(self.password_file(user))}
+        if self.tls_ca is not None:
+            env["FERRY_NATS_TLS_CA"] = str(self.tls_ca)
+        return env
 
     def auth(self, user: str = NATS_ADMIN) -> NatsAuth:
-        """Credentials of ``user`` for an in-process client."""
-        return NatsAuth(user=user, password=self.password(user))
+        """Credentials of ``user`` (and the CA, with TLS) for an in-process client."""
+        return NatsAuth(user=user, password=self.password(user), tls_ca=self.tls_ca)

@@ -16,10 +16,10 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
-from devstack.nats_cluster import NatsCluster
+from devstack.nats_cluster import CLUSTER_SIZE, NatsCluster, RouteTLS
 from shared.access.identities import NATS_ADMIN
 from shared.adapters.nats import NatsAuth
-from tests.conftest import NATS_ACCESS, nats_access
+from tests.conftest import NATS_ACCESS, TLS, nats_access, nats_tls_block
 
 
 def cluster_admin(cluster: NatsCluster) -> NatsAuth:
@@ -30,8 +30,15 @@ def cluster_admin(cluster: NatsCluster) -> NatsAuth:
 
 @pytest.fixture
 def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
-    """Three clustered nats-server nodes with JetStream, ready (a meta leader, all current)."""
-    cluster = NatsCluster(tmp_path / "cluster", access=nats_access())
+    """Three clustered nats-server nodes with JetStream, ready (a meta leader, all current);
+    clients and routes on TLS with the session's certificates, as the dev stack's cluster."""
+    route = RouteTLS(TLS.nats.cert, TLS.nats.key, TLS.ca)
+    cluster = NatsCluster(
+        tmp_path / "cluster",
+        access=nats_access(),
+        extra=nats_tls_block(),
+        route_tls=[route] * CLUSTER_SIZE,
+    )
     cluster.start()
     assert cluster.access is not None
     NATS_ACCESS[cluster.url] = cluster.access
