@@ -8,6 +8,7 @@
 ``restore``                   :mod:`chaos.scenarios.restore`
 ``cluster``, ``cluster-*``    :mod:`chaos.scenarios.cluster`
 ``pg-failover``               :mod:`chaos.scenarios.pg_failover`
+``handler-outage``            :mod:`chaos.scenarios.handler_outage`
 (no ``--scenario``)           :mod:`chaos.scenarios.fault_schedule`, the ordinary run
 ============================  ========================================================
 
@@ -27,6 +28,7 @@ from chaos.engine.scenario import Play, ScenarioRun
 from chaos.scenarios.cluster.plan import CLUSTER_SCENARIOS
 from chaos.scenarios.cluster.run import ClusterRun
 from chaos.scenarios.fault_schedule.run import ScheduleRun
+from chaos.scenarios.handler_outage.run import HandlerOutageRun
 from chaos.scenarios.hostile_handler.play import HostileHandler
 from chaos.scenarios.hostile_payloads.play import HostilePayloads
 from chaos.scenarios.long_outage.play import LongOutage
@@ -61,6 +63,10 @@ def _pg_failover(config: RunConfig, name: str, size: str) -> Awaitable[Result]:
     return PgFailoverRun(config, size).run()
 
 
+def _handler_outage(config: RunConfig, name: str, size: str) -> Awaitable[Result]:
+    return HandlerOutageRun(config, size).run()
+
+
 def _fault_schedule(config: RunConfig, name: str, size: str) -> Awaitable[Result]:
     return ScheduleRun(config).run()
 
@@ -74,6 +80,7 @@ SCENARIOS: dict[str, Scenario] = {
     "restore": _play(Restore),
     **{name: Scenario(_cluster) for name in CLUSTER_SCENARIOS},
     "pg-failover": Scenario(_pg_failover),
+    "handler-outage": Scenario(_handler_outage),
 }
 #: The ordinary run (no ``--scenario``): a fault schedule, ``ci``, ``soak`` or ``custom``.
 FAULT_SCHEDULE = Scenario(_fault_schedule, schedules=("ci", "soak", "custom"))

@@ -1,7 +1,8 @@
 """The chaos run: ``python -m chaos.run [--schedule ci|soak] [--seconds N] [--seed S]``.
 
 The command line of every chaos run (``--schedule custom --fault ...``, ``--scenario NAME``,
-``--events N``, ``--out DIR`` too). Without ``--scenario``, the ordinary run
+``--events N``, ``--out DIR`` too; ``--breaker on|off``, ``--outage-at T``, ``--outage S`` for
+``--scenario handler-outage``). Without ``--scenario``, the ordinary run
 (:mod:`chaos.scenarios.fault_schedule.run`): the faults of a seeded schedule while the
 workload runs, then the drain and the count. With ``--scenario NAME``, that scenario
 (:mod:`chaos.registry` says what runs each), small with ``--schedule ci``, long with
@@ -29,6 +30,8 @@ from chaos.engine.schedule import FaultSpecError
 from chaos.registry import SCENARIOS, run_scenario, scenario
 
 log = logging.getLogger("chaos.run")
+#: The scenario with options of its own.
+OUTAGE = "handler-outage"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,6 +50,16 @@ def _parser() -> argparse.ArgumentParser:
         help="run one scenario instead (chaos.registry names the package of each):"
         " small with --schedule ci, long with --schedule soak",
     )
+    outage = parser.add_argument_group(f"--scenario {OUTAGE}")
+    outage.add_argument(
+        "--breaker",
+        choices=("on", "off"),
+        help="the lane's circuit breaker (default on; off: the comparison arm)",
+    )
+    outage.add_argument(
+        "--outage-at", type=float, metavar="T", help="seconds into the play the handler goes down"
+    )
+    outage.add_argument("--outage", type=float, metavar="S", help="seconds the handler stays down")
     parser.add_argument("--seconds", type=float, help="length of the fault phase")
     parser.add_argument("--events", type=int, help="events to commit over the fault phase")
     parser.add_argument("--seed", type=int, help="seed of the plan (default: random, printed)")
@@ -64,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.fault) != (args.schedule == "custom"):
         parser.error("--fault goes with --schedule custom, and custom needs at least one --fault")
+    outage = (args.breaker, args.outage_at, args.outage)
+    if args.scenario != OUTAGE and any(o is not None for o in outage):
+        parser.error(f"--breaker, --outage-at and --outage go with --scenario {OUTAGE}")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**9)
     run_dir = args.out or Path(tempfile.gettempdir()) / "ferry-chaos" / (
         f"{args.scenario or args.schedule}-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -83,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         drain_timeout=args.drain_timeout,
         progress_every=args.progress,
         faults=tuple(args.fault),
+        breaker=None if args.breaker is None else args.breaker == "on",
+        outage_at=args.outage_at,
+        outage=args.outage,
     )
     return _run(config, args.scenario)
 

@@ -23,6 +23,12 @@ class RunConfig:
     progress_every: float = 5.0
     #: ``AT:KIND[:TARGET[:DURATION]]`` faults of the ``custom`` schedule.
     faults: tuple[str, ...] = ()
+    #: The handler-outage scenario's options (None: its own default): the circuit breaker
+    #: on or off (``--breaker``), when the outage begins (``--outage-at``, seconds into the
+    #: play) and how long it lasts (``--outage``, seconds).
+    breaker: bool | None = None
+    outage_at: float | None = None
+    outage: float | None = None
     echo: Callable[[str], None] = field(default=print, repr=False)
 
 

@@ -116,9 +116,14 @@ class Engine:
 
     # -- the play ------------------------------------------------------------------------
 
-    def workload(self, events: int, seconds: float) -> Callable[[], list[Intent]]:
-        """The plan of the ordinary workload (:func:`plan_events`): ``events`` over ``seconds``."""
-        return lambda: plan_events(self.world.topo, self.config.seed, events, seconds)
+    def workload(
+        self, events: int, seconds: float, *, context: str | None = None, only: str | None = None
+    ) -> Callable[[], list[Intent]]:
+        """The plan of the ordinary workload (:func:`plan_events`): ``events`` over ``seconds``
+        (of ``context``'s events only, of class ``only`` only, when given)."""
+        return lambda: plan_events(
+            self.world.topo, self.config.seed, events, seconds, context=context, only=only
+        )
 
     def producer(self, context: str, intents: list[Intent]) -> Producer:
         """The producer of one context's planned events."""

@@ -121,25 +121,40 @@ def _payload(event: EventSpec, key: str, n: int) -> dict[str, Any]:
     return payload
 
 
-def plan_events(topology: Topology, seed: int, count: int, seconds: float) -> list[Intent]:
-    """``count`` events spread evenly over ``seconds``, all decided by ``seed``."""
+def plan_events(
+    topology: Topology,
+    seed: int,
+    count: int,
+    seconds: float,
+    *,
+    context: str | None = None,
+    only: str | None = None,
+) -> list[Intent]:
+    """``count`` events spread evenly over ``seconds``, all decided by ``seed``: of every
+    context's handled types, or of ``context``'s only; each of a class drawn by
+    :data:`CLASS_SHARES`, or every one of class ``only``."""
     rng = random.Random(f"workload-{seed}")
-    producible = [e for e in topology.events if e.handled_by]
+    producible = [e for e in topology.events if e.handled_by and context in (None, e.context)]
     intents = []
     for n in range(count):
         event = rng.choice(producible)
-        roll, klass, edge = rng.random(), "normal", 0.0
-        for name, share in CLASS_SHARES:
-            edge += share
-            if roll < edge:
-                klass = name
-                break
+        klass = only or _draw_class(rng)
         aggregate = f"{event.type.split('_')[0]}-{rng.randrange(AGGREGATES)}"
         test = directive(klass, rng)
         intents.append(
             make_intent(rng, event, n, aggregate, klass, test, seconds * n / max(count, 1))
         )
     return intents
+
+
+def _draw_class(rng: random.Random) -> str:
+    """A class by :data:`CLASS_SHARES` (``normal`` for the rest)."""
+    roll, edge = rng.random(), 0.0
+    for name, share in CLASS_SHARES:
+        edge += share
+        if roll < edge:
+            return name
+    return "normal"
 
 
 def make_intent(
