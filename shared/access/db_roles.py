@@ -40,7 +40,9 @@ retention-{topology}        ``ferry purge``: read and DELETE ``outbox_events`` a
                             ``partition_leases``), ``replay_jobs`` in the replay lane's
                             database; read its durables' ``dead_letters`` and
                             ``parked_messages`` (an open dead letter's or a parked key's
-                            audit is kept); nothing else: no INSERT, no UPDATE
+                            audit is kept); read and DELETE the ``kpi_*`` results
+                            (not ``kpi_watermarks``) in every database of the
+                            topology; nothing else: no INSERT, no UPDATE
 console-{topology}          the operator console (services/console): read the outbox,
                             its durables' inbox, dead letters, parked messages, the
                             actions and the ``kpi_*`` tables of every database; write
@@ -285,9 +287,9 @@ def _retention_access(
     identity: Identity, topology: Topology, by_db: dict[str, list[str]]
 ) -> list[RoleAccess]:
     """``ferry purge`` deletes the rows past their retention (shared.ops.retention_tables):
-    published outbox rows, processed inbox rows, old audit rows; it reads them to find
-    them (DELETE ... WHERE needs SELECT), reads the dead letters and parked messages that
-    keep their audit rows, and touches nothing else."""
+    published outbox rows, processed inbox rows, old audit rows, the topology's old KPI
+    results; it reads them to find them (DELETE ... WHERE needs SELECT), reads the dead
+    letters and parked messages that keep their audit rows, and touches nothing else."""
     publishing = {c.database for c in topology.contexts.values() if c.stream is not None}
     lane = replay_lane(topology)
     ordered = {name for name, spec in topology.durables.items() if spec.ordering == "key"}
@@ -313,8 +315,9 @@ def _retention_access(
                 ]
         if lane is not None and database == lane.database:
             tables.append(TableAccess(REPLAY_JOBS_TABLE, purge))
-        if tables:
-            out.append(RoleAccess(identity, database, tuple(tables)))
+        # The KPI job's results, in whichever database holds them (FERRY_KPI_DATABASE).
+        tables += [TableAccess(t, purge) for t in KPI_TABLES if t != "kpi_watermarks"]
+        out.append(RoleAccess(identity, database, tuple(tables)))
     return out
 
 

@@ -278,6 +278,18 @@ async def purge_batch(conn: Conn, durable: str, before: datetime, limit: int) ->
     return int(status.split()[-1])
 
 
+async def oldest_past(conn: Conn, durable: str, before: datetime) -> datetime | None:
+    """When ``durable``'s oldest row processed before ``before`` was processed (None: no
+    such row): only rows the purge should already have deleted, through the BRIN index on
+    processed_at (a few page ranges while the purge keeps up)."""
+    found: datetime | None = await conn.fetchval(
+        "SELECT min(processed_at) FROM inbox_messages"
+        " WHERE durable = $1 AND status = 'processed' AND processed_at < $2",
+        durable, before,
+    )  # fmt: skip
+    return found
+
+
 async def purgeable(conn: Conn, durable: str, before: datetime) -> int:
     """How many of ``durable``'s rows :func:`purge_batch` would delete, in all."""
     return int(await conn.fetchval(_PURGEABLE, durable, before))

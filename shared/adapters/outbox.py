@@ -365,6 +365,17 @@ async def purge_batch(conn: Conn, before: datetime, limit: int) -> int:
     return int(status.split()[-1])
 
 
+async def oldest_past(conn: Conn, before: datetime) -> datetime | None:
+    """When the oldest row published before ``before`` was published (None: no such row).
+
+    Only rows the purge should already have deleted are looked at, through the BRIN index
+    on published_at: while the purge keeps up, that is a few page ranges at most."""
+    found: datetime | None = await conn.fetchval(
+        "SELECT min(published_at) FROM outbox_events WHERE published_at < $1", before
+    )
+    return found
+
+
 async def purgeable(conn: Conn, before: datetime) -> int:
     """How many rows :func:`purge_batch` would delete, in all."""
     return int(

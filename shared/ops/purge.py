@@ -30,7 +30,7 @@ from functools import partial
 
 from shared.adapters import inbox, outbox
 from shared.domain.errors import ConfigurationError, TransientError
-from shared.ops.retention_common import Purged, cutoff, database, drain
+from shared.ops.retention_common import Purged, age, cutoff, database, drain
 from shared.ops.retention_metrics import RetentionMetrics
 from shared.ops.retention_run import purge_tables, table_size
 from shared.runtime.health import HealthServer
@@ -68,8 +68,10 @@ async def purge(
             else:
                 count = await drain(partial(outbox.purge_batch, conn, before, batch))
             rows, size = await table_size(conn, "outbox_events")
+            oldest = await age(conn, await outbox.oldest_past(conn, before))
         report.append(Purged("outbox", name, ctx.database, ctx.outbox_retention, before, count,
-                             rows_estimate=rows, bytes=size))  # fmt: skip
+                             rows_estimate=rows, bytes=size,
+                             oldest_age_seconds=oldest))  # fmt: skip
     for name, durable in topology.durables.items():
         if only not in (None, name, durable.target):
             continue
@@ -81,8 +83,10 @@ async def purge(
             else:
                 count = await drain(partial(inbox.purge_batch, conn, name, before, batch))
             rows, size = await table_size(conn, "inbox_messages")
+            oldest = await age(conn, await inbox.oldest_past(conn, name, before))
         report.append(Purged("inbox", name, target.database, target.inbox_retention, before,
-                             count, rows_estimate=rows, bytes=size))  # fmt: skip
+                             count, rows_estimate=rows, bytes=size,
+                             oldest_age_seconds=oldest))  # fmt: skip
     report += await purge_tables(settings, topology, batch=batch, dry_run=dry_run, only=only)
     return report
 

@@ -8,7 +8,9 @@ Per table and database, from each run's report (nothing queried at scrape time):
                                             (``pg_class.reltuples``: no count)
 ``ferry_retention_table_bytes``             ``pg_total_relation_size`` (indexes, TOAST)
 ``ferry_retention_oldest_row_age_seconds``  the oldest row's age now (measured after the
-                                            run through an index, aged since)
+                                            run through an index, aged since); for the
+                                            outbox and inbox, the oldest row past its
+                                            retention (absent while the purge keeps up)
 ``ferry_retention_seconds``                 the table's retention (the policy), so an
                                             alert compares the two
 ``ferry_retention_last_run_timestamp_seconds``  when the last complete run ended (purge lag)
@@ -69,6 +71,9 @@ class RetentionMetrics:
     def observe(self, report: list[Purged], started: float, ended: float) -> None:
         """Record one complete run (``started``/``ended``: Unix times)."""
         retention: dict[tuple[str, str], float] = {}
+        #: The oldest row's Unix time per table this run (None: measured, none found);
+        #: a table purged per durable or context reports each, and the oldest governs.
+        oldest: dict[tuple[str, str], float | None] = {}
         for entry in report:
             key = (TABLES.get(entry.table, entry.table), entry.database)
             self._purged.labels(*key).inc(entry.purged)
@@ -79,9 +84,16 @@ class RetentionMetrics:
             if entry.bytes is not None:
                 self._bytes.labels(*key).set(entry.bytes)
             if entry.oldest_age_seconds is not None:
-                self._oldest[key] = ended - entry.oldest_age_seconds
+                found = ended - entry.oldest_age_seconds
+                known = oldest.get(key)
+                oldest[key] = found if known is None else min(known, found)
             elif entry.rows_estimate is not None:
-                self._oldest.pop(key, None)  # measured, and empty
+                oldest.setdefault(key, None)  # measured, and nothing found
+        for key, when in oldest.items():
+            if when is None:
+                self._oldest.pop(key, None)
+            else:
+                self._oldest[key] = when
         for key, seconds in retention.items():
             self._retention.labels(*key).set(seconds)
         self._last_run.set(ended)

@@ -23,7 +23,7 @@ from typing import Any
 from shared.adapters.postgres import NOT_PERMITTED_ERRORS
 from shared.contracts.replay_jobs import replay_lane
 from shared.contracts.topology import Topology
-from shared.ops.retention_common import Purged, cutoff, database, deleted, drain
+from shared.ops.retention_common import Purged, age, cutoff, database, deleted, drain
 from shared.ops.retention_tables import (
     LEASE_GRACE_SECONDS,
     LEASES_COUNT,
@@ -63,11 +63,16 @@ def _databases_of(topology: Topology, policy: TablePolicy) -> list[str]:
         return [] if lane is None else [lane.database]
     if policy.where_found == "handlers":
         return sorted({ctxs[d.target].database for d in topology.durables.values()})
+    if policy.where_found == "kpi":
+        return list(topology.databases())
     return sorted({ctxs[d.target].database for d in topology.durables.values()})
 
 
 def _retention(topology: Topology, policy: TablePolicy, database_name: str) -> float:
-    """A database-wide table's retention: the longest of the contexts it serves there."""
+    """A database-wide table's retention: the longest of the contexts it serves there (of
+    the whole topology for the KPI results, whichever database holds them)."""
+    if policy.per_topology:
+        return max(c.audit_retention for c in topology.contexts.values())
     ctxs = [c for c in topology.contexts.values() if c.database == database_name]
     if policy.setting == "claims_retention":
         targets = {d.target for d in topology.durables.values()}
@@ -102,6 +107,7 @@ async def _one_table(
     dry_run: bool, only: str | None,
 ) -> list[Purged]:  # fmt: skip
     out: list[Purged] = []
+    scope = (topology.name,) if policy.per_topology else ()
     if policy.where_found == "handlers":
         if not _in_scope(topology, only, database_name):
             return []
@@ -112,24 +118,36 @@ async def _one_table(
                            _retention(topology, policy, database_name), before, 0,
                            skipped=skipped)]  # fmt: skip
     if policy.per_durable:
-        ordered = policy.where_found == "ordered"
-        for durable in _durables_in(topology, database_name, only):
-            spec = topology.durables[durable]
-            if ordered and spec.ordering != "key":
-                continue
-            retention = getattr(topology.contexts[spec.target], policy.setting)
-            before = await cutoff(conn, retention)
-            count = await _run(conn, policy, (durable, before), batch, dry_run)
-            out.append(Purged(policy.table, durable, database_name, retention, before, count))
+        out = await _per_durable(conn, topology, policy, database_name, batch, dry_run, only)
+    elif policy.per_topology and only is not None:
+        return []  # the topology's results as a whole: not one context's or durable's
     elif _in_scope(topology, only, database_name):
         retention = _retention(topology, policy, database_name)
         before = await cutoff(conn, retention)
-        count = await _run(conn, policy, (before,), batch, dry_run)
+        count = await _run(conn, policy, (*scope, before), batch, dry_run)
         out.append(Purged(policy.table, database_name, database_name, retention, before, count))
     if out:
-        rows, size, oldest = await measure(conn, policy)
+        rows, size, oldest = await measure(conn, policy, *scope)
         for entry in out:
             entry.rows_estimate, entry.bytes, entry.oldest_age_seconds = rows, size, oldest
+    return out
+
+
+async def _per_durable(
+    conn: Any, topology: Topology, policy: TablePolicy, database_name: str, batch: int,
+    dry_run: bool, only: str | None,
+) -> list[Purged]:  # fmt: skip
+    """A per-durable table's purge: each durable of the database at its target's retention."""
+    out: list[Purged] = []
+    ordered = policy.where_found == "ordered"
+    for durable in _durables_in(topology, database_name, only):
+        spec = topology.durables[durable]
+        if ordered and spec.ordering != "key":
+            continue
+        retention = getattr(topology.contexts[spec.target], policy.setting)
+        before = await cutoff(conn, retention)
+        count = await _run(conn, policy, (durable, before), batch, dry_run)
+        out.append(Purged(policy.table, durable, database_name, retention, before, count))
     return out
 
 
@@ -161,19 +179,17 @@ async def _run(
     return await drain(step)
 
 
-async def measure(conn: Any, policy: TablePolicy) -> tuple[int | None, int | None, float | None]:
+async def measure(
+    conn: Any, policy: TablePolicy, *args: Any
+) -> tuple[int | None, int | None, float | None]:
     """(rows estimated, bytes, oldest row's age in seconds) of ``policy``'s table: the
-    statistics and one index probe, never a count."""
+    statistics and one index probe, never a count (``args``: the oldest query's)."""
     rows, size = await table_size(conn, policy.table)
     try:
-        oldest: datetime | None = await conn.fetchval(policy.oldest)
+        oldest: datetime | None = await conn.fetchval(policy.oldest, *args)
     except NOT_PERMITTED_ERRORS:
         oldest = None
-    age = None
-    if oldest is not None:
-        age = float(await conn.fetchval("SELECT extract(epoch FROM now() - $1::timestamptz)",
-                                        oldest))  # fmt: skip
-    return rows, size, age
+    return rows, size, await age(conn, oldest)
 
 
 async def table_size(conn: Any, table: str) -> tuple[int | None, int | None]:

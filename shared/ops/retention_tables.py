@@ -17,16 +17,22 @@ replay_jobs            audit_retention       a job queued or running
 handler_applied        claims_retention      nothing younger (lint: the retention outlasts
                                              every way a copy can still arrive)
 handler_calls          claims_retention      nothing younger
+kpi_windows            audit_retention       nothing younger (the topology's rows only)
+kpi_reasons            audit_retention       the same
+kpi_runs               audit_retention       the latest run of each window length
 partition_leases       (lease expiry + 1d)   every lease of a partition the stream still
                                              has; a held one (not released, not expired)
 =====================  ====================  =============================================
 
 The age is each table's own time column (``at``, ``started_at``, ``created_at``,
-``applied_at``, ``called_at``). Each DELETE takes at most ``limit`` rows found through an
-index (BRIN on the time column for the append-only tables, migration 0019 and the SDK's
-DDL; the existing (durable, time) or time b-trees otherwise) and re-checks its
+``applied_at``, ``called_at``, a KPI window's ``window_start``). Each DELETE takes at
+most ``limit`` rows found through an index (BRIN on the time column for the append-only
+tables, migration 0019 and the SDK's DDL; (topology, window_start) for the KPI results,
+migration 0020; the existing (durable, time) or time b-trees otherwise) and re-checks its
 conditions on the rows it locks, as the outbox and inbox purges do. Per-durable tables are
-purged one durable at a time (their rows are the topology's only: row-level security).
+purged one durable at a time (their rows are the topology's only: row-level security);
+the KPI results by topology, in every database (only one holds them), and only by a purge
+of the whole topology (not ``--only``).
 """
 
 from __future__ import annotations
@@ -42,8 +48,10 @@ LEASE_GRACE_SECONDS = 86400.0
 class TablePolicy:
     """One table's retention: its setting, the rows it may delete, how it finds them.
 
-    ``per_durable`` statements take ($1 durable, $2 before, $3 limit), the others
-    ($1 before, $2 limit). ``oldest`` gives the oldest row's time cheaply (an index).
+    ``per_durable`` statements take ($1 durable, $2 before, $3 limit), ``per_topology``
+    ones ($1 topology, $2 before, $3 limit), the others ($1 before, $2 limit).
+    ``oldest`` gives the oldest row's time cheaply (an index); a ``per_topology`` one
+    takes ($1 topology).
     """
 
     table: str
@@ -54,7 +62,9 @@ class TablePolicy:
     oldest: str
     #: Where the policy applies: every database of the durables' targets, publishing
     #: databases, the replay lane's, the handlers' (their tables may not exist).
-    where_found: Literal["durables", "ordered", "publishing", "replay_lane", "handlers"]
+    where_found: Literal["durables", "ordered", "publishing", "replay_lane", "handlers", "kpi"]
+    #: Rows are the topology's (the KPI results: keyed by topology, in any database).
+    per_topology: bool = False
 
     def delete_sql(self) -> str:
         return (
@@ -67,7 +77,7 @@ class TablePolicy:
         return f"SELECT count(*) FROM {self.table} WHERE {self.where}"
 
     def _limit(self) -> str:
-        return "$3" if self.per_durable else "$2"
+        return "$3" if self.per_durable or self.per_topology else "$2"
 
 
 def _open_dead_letter(table: str) -> str:
@@ -167,6 +177,38 @@ POLICIES: tuple[TablePolicy, ...] = (
         "SELECT called_at FROM handler_calls ORDER BY id LIMIT 1",
         "handlers",
     ),
+    # The KPI job's results live in one database of the topology (FERRY_KPI_DATABASE),
+    # which the purge does not know: it looks in every one, by (topology, window_start)
+    # (migration 0020), which costs an index probe where there are none.
+    TablePolicy(
+        "kpi_windows",
+        "audit_retention",
+        False,
+        "topology = $1 AND window_start < $2",
+        "SELECT min(window_start) FROM kpi_windows WHERE topology = $1",
+        "kpi",
+        per_topology=True,
+    ),
+    TablePolicy(
+        "kpi_reasons",
+        "audit_retention",
+        False,
+        "topology = $1 AND window_start < $2",
+        "SELECT min(window_start) FROM kpi_reasons WHERE topology = $1",
+        "kpi",
+        per_topology=True,
+    ),
+    TablePolicy(
+        "kpi_runs",
+        "audit_retention",
+        False,
+        "topology = $1 AND started_at < $2 AND EXISTS (SELECT 1 FROM kpi_runs n"
+        " WHERE n.topology = kpi_runs.topology AND n.window_seconds = kpi_runs.window_seconds"
+        " AND n.started_at > kpi_runs.started_at)",
+        "SELECT min(started_at) FROM kpi_runs WHERE topology = $1",
+        "kpi",
+        per_topology=True,
+    ),
 )
 
 #: Lease rows of partitions the durable's stream no longer has: $1 durable, $2 partitions
@@ -199,8 +241,5 @@ NOT_PURGED = {
     "partition_members": "live state: each consumer prunes the members not seen for a while",
     "outbox_watch": "live state: one row per publisher at most",
     "ferry_schema_migrations": "one row per migration",
-    "kpi_windows": "the KPI job's results: the KPI job's own to keep or prune",
-    "kpi_reasons": "the KPI job's results: the KPI job's own to keep or prune",
-    "kpi_runs": "the KPI job's results: the KPI job's own to keep or prune",
     "kpi_watermarks": "the KPI job's state: one row per topology and window",
 }

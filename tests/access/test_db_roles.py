@@ -187,7 +187,9 @@ async def test_retention_only_reads_and_deletes_outbox_and_inbox_rows(
         with pytest.raises(DENIED):
             await purger.execute("DELETE FROM dead_letters")
         with pytest.raises(DENIED):
-            await purger.execute("DELETE FROM kpi_runs")
+            await purger.execute("DELETE FROM kpi_watermarks")
+        with pytest.raises(DENIED):
+            await purger.execute("UPDATE kpi_runs SET verdict = 'x'")
 
 
 async def test_handler_owns_its_tables_and_only_a_forwarder_writes_the_outbox(env: Env) -> None:

@@ -102,6 +102,12 @@ async def test_purge_deletes_exactly_what_is_past_its_retention(env: Env) -> Non
         assert counts == {("outbox", "sea"): 7, ("outbox", "vibespro"): 0,
                           ("inbox", VIBESPRO_DURABLE): 5, ("inbox", SEA_DURABLE): 2}  # fmt: skip
         assert await sea.fetchval("SELECT count(*) FROM outbox_events") == 9  # nothing deleted
+        # The oldest row past its retention, per table: what the purge is behind by.
+        oldest = {(t["table"], t["scope"]): t["oldest_age_seconds"]
+                  for t in json.loads(dry.stdout)["tables"]}  # fmt: skip
+        assert oldest[("outbox", "sea")] == pytest.approx(8 * 86400, abs=600)
+        assert oldest[("inbox", VIBESPRO_DURABLE)] == pytest.approx(40 * 86400, abs=600)
+        assert oldest[("outbox", "vibespro")] is None  # nothing published there
 
         # One durable only, in batches of 2: its 5 rows go over three statements.
         only = await ferry(env, "purge", VIBESPRO_DURABLE, "--batch", "2")
@@ -120,7 +126,11 @@ async def test_purge_deletes_exactly_what_is_past_its_retention(env: Env) -> Non
         assert await ids(vibespro, "SELECT message_id FROM inbox_messages") == kept_inbox
 
         again = await ferry(env, "purge", "--json")
-        assert {t["purged"] for t in json.loads(again.stdout)["tables"]} == {0}
+        tables = json.loads(again.stdout)["tables"]
+        assert {t["purged"] for t in tables} == {0}
+        # Caught up: the rows left (unpublished, younger, unfinished) are within policy.
+        assert {t["oldest_age_seconds"] for t in tables
+                if t["table"] in ("outbox", "inbox")} == {None}  # fmt: skip
     finally:
         await sea.close()
         await vibespro.close()

@@ -264,6 +264,46 @@ async def seed_claims(env: Env, admin: dict[str, asyncpg.Connection], ledger: Le
     )  # fmt: skip
 
 
+async def seed_kpi(env: Env, admin: dict[str, asyncpg.Connection], ledger: Ledger) -> None:
+    """The KPI job's results in its database (module_e's, the default): the topology's old
+    windows and reasons go, young ones stay, another topology's stay; of its runs, old
+    ones go but the latest of each window length stays."""
+    conn = admin[db(env, "module_e")]
+    for label, topology, days, fate in [
+        ("kw-old", "mediation", OLD_AUDIT, "gone"),
+        ("kw-young", "mediation", YOUNG_AUDIT, "kept"),
+        ("kw-foreign-old", "not-ours", OLD_AUDIT, "kept"),
+    ]:
+        at = f"now() - {days} * interval '1 day'"
+        await conn.execute(
+            "INSERT INTO kpi_windows (topology, window_seconds, window_start, window_end,"
+            " context, durable, subject, produced, published, received, processed,"
+            " dead_lettered, handler_409, duplicate_deliveries, retries, attempts,"
+            f" lost_candidates) VALUES ($1, 3600, {at}, {at} + interval '1 hour', 'module_e',"
+            " 'cg_f_ingest', $2, 1, 1, 1, 1, 0, 0, 0, 0, 1, 0)",
+            topology, ledger.note("kpi_windows", label, fate),
+        )  # fmt: skip
+        await conn.execute(
+            "INSERT INTO kpi_reasons (topology, window_seconds, window_start, context, durable,"
+            f" subject, kind, reason_code, count) VALUES ($1, 3600, {at}, 'module_e',"
+            " 'cg_f_ingest', '*', 'retry', $2, 1)",
+            topology, ledger.note("kpi_reasons", label, fate),
+        )  # fmt: skip
+    for label, window, days, fate in [
+        ("kr-old", 3600, OLD_AUDIT + 1, "gone"),
+        ("kr-latest-old", 3600, OLD_AUDIT, "kept"),  # the latest hourly run, however old
+        ("kr-daily-old", 86400, OLD_AUDIT + 1, "gone"),
+        ("kr-daily-young", 86400, YOUNG_AUDIT, "kept"),
+    ]:
+        at = f"now() - {days} * interval '1 day'"
+        await conn.execute(
+            "INSERT INTO kpi_runs (run_id, topology, window_seconds, range_start, range_end,"
+            " as_of, incremental, windows, events, verdict, exit_code, report_dir, started_at)"
+            f" VALUES ($1, 'mediation', $2, {at}, {at}, {at}, true, 1, 1, 'met', 0, $3, {at})",
+            uuid.uuid4(), window, ledger.note("kpi_runs", label, fate),
+        )  # fmt: skip
+
+
 LABEL_COLUMN = {
     "outbox_actions": "reason",
     "dead_letter_actions": "reason",
@@ -276,6 +316,9 @@ LABEL_COLUMN = {
     "replay_jobs": "reason",
     "handler_applied": "handler",
     "handler_calls": "handler",
+    "kpi_windows": "subject",
+    "kpi_reasons": "reason_code",
+    "kpi_runs": "report_dir",
 }
 WHERE = {
     "outbox_actions": "module_e",
@@ -288,6 +331,9 @@ WHERE = {
     "partition_leases": "module_g",
     "handler_applied": "module_f",
     "handler_calls": "module_f",
+    "kpi_windows": "module_e",
+    "kpi_reasons": "module_e",
+    "kpi_runs": "module_e",
 }
 
 
@@ -305,6 +351,7 @@ async def test_purge_keeps_every_table_to_its_policy(
     ledger = Ledger()
     await seed_audit(world, admin, ledger)
     await seed_claims(world, admin, ledger)
+    await seed_kpi(world, admin, ledger)
     assert set(ledger.expect) == {p.table for p in POLICIES} | {"partition_leases"}
     before = {t: await labels(admin[_db_of(world, t)], t, LABEL_COLUMN[t]) for t in ledger.expect}
     for table, fates in ledger.expect.items():
@@ -439,7 +486,7 @@ async def test_the_retention_login_deletes_audit_rows_and_nothing_more(
             "INSERT INTO pause_actions (durable, action, actor, reason)"
             " VALUES ('cg_f_ingest', 'resume', 'x', 'x')",
             "DELETE FROM throttle_overrides",
-            "DELETE FROM kpi_runs",
+            "DELETE FROM kpi_watermarks",  # the KPI job's state, not a result
         ):
             with pytest.raises(denied):
                 await login.execute(statement)

@@ -34,6 +34,9 @@ def test_every_table_has_a_policy_or_a_reason() -> None:
 def test_each_delete_is_bounded_and_rechecks_its_conditions() -> None:
     for policy in POLICIES:
         sql = policy.delete_sql()
-        assert "LIMIT $3" in sql if policy.per_durable else "LIMIT $2" in sql, policy.table
+        scoped = policy.per_durable or policy.per_topology
+        assert "LIMIT $3" in sql if scoped else "LIMIT $2" in sql, policy.table
         assert sql.count(policy.where) == 2, policy.table  # found, then re-checked
         assert ("durable = $1" in policy.where) == policy.per_durable, policy.table
+        assert policy.where.startswith("topology = $1") == policy.per_topology, policy.table
+        assert not (policy.per_durable and policy.per_topology), policy.table
