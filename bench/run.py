@@ -27,6 +27,13 @@ processes and the load generator in a process of its own, and measures, by secti
                (NATS over ``tls://``, the handler over HTTPS; PostgreSQL plain text), each
                arm on a fresh nats-server of its own; each figure TLS on ÷ off
 ``soak``       resident memory of every role over ``--soak-seconds``
+``retention-soak``  issue 48, only when named: ``--soak-seconds`` at ``--soak-rate`` with
+               every retention cut to ``--soak-retention`` seconds and the retention role
+               running; database sizes and resident memory over the second half, and a
+               plot of table sizes over time
+``volume``     issue 48, only when named: each hot path (publisher and consumer drains, p99
+               at 600 msg/s, the console's pages, ``ferry where``, the drainer's round) on
+               empty tables and after seeding a year of history (``--volume-scale``)
 
 Issue 29's figures, each a ratio to a baseline of the same run, are judged per tracing
 mode (:mod:`bench.ratios`). Every Ferry section runs once per tracing mode (``--tracing
@@ -181,8 +188,14 @@ def _plan(bench: s.Bench) -> Plan:
         # Once, in one tracing mode (off when the run has it): TLS on ÷ off is the figure.
         mode = "off" if "off" in modes else modes[0]
         plan.append((f"tls [{mode}]", partial(s.tls, bench, mode)))
+    if "volume" in sections:
+        # Once, in one tracing mode (off when the run has it): at volume ÷ empty is the figure.
+        mode = "off" if "off" in modes else modes[0]
+        plan.append((f"volume [{mode}]", partial(s.volume, bench, mode)))
     if "soak" in sections:
         plan.append((f"soak [{modes[0]}]", partial(s.soak, bench, modes[0])))
+    if "retention-soak" in sections:
+        plan.append((f"retention-soak [{modes[0]}]", partial(s.retention_soak, bench, modes[0])))
     if "baselines" in sections and len(plan) > 1:
         # The machine's drift over the run: two baselines again, beside their first figures.
         plan.append(("baselines again", partial(s.baselines_again, bench)))

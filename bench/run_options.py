@@ -24,7 +24,11 @@ SECTIONS = (
     "mediation",
     "tls",
     "soak",
+    "volume",
+    "retention-soak",
 )
+#: Sections a run leaves out unless ``--sections`` names them (minutes of seeding).
+OPT_IN = ("volume", "retention-soak")
 
 #: Sizes of a full run, and of ``--quick`` (a smoke run of a minute or two).
 FULL = {"rows": 100_000, "seconds": 30.0, "sustain_start": 1200, "sustain_step": 300,
@@ -83,8 +87,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--sections",
-        default=",".join(SECTIONS),
-        help=f"comma-separated, from: {', '.join(SECTIONS)} (all)",
+        default=",".join(s for s in SECTIONS if s not in OPT_IN),
+        help=f"comma-separated, from: {', '.join(SECTIONS)} (all but {', '.join(OPT_IN)})",
     )
     parser.add_argument("--skip", default="", help="comma-separated sections to leave out")
     parser.add_argument(
@@ -140,6 +144,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="pairs of each drain of the TLS section (publisher, one consumer), TLS on and "
         "off, their order alternating (2)",
     )  # fmt: skip
+    parser.add_argument(
+        "--volume-scale", type=_volume_scale, default=1.0,
+        help="the volume section's history: the issue's sizes (10,000,000 inbox rows ...) "
+        "times this (1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--soak-retention", type=_soak_retention, default=120.0,
+        help="the retention soak's retention of every table, seconds (120)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="output directory (bench/results/<time>)")
     parser.add_argument(
         "--keep",
@@ -147,6 +160,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="keep the temporary directory (server data) for inspection",
     )
     return parser.parse_args(argv)
+
+
+def _soak_retention(text: str) -> float:
+    """The retention soak's retention: at least 10 seconds (the purge runs every quarter)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not seconds >= 10:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least 10 seconds")
+    return seconds
+
+
+def _volume_scale(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 10:
+        raise argparse.ArgumentTypeError("above 0 and at most 10")
+    return value
 
 
 def options_from(args: argparse.Namespace) -> s.Options:
@@ -196,7 +227,8 @@ def options_from(args: argparse.Namespace) -> s.Options:
         role_settings=role_settings(args.role_settings),
         ordered_partitions=args.ordered_partitions, ordered_replicas=args.ordered_replicas,
         handler_batch=args.handler_batch, drain_pairs=args.drain_pairs,
-        tls_rate=args.tls_rate, tls_pairs=args.tls_pairs,
+        tls_rate=args.tls_rate, tls_pairs=args.tls_pairs, volume_scale=args.volume_scale,
+        soak_retention=args.soak_retention,
     )  # fmt: skip
 
 

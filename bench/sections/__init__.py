@@ -14,7 +14,9 @@ from what the bench believes it sent.
     mediation    lanes E→F and F→G together
     peer         faststream-outbox, the closest Python peer
     soak         resident memory over a long steady run
+    retention_soak  database sizes and memory over a long run with short retention
     tls          drains and latency with TLS off and on (issue 47)
+    volume       every hot path on empty tables and after a year of history (issue 48)
 """
 
 from bench.sections.bare_bones import prototype
@@ -31,8 +33,10 @@ from bench.sections.drains import (
 from bench.sections.latency import latency
 from bench.sections.mediation import mediation
 from bench.sections.peer import finish_peer_ratio, peer
+from bench.sections.retention_soak import retention_soak
 from bench.sections.soak import soak
 from bench.sections.tls import tls
+from bench.sections.volume import volume
 
 __all__ = [
     "Bench",
@@ -51,6 +55,8 @@ __all__ = [
     "peer",
     "prototype",
     "publisher_drain",
+    "retention_soak",
     "soak",
     "tls",
+    "volume",
 ]

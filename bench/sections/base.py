@@ -69,6 +69,10 @@ class Options:
     #: of its one-consumer drain (TLS off and on, order alternating).
     tls_rate: int = 600
     tls_pairs: int = 2
+    #: The volume section (issue 48): the issue's year of history times this.
+    volume_scale: float = 1.0
+    #: The retention soak (issue 48): what every table keeps, in seconds.
+    soak_retention: float = 120.0
 
 
 @dataclass

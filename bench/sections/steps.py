@@ -155,14 +155,23 @@ async def wait_idle(bench: Bench, dep: Deployment, timeout: float) -> bool:
     return False
 
 
+# Rows of an aggregate with a set-aside row wait for an operator, not for the pipeline
+# (the volume section's history has one, 50,000 rows behind it).
+_PENDING = """
+SELECT EXISTS (SELECT 1 FROM outbox_events o WHERE o.published_at IS NULL
+  AND (o.aggregate_type, o.aggregate_id) NOT IN (
+    SELECT aggregate_type, aggregate_id FROM outbox_events
+    WHERE published_at IS NULL AND set_aside_at IS NOT NULL))
+"""
+
+
 async def pipeline_idle(bench: Bench, dep: Deployment) -> bool:
-    """No outbox row left unpublished and no durable with messages pending or unacked."""
+    """No outbox row left to publish (but behind a set-aside row) and no durable with
+    messages pending or unacked."""
     for context in dep.topology.contexts.values():
         conn = await asyncpg.connect(bench.servers.pg.dsn(context.database))
         try:
-            pending = await conn.fetchval(
-                "SELECT count(*) FROM outbox_events WHERE published_at IS NULL"
-            )
+            pending = await conn.fetchval(_PENDING)
         finally:
             await conn.close()
         if pending:
