@@ -2,9 +2,10 @@
 
 Everything that repeats per context or per durable is generated here, never written by
 hand: one outbox-publisher Deployment per context that owns a stream, one inbox-consumer
-Deployment per durable, a dlq-router, a dlq-replayer and the operator console (with its
-Service) per topology, the provisioning Job,
-the retention CronJob (``ferry purge``), the KEDA ScaledObjects, the demo handler services
+Deployment per durable, a dlq-router and a dlq-replayer per topology (each of these with a
+health Service the console's overview probes), the retention role (``ferry purge
+--every``) and the operator console (with its Service) per topology, the provisioning Job,
+the KEDA ScaledObjects, the demo handler services
 of the dev overlay, the cert-manager ``Certificate`` objects and the patches mounting them
 (``tls/``, switched on by ``k8s/components/tls``), CloudNativePG ``Database`` objects for
 every context database, the PrometheusRule built from
@@ -14,8 +15,8 @@ The kustomize base and overlays include the result from ``k8s/generated/``.
 
 This module loads the topologies, assembles the files and writes them; the documents
 come from its neighbours: ``pods.py`` (names, pod pieces, each pod's credentials, a
-role's Deployment), ``roles.py`` (the long-running roles, KEDA), ``jobs.py`` (the
-provisioning Job, the retention CronJob), ``kpi.py`` (the KPI job), ``demo.py`` (the dev
+role's Deployment), ``roles.py`` (the long-running roles, their health Services, KEDA),
+``jobs.py`` (the provisioning Job), ``kpi.py`` (the KPI job), ``demo.py`` (the dev
 overlay's handlers), ``tls.py`` (TLS from cert-manager).
 
 Credentials (README "Security"): every pod mounts only its own role's Secret
@@ -44,7 +45,7 @@ import yaml
 
 from k8s import tls
 from k8s.demo import demo_handler
-from k8s.jobs import provision_job, purge_cronjob
+from k8s.jobs import provision_job
 from k8s.kpi import kpi_cronjob, scheduled_spark_application
 from k8s.pods import (
     CNPG_CLUSTER,
@@ -58,11 +59,11 @@ from k8s.pods import (
 from k8s.roles import (
     console_role,
     console_service,
-    consumers,
-    dlq_roles,
     handler_url,
-    publishers,
+    health_service,
+    retention_role,
     scaled_object,
+    watched_roles,
 )
 from shared.access.nats_auth import (
     authorization_block,
@@ -135,10 +136,16 @@ def topology_files(topology: Topology, source: Path, label: str) -> dict[str, st
     base = tname(topology)
     files: dict[str, str] = {}
     resources = []
-    for role in publishers(topology) + consumers(topology) + dlq_roles(topology):
+    for role in watched_roles(topology):
         filename = f"{role.instance}.yaml"
-        files[f"{base}/{filename}"] = _dump(role_docs(role, topology), label)
+        files[f"{base}/{filename}"] = _dump(
+            [*role_docs(role, topology), health_service(role)], label
+        )
         resources.append(filename)
+    retention = retention_role(topology)
+    filename = f"{retention.instance}.yaml"
+    files[f"{base}/{filename}"] = _dump(role_docs(retention, topology), label)
+    resources.append(filename)
     console = console_role(topology)
     filename = f"{console.instance}.yaml"
     files[f"{base}/{filename}"] = _dump(
@@ -147,8 +154,6 @@ def topology_files(topology: Topology, source: Path, label: str) -> dict[str, st
     resources.append(filename)
     files[f"{base}/provision.yaml"] = _dump([provision_job(topology)], label)
     resources.append("provision.yaml")
-    files[f"{base}/purge.yaml"] = _dump([purge_cronjob(topology)], label)
-    resources.append("purge.yaml")
     files[f"{base}/topology.yaml"] = source.read_text()
     files[f"{base}/kustomization.yaml"] = _kustomization(
         "Kustomization",

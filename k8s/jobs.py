@@ -1,6 +1,7 @@
-"""The topology's Jobs: the provisioning Job (logins, migrations, grants, streams) and the
-retention CronJob (``ferry purge``), and the CronJob every scheduled task is built as
-(the KPI job's too: :mod:`k8s.kpi`)."""
+"""The topology's Jobs: the provisioning Job (logins, migrations, grants, streams), and the
+CronJob every scheduled task is built as (the KPI job: :mod:`k8s.kpi`). Retention is a
+long-running role, not a CronJob (:func:`k8s.roles.retention_role`): ``ferry purge
+--every`` serves its metrics for Prometheus to scrape."""
 
 from __future__ import annotations
 
@@ -15,16 +16,14 @@ from k8s.pods import (
     common_env,
     container,
     copy_pgpass,
-    credential_env,
     dsn_template,
     header,
     pod_mounts,
     pod_volumes,
-    role_secret,
     tname,
     workload_labels,
 )
-from shared.access.identities import DB_OWNER, NATS_ADMIN, Identity
+from shared.access.identities import DB_OWNER, NATS_ADMIN
 from shared.contracts.topology import Topology
 
 
@@ -78,39 +77,6 @@ def provision_job(topology: Topology) -> Doc:
             ),
         },
     }
-
-
-#: ``ferry purge`` once a day, off the hour the KPI job starts at.
-PURGE_SCHEDULE = "43 3 * * *"
-#: Exit codes of ``ferry purge`` a retry cannot cure: configuration (2).
-PURGE_FINAL_EXIT_CODES = [2]
-
-
-def purge_cronjob(topology: Topology) -> Doc:
-    """Retention: ``ferry purge`` daily as the topology's ``retention`` login (published
-    outbox rows, processed inbox rows, old claims and audit rows past the topology's
-    retention settings; nothing unfinished),
-    never two at once, retried once on a connection failure."""
-    identity = Identity("retention", topology.name)
-    name = f"ferry-purge-{tname(topology)}"
-    labels = workload_labels("ferry-purge", name, "retention", {"ferry/topology": topology.name})
-    main = container(
-        "purge",
-        ["-m", "shared.cli", "purge"],
-        common_env("ferry-purge", topology, {}) + credential_env(identity),
-        SMALL,
-    )
-    return cron_job(
-        name,
-        labels,
-        main,
-        schedule=PURGE_SCHEDULE,
-        starting_deadline=3600,
-        retries=2,
-        final_exit_codes=PURGE_FINAL_EXIT_CODES,
-        active_deadline=3 * 3600,
-        volumes=pod_volumes(topology, role_secret(identity)),
-    )
 
 
 def cron_job(

@@ -93,6 +93,15 @@ PG_HOSTPORT = "PG_HOSTPORT"
 PG_PARAMS = "PG_PARAMS"
 PG_ADMIN_USER = "PG_ADMIN_USER"
 
+#: Update strategies of a role's Deployment: the rolling default (a new pod ready before an
+#: old one stops: no gap), and one at a time (the old pod gone before the new one starts,
+#: for a single-replica role whose two copies at once would only duplicate the work).
+ROLLING: dict[str, Any] = {
+    "type": "RollingUpdate",
+    "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+}
+REPLACE: dict[str, Any] = {"type": "Recreate"}
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 Doc = dict[str, Any]
@@ -112,6 +121,9 @@ class Role:
     resources: Doc
     labels: dict[str, str] = field(default_factory=dict)
     replicas: int | None = 1
+    #: The Deployment's update strategy: a new pod ready before an old one goes
+    #: (:data:`ROLLING`), or the old one gone first (:data:`REPLACE`).
+    strategy: Doc = field(default_factory=lambda: ROLLING)
 
 
 # ---------------------------------------------------------------- naming
@@ -401,10 +413,7 @@ def deployment(role: Role, topology: Topology) -> Doc:
         {
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": selector},
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
-            },
+            "strategy": role.strategy,
             "template": {
                 "metadata": {
                     "labels": labels,

@@ -1,9 +1,12 @@
 """The roles of one topology as workloads: an outbox-publisher per context that owns a
 stream, an inbox-consumer per durable (with its KEDA ScaledObject), the dlq-router, the
-dlq-replayer and the console (its Jobs are in :mod:`k8s.jobs`)."""
+dlq-replayer, retention (``ferry purge --every``) and the console, which shows each
+watched role's liveness through the role's health Service (its Jobs are in
+:mod:`k8s.jobs`)."""
 
 from __future__ import annotations
 
+import json
 import math
 from urllib.parse import urlsplit
 
@@ -18,6 +21,7 @@ from k8s.pods import (
     MIN_REPLICAS,
     NATS_MONITORING_ENDPOINT,
     PROMETHEUS_ADDRESS,
+    REPLACE,
     SMALL,
     Doc,
     Role,
@@ -124,23 +128,49 @@ def dlq_roles(topology: Topology) -> list[Role]:
     ]
 
 
-def console_role(topology: Topology) -> Role:
-    """The operator console of the topology: its pages, /healthz, /readyz and /metrics on
-    the health port (one port), behind a ClusterIP Service (:func:`console_service`)."""
-    env = common_env("console", topology, {})
-    env += [
-        {"name": "FERRY_CONSOLE_HOST", "value": "0.0.0.0"},
-        {"name": "FERRY_CONSOLE_PORT", "value": str(HEALTH_PORT)},
-        # Reached over TLS through an ingress or a port-forward; the cookie says so.
-        {"name": "FERRY_CONSOLE_SECURE_COOKIE", "value": "true"},
-        {"name": "FERRY_DRAIN_DEADLINE", "value": as_seconds(DEFAULT_DRAIN)},
-    ]
-    return _role("console", "console", env, topology)
+#: How often the retention role purges (``ferry purge --every``). A run finds what is due
+#: through an index and deletes it in batches, so a run with little to do is cheap; every
+#: 15 minutes a row outlives its policy by at most that much, each run deletes a
+#: quarter-hour's rows (steady, small bursts of deletes and WAL rather than a day's at
+#: once), and its figures (``ferry_retention_*``) are refreshed twice within the 30 minutes
+#: FerryTableOutgrowsPolicy waits.
+RETENTION_EVERY = "15m"
 
 
-def console_service(topology: Topology) -> Doc:
-    """The console's Service (ClusterIP: an ingress with TLS, or ``kubectl port-forward``)."""
-    role = console_role(topology)
+def retention_role(topology: Topology) -> Role:
+    """Retention: ``ferry purge --every`` (:data:`RETENTION_EVERY`) as the topology's
+    ``retention`` login, purging at start and then at each interval (published outbox
+    rows, processed inbox rows, old claims and audit rows past the topology's retention
+    settings; nothing unfinished), its ``ferry_retention_*`` metrics on the health port.
+
+    One replica, replaced rather than rolled (:data:`~k8s.pods.REPLACE`): two purges at
+    once are safe (the second skips the rows the first is deleting) but pointless. On
+    SIGTERM the loop ends once the run in hand is done; one cut short by the grace period
+    loses only its current batch (one statement, one transaction, rolled back)."""
+    env = common_env("retention", topology, {})
+    return Role(
+        name="retention",
+        instance=f"retention-{tname(topology)}",
+        identity=Identity("retention", topology.name),
+        component="retention",
+        args=["-m", "shared.cli", "purge", "--every", RETENTION_EVERY],
+        env=env,
+        drain=DEFAULT_DRAIN,
+        resources=SMALL,
+        labels={"ferry/topology": topology.name},
+        strategy=REPLACE,
+    )
+
+
+def watched_roles(topology: Topology) -> list[Role]:
+    """The roles whose liveness the console's overview shows (FERRY_CONSOLE_ROLE_HEALTH,
+    as supervisord.conf gives the consoles): every publisher, consumer and dlq role."""
+    return publishers(topology) + consumers(topology) + dlq_roles(topology)
+
+
+def role_service(role: Role, port_name: str, port: int) -> Doc:
+    """A ClusterIP Service named after the role's Deployment, selecting its pods, its one
+    port ``port_name`` sent to their health port (a Service routes to ready pods only)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -151,9 +181,46 @@ def console_service(topology: Topology) -> Doc:
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(role.name, role.instance),
-            "ports": [{"name": "http", "port": 80, "targetPort": "health", "protocol": "TCP"}],
+            "ports": [{"name": port_name, "port": port, "targetPort": "health", "protocol": "TCP"}],
         },
     }
+
+
+def health_service(role: Role) -> Doc:
+    """The role's health Service: its health port as is (plain HTTP, also with the TLS
+    component), so what answers its /healthz is a ready replica of the role."""
+    return role_service(role, "health", HEALTH_PORT)
+
+
+def role_health_urls(topology: Topology) -> dict[str, str]:
+    """FERRY_CONSOLE_ROLE_HEALTH of the topology's console: each watched role's name (its
+    identity, as under supervisord: ``inbox-consumer-<durable>``) to the /healthz of its
+    health Service (:func:`health_service`), in the console's namespace."""
+    return {
+        role.identity.name: f"http://{role.instance}:{HEALTH_PORT}/healthz"
+        for role in watched_roles(topology)
+    }
+
+
+def console_role(topology: Topology) -> Role:
+    """The operator console of the topology: its pages, /healthz, /readyz and /metrics on
+    the health port (one port), behind a ClusterIP Service (:func:`console_service`); its
+    overview shows each watched role's liveness (:func:`role_health_urls`)."""
+    env = common_env("console", topology, {})
+    env += [
+        {"name": "FERRY_CONSOLE_HOST", "value": "0.0.0.0"},
+        {"name": "FERRY_CONSOLE_PORT", "value": str(HEALTH_PORT)},
+        # Reached over TLS through an ingress or a port-forward; the cookie says so.
+        {"name": "FERRY_CONSOLE_SECURE_COOKIE", "value": "true"},
+        {"name": "FERRY_DRAIN_DEADLINE", "value": as_seconds(DEFAULT_DRAIN)},
+        {"name": "FERRY_CONSOLE_ROLE_HEALTH", "value": json.dumps(role_health_urls(topology))},
+    ]
+    return _role("console", "console", env, topology)
+
+
+def console_service(topology: Topology) -> Doc:
+    """The console's Service (ClusterIP: an ingress with TLS, or ``kubectl port-forward``)."""
+    return role_service(console_role(topology), "http", 80)
 
 
 def handler_url(topology: Topology, durable: str) -> str:

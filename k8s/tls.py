@@ -31,10 +31,10 @@ from urllib.parse import urlsplit
 import yaml
 
 from k8s.demo import demo_handler
-from k8s.jobs import provision_job, purge_cronjob
+from k8s.jobs import provision_job
 from k8s.kpi import kpi_cronjob, scheduled_spark_application
 from k8s.pods import CNPG_CLUSTER, SECRET_MODE, Doc, dns_name, role_docs, tname
-from k8s.roles import console_role, consumers, dlq_roles, handler_url, publishers
+from k8s.roles import console_role, handler_url, retention_role, watched_roles
 from shared.access.identities import NATS_ADMIN, Identity
 from shared.contracts.replay_jobs import replay_workers
 from shared.contracts.topology import Topology
@@ -148,12 +148,11 @@ ROLE_ENV: dict[str, list[Doc]] = {
 
 def _workloads(topology: Topology) -> Iterator[tuple[Doc, str, bool]]:
     """(workload, the identity its certificate names, whether it serves a Service)."""
-    for role in publishers(topology) + consumers(topology) + dlq_roles(topology):
+    for role in [*watched_roles(topology), retention_role(topology)]:
         yield role_docs(role, topology)[0], role.identity.name, False
     console = console_role(topology)
     yield role_docs(console, topology)[0], console.identity.name, True
     yield provision_job(topology), NATS_ADMIN, False
-    yield purge_cronjob(topology), Identity("retention", topology.name).name, False
     # The two ways to run the KPI job share a name, and so one certificate.
     kpi = Identity("kpi-spark-job", topology.name).name
     yield kpi_cronjob(topology), kpi, False

@@ -52,7 +52,7 @@ SUBNET = "10.89.233.0/24"
 
 #: Kinds podman cannot run and what stands in for them (shown by ``./dev kube``).
 LEFT_OUT_KINDS = {
-    "CronJob": "podman has no CronJob: run `ferry purge` / the KPI job by hand",
+    "CronJob": "podman has no CronJob: run the KPI job by hand",
     "PodDisruptionBudget": "no evictions on one host",
     "ServiceAccount": "no API server to talk to",
     "Namespace": "podman has no namespaces: the pods share the network ferry-kube",

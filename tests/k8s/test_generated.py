@@ -78,7 +78,7 @@ def test_every_context_and_durable_gets_its_deployment() -> None:
         }
         expected |= {f"inbox-consumer-{d.replace('_', '-')}.yaml" for d in raw["durables"]}
         expected |= {f"dlq-router-{name}.yaml", f"dlq-replayer-{name}.yaml", "provision.yaml",
-                     "purge.yaml", f"console-{name}.yaml"}  # fmt: skip
+                     f"retention-{name}.yaml", f"console-{name}.yaml"}  # fmt: skip
         assert set(kust["resources"]) == expected
         scaled = list(yaml.safe_load_all(files[f"{name}/keda/scaledobjects.yaml"]))
         # Each durable's first consumer: itself, or its partition 0 ({durable}_p0).

@@ -1,8 +1,10 @@
 """The image built and the dev overlay run for real, by podman (issue 46): ``./dev image``
 then ``./dev kube up`` with the sea-vibespro topology's workloads (the servers, its
-provisioning Job, both publishers, both consumers, the dlq roles, the console and both
-handler services), a few hundred events driven through them while a publisher's container
-is SIGKILLed, and the restart policy, the probes and the counts checked.
+provisioning Job, both publishers, both consumers, the dlq roles, retention, the console
+and both handler services), a few hundred events driven through them while a publisher's
+container is SIGKILLed, and the restart policy, the probes and the counts checked; the
+retention role purges and serves its metrics (issue 48), and the console's overview shows
+every role alive through its health Service (issue 45).
 
 Needs root (podman, debootstrap); the build is cached by podman between runs.
 """
@@ -12,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +115,66 @@ def test_every_pod_is_ready_and_its_probes_were_called(kube: Plan) -> None:
         now = after[w.pod][f"{w.doc_containers()[0]}/liveness"]
         assert now["calls"] > before[w.pod]["calls"], (w.pod, before[w.pod], now)
         assert now["last"] == "ok", (w.pod, now)
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> str:
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        text: str = response.read().decode()
+        return text
+
+
+def _until(deadline: float, attempt: Callable[[], str | None]) -> str | None:
+    """``attempt()`` every 2 s until it returns None (done) or ``deadline``: its last word."""
+    while True:
+        try:
+            problem = attempt()
+        except OSError as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is None or time.monotonic() > deadline:
+            return problem
+        time.sleep(2)
+
+
+def test_the_retention_role_purges_and_serves_its_metrics(kube: Plan) -> None:
+    """Issue 48: the retention Deployment runs `ferry purge --every` as its own login; its
+    first run (at start) completes and /metrics on the health port shows it."""
+    [retention] = [w for w in kube.roles if w.name == f"retention-{TOPOLOGY}"]
+    url = f"http://{retention.ip}:{retention.ports['health']}/metrics"
+
+    def purged() -> str | None:
+        text = _get(url)
+        run = re.search(r"^ferry_retention_last_run_timestamp_seconds (\S+)$", text, re.M)
+        if run is None or float(run.group(1)) <= 0:
+            return "no complete run yet"
+        return None if "ferry_retention_seconds{" in text else "no table's retention"
+
+    problem = _until(time.monotonic() + 120, purged)
+    assert problem is None, problem
+
+
+def test_the_console_shows_every_role_alive_through_its_service(kube: Plan) -> None:
+    """Issue 45: the console's overview probes each role's /healthz at the role's health
+    Service (under podman, a DNS alias of its pod) and shows every one alive."""
+    [console] = [w for w in kube.roles if w.name == f"console-{TOPOLOGY}"]
+    [container] = console.doc["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    roles = json.loads(env["FERRY_CONSOLE_ROLE_HEALTH"])
+    assert roles and all("://127.0.0.1" not in url for url in roles.values()), roles
+    token = play.secrets(play.var_dir())[f"ferry-role-console-{TOPOLOGY}"]["console-token"]
+    headers = {"Authorization": f"Bearer {token.strip()}"}
+    url = f"http://{console.ip}:{console.ports['health']}/"
+
+    def all_alive() -> str | None:
+        page = _get(url, headers)
+        rows = dict(
+            re.findall(r'<tr id="role-([^"]+)"[^>]*><td>[^<]*</td><td class="[^"]*">([^<]*)', page)
+        )
+        down = {name: rows.get(name, "not listed") for name in roles if rows.get(name) != "alive"}
+        return f"not alive: {down}" if down else None
+
+    problem = _until(time.monotonic() + 60, all_alive)
+    assert problem is None, problem
 
 
 async def _drive_and_kill(kube: Plan) -> tuple[Any, dict[str, int], Demo]:

@@ -13,12 +13,14 @@ import yaml
 from pydantic_settings import BaseSettings
 
 import shared.runtime.settings
+from k8s.roles import RETENTION_EVERY
 from services.handlers import settings as handler_settings
+from shared.domain.durations import parse_duration
 
 from .conftest import K8S, ROOT, TOPOLOGIES, WORKLOADS, Doc, by_kind, pod_labels, pod_spec
 from .crds import _selects
 
-ROLE_COMPONENTS = ("publisher", "consumer", "dlq")
+ROLE_COMPONENTS = ("publisher", "consumer", "dlq", "retention")
 
 
 def _env(container: Doc) -> dict[str, Any]:
@@ -105,6 +107,7 @@ def test_every_durable_context_and_topology_has_its_role_in_prod(
         ]
         expected += [("-m", "services.inbox_consumer", "--durable", d) for d in raw["durables"]]
         expected += [("-m", "services.dlq_router"), ("-m", "services.dlq_replayer")]
+        expected += [("-m", "shared.cli", "purge", "--every", RETENTION_EVERY)]
     assert args == sorted(expected)
     assert not [
         d for d in by_kind(rendered["prod"], "Deployment") if "handler" in d["metadata"]["name"]
@@ -149,8 +152,14 @@ def test_termination_grace_exceeds_each_roles_drain(
     for deployment in _roles(rendered[name]):
         spec = pod_spec(deployment)
         env = _env(spec["containers"][0])
-        drain = float(env["FERRY_DRAIN_DEADLINE"]) + float(env.get("FERRY_FETCH_TIMEOUT", 0))
         where = deployment["metadata"]["name"]
+        if deployment["metadata"]["labels"]["app.kubernetes.io/component"] == "retention":
+            # `ferry purge --every` has no drain setting: SIGTERM ends the loop once the
+            # run in hand is done; the grace lets its current batch (one DELETE) finish.
+            assert "FERRY_DRAIN_DEADLINE" not in env, where
+            assert spec["terminationGracePeriodSeconds"] >= 10, where
+            continue
+        drain = float(env["FERRY_DRAIN_DEADLINE"]) + float(env.get("FERRY_FETCH_TIMEOUT", 0))
         assert spec["terminationGracePeriodSeconds"] > drain, where
         durable = deployment["metadata"]["labels"].get("ferry/durable")
         if durable:  # a handler call just started may run its whole timeout
@@ -380,5 +389,73 @@ def test_publishers_and_dlq_roles_run_two_replicas_in_prod(
         component = deployment["metadata"]["labels"]["app.kubernetes.io/component"]
         if component == "consumer":
             assert "replicas" not in deployment["spec"]  # KEDA's
+        elif component == "retention":  # test_retention_runs_as_a_role_as_under_supervisord
+            assert deployment["spec"]["replicas"] == 1
         else:
             assert deployment["spec"]["replicas"] == 2, deployment["metadata"]["name"]
+
+
+def _purges(docs: list[Doc]) -> list[Doc]:
+    """The workloads of a render that run ``ferry purge``."""
+    return [
+        d
+        for d in docs
+        if d["kind"] in WORKLOADS
+        and any(c.get("args", [])[:3] == ["-m", "shared.cli", "purge"]
+                for c in pod_spec(d)["containers"])
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["dev", "prod"])
+def test_retention_runs_as_a_role_as_under_supervisord(
+    rendered: dict[str, list[Doc]], name: str
+) -> None:
+    """Issue 48: per topology one Deployment runs `ferry purge --every` (as supervisord's
+    retention programs do), one pod at a time, serving its metrics on the health port the
+    PodMonitor scrapes; no CronJob runs a purge any more."""
+    docs = rendered[name]
+    parser = configparser.RawConfigParser()
+    parser.read(ROOT / "supervisord.conf")
+    local = [parser.get(s, "command").split()[1:] for s in parser.sections()
+             if s.startswith("program:retention-")]  # fmt: skip
+    assert len(local) == len(TOPOLOGIES) and all(
+        args[:5] == ["-m", "shared.cli", "purge", "--every", args[4]] for args in local
+    ), local
+    purges = _purges(docs)
+    assert {d["kind"] for d in purges} == {"Deployment"}
+    assert sorted(d["metadata"]["labels"]["ferry/topology"] for d in purges) == sorted(TOPOLOGIES)
+    port = int(_settings_map(docs)["FERRY_HEALTH_PORT"])
+    for deployment in purges:
+        where = deployment["metadata"]["name"]
+        [container] = pod_spec(deployment)["containers"]
+        args = container["args"]
+        assert args[:4] == ["-m", "shared.cli", "purge", "--every"] and len(args) == 5, where
+        assert 60 <= parse_duration(args[4]) <= 3600, (where, "purge at least hourly")
+        assert deployment["spec"]["replicas"] == 1, where
+        strategy = deployment["spec"]["strategy"]
+        assert strategy["type"] == "Recreate" or (strategy["rollingUpdate"]["maxSurge"] == 0), (
+            where,
+            "never two pods at once on an update",
+        )
+        assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"health": port}
+        assert pod_labels(deployment)["app.kubernetes.io/component"] == "retention"
+
+
+def test_the_pod_monitor_scrapes_every_role_that_serves_metrics(
+    rendered: dict[str, list[Doc]],
+) -> None:
+    """Production: every role's pods (retention's included, whose ferry_retention_* series
+    FerryTableOutgrowsPolicy reads) are selected by the PodMonitor, on their health port."""
+    docs = rendered["prod"]
+    [monitor] = by_kind(docs, "PodMonitor")
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    roles = _roles(docs)
+    assert {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in roles} == set(
+        ROLE_COMPONENTS
+    )
+    for deployment in roles:
+        where = deployment["metadata"]["name"]
+        assert _selects(monitor["spec"]["selector"], pod_labels(deployment)), where
+        [container] = pod_spec(deployment)["containers"]
+        assert endpoint["port"] in {p["name"] for p in container["ports"]}, where
+    assert endpoint["path"] == "/metrics"
