@@ -116,7 +116,8 @@ class OutageResult(CountedResult):
             "outage at": self.outage_at,
             "outage": self.outage,
             "rate (events/s)": round(self.events_planned / self.seconds, 1),
-            "outage done": self.outage_detail or self.outage_ok,
+            "outage injected": self.outage_ok,
+            "outage detail": self.outage_detail,
             "figures": None if self.figures is None else self.figures.doc(),
             "targets": {
                 "first apply after return (s)": RESUME_TARGET,
