@@ -368,6 +368,11 @@ class Deployment:
         argv = [PYTHON, "-m", "services.outbox_publisher", "--context", context]
         return await self._start(f"publisher-{context}", "publisher", argv)
 
+    async def start_retention(self, every: float) -> Proc:
+        """Start the retention role: ``ferry purge --every`` (as the superuser here)."""
+        argv = [PYTHON, "-m", "shared.cli", "purge", "--every", f"{every:g}"]
+        return await self._start("retention", "retention", argv)
+
     async def stop_roles(self) -> dict[str, int]:
         """Stop every role (SIGTERM, drain) and return their exit codes."""
         codes = {}

@@ -1,0 +1,240 @@
+"""The database and every role over a long run with retention shortened to minutes (issue 48).
+
+Every retention of the topology (outbox, inbox, claims, audit) is cut to
+``--soak-retention`` seconds and the retention role runs beside the pipeline
+(``ferry purge --every``, a quarter of the retention), so a run of an hour lives through
+many lifetimes of each row. What a year in production needs is that nothing grows once
+the first retention has passed: the figures are the growth of each database's size and
+of each role's resident memory over the second half of the run (≤ 5 %), sampled
+throughout and drawn as a plot of table sizes over time (``retention-soak.png``).
+
+Counted against independent records, not the tables being purged: every event the
+producer committed is in the stream and acknowledged by the consumer (JetStream's own
+counts). Latency is read every sample from the rows processed since the last one, before
+the purge can reach them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench.common import say, summarize
+from bench.report import Target
+from bench.sections.base import SEA_DURABLE, Bench, ferry_row
+from bench.sections.steps import committed, run_step, sea_lane
+from bench.world import Deployment
+from shared.waits import sleep_unless
+
+#: The settings cut to the soak's retention, in every context.
+RETENTIONS = ("outbox_retention", "inbox_retention", "claims_retention", "audit_retention")
+#: The tables drawn (the ones the pipeline writes at its rate).
+DRAWN = ("outbox_events", "inbox_messages", "handler_applied", "handler_calls")
+#: The sizes of one database: each drawn table's (with its indexes and TOAST), and all.
+_SIZES = """
+SELECT t.name, coalesce(pg_total_relation_size(to_regclass(t.name)), 0) AS bytes
+FROM unnest($1::text[]) AS t(name)
+UNION ALL SELECT '*', pg_database_size(current_database())
+"""
+_LATENCIES = """
+SELECT extract(epoch FROM processed_at - occurred_at) * 1000 AS ms FROM inbox_messages
+WHERE durable = $1 AND status = 'processed' AND processed_at >= $2 AND processed_at < $3
+"""
+#: Growth over the second half the run may show (issue 48).
+GROWTH_LIMIT = 5.0
+
+
+#: The shortest retention the soak runs with: ``ferry lint`` wants the streams' duplicate
+#: window past the publisher's re-publish horizon (71 s with the defaults), so the streams
+#: keep messages 90 s, and every retention at least that.
+SHORTEST = 120.0
+
+
+def shorten(keep: float) -> Any:
+    """A topology patch: every context keeps everything ``keep`` seconds, and every way a
+    copy can still arrive is shortened to fit, as ``ferry lint`` requires (the roles
+    refuse a topology whose claims or inbox rows would go before a copy could come): the
+    streams keep messages 90 s (their duplicate window too), the dead-letter streams 30 s,
+    a durable redelivers within seconds (``ack_wait`` 5 s, 3 deliveries) and replays only
+    by an operator."""
+
+    def patch(doc: dict[str, Any]) -> None:
+        for ctx in doc["contexts"].values():
+            for name in RETENTIONS:
+                ctx[name] = f"{keep:g}s"
+            if ctx.get("stream"):
+                ctx["stream"].update(max_age="90s", duplicate_window="90s")
+        for stream in doc.get("dead_letter_streams", []):
+            stream["max_age"] = "30s"
+        for durable in doc["durables"].values():
+            durable.update(ack_wait="5s", max_deliver=3, backoff=["1s", "2s"], replay="operator")
+            durable["handler"]["timeout"] = "5s"
+
+    return patch
+
+
+async def retention_soak(bench: Bench, mode: str) -> None:
+    """Database sizes and resident memory over ``--soak-seconds`` with short retention."""
+    opts = bench.options
+    seconds, rate, keep = opts.soak_seconds, opts.soak_rate, opts.soak_retention
+    every = max(keep / 4, 5.0)
+    say(f"retention soak: {rate:,} msg/s for {seconds:.0f}s, everything kept {keep:g}s, "
+        f"purged every {every:g}s, tracing {mode}")  # fmt: skip
+    db_row = ferry_row(bench, "ferry.retention_db_growth",
+                       f"database size growth over the second half, {seconds:.0f}s at "
+                       f"{rate:,} msg/s, retention {keep:g}s", "%",
+                       target=Target("<=", GROWTH_LIMIT, f"≤ {GROWTH_LIMIT:g} %"))  # fmt: skip
+    rss_row = ferry_row(bench, "ferry.retention_rss_growth",
+                        "largest resident-memory growth of a role over the second half, "
+                        "retention soak", "%",
+                        target=Target("<=", GROWTH_LIMIT, f"≤ {GROWTH_LIMIT:g} %"))  # fmt: skip
+    deployment = bench.deployment("sea-vibespro", mode, f"retsoak-{mode}", patch=shorten(keep))
+    async with deployment as dep:
+        handler_url = await dep.start_handler("vibespro")
+        await dep.start_consumer(SEA_DURABLE, handler_url)
+        await dep.start_publisher("sea")
+        await dep.start_retention(every)
+        sampler = Sampler(bench, dep, max(seconds / 120, 1.0))
+        task = asyncio.create_task(sampler.run())
+        acked = Acked(bench, dep)
+        try:
+            step = await run_step(bench, dep, [sea_lane(dep, rate)], seconds,
+                                  sampler.measure(acked), committed)  # fmt: skip
+        finally:
+            sampler.stop.set()
+            await task
+    samples = sampler.samples
+    db_growth = second_half_growth([s["bytes"] for s in samples])
+    rss_growth = second_half_growth([s["rss"] for s in samples])
+    worst_db = max(db_growth.values(), default=float("nan"))
+    worst_rss = max(rss_growth.values(), default=float("nan"))
+    db_row.set(mode, worst_db)
+    rss_row.set(mode, worst_rss)
+    bench.results.sections.setdefault("retention_soak", {})[mode] = {
+        "rate": rate, "seconds": seconds, "retention_seconds": keep, "purge_every": every,
+        "committed": committed(step.producer),
+        "acknowledged": committed(step.producer) - step.unprocessed,
+        "db_growth_percent": db_growth, "rss_growth_percent": rss_growth,
+        "latency_ms": summarize(sampler.latencies), "samples": samples,
+    }  # fmt: skip
+    say("  second-half growth: databases "
+        + ", ".join(f"{n} {g:+.1f} %" for n, g in db_growth.items())
+        + "; roles " + ", ".join(f"{n} {g:+.1f} %" for n, g in rss_growth.items()))  # fmt: skip
+    made = committed(step.producer)
+    say(f"  {made - step.unprocessed:,} of {made:,} committed events acknowledged")
+    drawn = draw(samples, Path(bench.logs).parent / f"retention-soak-{mode}.png", keep)
+    if drawn is not None:
+        say(f"  table sizes over time: {drawn}")
+
+
+def second_half_growth(series: list[dict[str, float]]) -> dict[str, float]:
+    """Per name: the last sample against the one at half time, in percent."""
+    if len(series) < 3:
+        return {}
+    middle, end = series[len(series) // 2], series[-1]
+    return {name: round((end[name] - middle[name]) / middle[name] * 100, 1)
+            for name in middle if name in end and middle[name]}  # fmt: skip
+
+
+class Acked:
+    """How many of the soak's events the consumer acknowledged: JetStream's ack floor
+    (an independent record: the purge deletes the inbox rows, not the stream's counts)."""
+
+    def __init__(self, bench: Bench, dep: Deployment) -> None:
+        self.bench, self.dep = bench, dep
+
+    async def count(self) -> int:
+        nc = await self.bench.servers.connect_nats()
+        try:
+            durable = self.dep.topology.durables[SEA_DURABLE]
+            (plan,) = self.dep.topology.consumers(SEA_DURABLE)
+            info = await nc.jetstream().consumer_info(durable.stream, plan.name)
+            return int(info.ack_floor.stream_seq if info.ack_floor else 0)
+        finally:
+            await nc.close()
+
+
+class Sampler:
+    """Every ``every`` seconds: each database's table sizes, each role's resident memory,
+    and the latencies of the events processed since the last sample."""
+
+    def __init__(self, bench: Bench, dep: Deployment, every: float) -> None:
+        self.bench, self.dep, self.every = bench, dep, every
+        self.samples: list[dict[str, Any]] = []
+        self.latencies: list[float] = []
+        self.stop = asyncio.Event()
+
+    async def run(self) -> None:
+        began = time.monotonic()
+        conns = {d: await asyncpg.connect(self.bench.servers.pg.dsn(d))
+                 for d in self.dep.topology.databases()}  # fmt: skip
+        target = conns[self.dep.topology.contexts["vibespro"].database]
+        last = await target.fetchval("SELECT now()")
+        try:
+            while True:
+                stopping = self.stop.is_set()
+                sizes: dict[str, dict[str, int]] = {}
+                for database, conn in conns.items():
+                    sizes[database] = {r["name"]: int(r["bytes"])
+                                       for r in await conn.fetch(_SIZES, list(DRAWN))}  # fmt: skip
+                now = await target.fetchval("SELECT now()")
+                rows = await target.fetch(_LATENCIES, SEA_DURABLE, last, now)
+                self.latencies += [float(r["ms"]) for r in rows]
+                last = now
+                rss = {n: v for n, v in self.bench.servers.book.rss().items()
+                       if n in self.dep.role_names}  # fmt: skip
+                self.samples.append({
+                    "t": round(time.monotonic() - began, 1),
+                    "bytes": {d: s["*"] for d, s in sizes.items()},
+                    "tables": sizes, "rss": rss, "processed": len(rows),
+                })  # fmt: skip
+                if stopping:
+                    return
+                await sleep_unless(self.stop, self.every)
+        finally:
+            for conn in conns.values():
+                await conn.close()
+
+    def measure(self, acked: Acked) -> Any:
+        """run_step's measure: the latencies sampled so far, the events acknowledged."""
+
+        async def measure(since: datetime) -> tuple[dict[str, list[float]], int]:
+            del since  # the rows are purged as the run goes: sampled, not read back
+            return {"processed": list(self.latencies)}, await acked.count()
+
+        return measure
+
+
+def draw(samples: list[dict[str, Any]], path: Path, keep: float) -> Path | None:
+    """Each drawn table's size (and each database's) over the run, in MB."""
+    if len(samples) < 2:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    minutes = [s["t"] / 60 for s in samples]
+    for database in samples[0]["tables"]:
+        for table in (*DRAWN, "*"):
+            values = [s["tables"][database].get(table, 0) / 1e6 for s in samples]
+            if max(values) <= 0:
+                continue
+            label = f"{database} (all)" if table == "*" else f"{database}.{table}"
+            ax.plot(minutes, values, label=label, linestyle="--" if table == "*" else "-")
+    ax.axvline(minutes[len(minutes) // 2], color="grey", linewidth=0.8)
+    ax.set_xlabel("minutes into the run")
+    ax.set_ylabel("MB")
+    ax.set_title(f"Table sizes with everything kept {keep:g}s (second half right of the line)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
