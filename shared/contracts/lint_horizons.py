@@ -96,3 +96,19 @@ def replay_horizon(topology: Topology, durable: DurableSpec) -> float:
     if durable.replay == "automatic":
         automatic = automatic_replay_span(durable) + durable.replay_limits.max_attempts * redelivery
     return redelivery + max(kept, automatic) + redelivery
+
+
+def copy_horizons(topology: Topology, context: str) -> list[tuple[float, str]]:
+    """(seconds, what) of every way a copy of an event can still reach ``context``."""
+    streams = topology.streams_by_name()
+    needs: list[tuple[float, str]] = []
+    for durable_name, durable in sorted(topology.durables.items()):
+        if durable.target != context:
+            continue
+        stream = streams[durable.stream]
+        needs += [
+            (stream.max_age, f"max_age of stream {stream.name} read by durable {durable_name}"),
+            (redelivery_horizon(durable), f"redelivery horizon of durable {durable_name}"),
+            (replay_horizon(topology, durable), f"replay horizon of durable {durable_name}"),
+        ]
+    return needs

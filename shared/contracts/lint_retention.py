@@ -14,24 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from shared.contracts.lint_findings import Problem, format_duration
-from shared.contracts.lint_horizons import redelivery_horizon, replay_horizon
+from shared.contracts.lint_horizons import copy_horizons
 from shared.contracts.topology import Topology
-
-
-def copy_horizons(topology: Topology, context: str) -> list[tuple[float, str]]:
-    """(seconds, what) of every way a copy of an event can still reach ``context``."""
-    streams = topology.streams_by_name()
-    needs: list[tuple[float, str]] = []
-    for durable_name, durable in sorted(topology.durables.items()):
-        if durable.target != context:
-            continue
-        stream = streams[durable.stream]
-        needs += [
-            (stream.max_age, f"max_age of stream {stream.name} read by durable {durable_name}"),
-            (redelivery_horizon(durable), f"redelivery horizon of durable {durable_name}"),
-            (replay_horizon(topology, durable), f"replay horizon of durable {durable_name}"),
-        ]
-    return needs
 
 
 def claims_retention(topology: Topology, source: str) -> Iterator[Problem]:

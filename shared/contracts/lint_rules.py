@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from shared.contracts.lint_findings import Problem, format_duration
-from shared.contracts.lint_horizons import PublisherTiming, redelivery_horizon, replay_horizon
+from shared.contracts.lint_horizons import PublisherTiming, copy_horizons
 from shared.contracts.topology import ContextSpec, DurableSpec, Topology, subject_matches
 from shared.domain.policy import ROW_RETRY_CAP_SECONDS
 from shared.domain.subjects import SNAKE_CASE, replay_subject
@@ -38,18 +38,8 @@ def duplicate_window(topology: Topology, source: str, timing: PublisherTiming) -
 
 
 def inbox_retention(topology: Topology, source: str) -> Iterator[Problem]:
-    streams = topology.streams_by_name()
     for name, ctx in sorted(topology.contexts.items()):
-        needs: list[tuple[float, str]] = []
-        for durable_name, durable in sorted(topology.durables.items()):
-            if durable.target != name:
-                continue
-            stream = streams[durable.stream]
-            needs += [
-                (stream.max_age, f"max_age of stream {stream.name}"),
-                (redelivery_horizon(durable), f"redelivery horizon of {durable_name}"),
-                (replay_horizon(topology, durable), f"replay horizon of {durable_name}"),
-            ]
+        needs = copy_horizons(topology, name)
         if not needs:
             continue
         need, what = max(needs, key=lambda item: item[0])

@@ -216,8 +216,8 @@ def test_every_role_refuses_to_start_on_a_lint_finding(tmp_path: Path, role: str
     assert result.returncode == 2, result.stderr
     finding = (
         f"{path}: contexts.sea.inbox_retention: 1d is shorter than the replay horizon of "
-        "sea__from_vibespro (30d 6h 25m 12s): a copy arriving after its inbox row is purged "
-        "would be processed twice [inbox-retention]"
+        "durable sea__from_vibespro (30d 6h 25m 12s): a copy arriving after its inbox row is "
+        "purged would be processed twice [inbox-retention]"
     )
     assert finding in result.stderr.decode()
 

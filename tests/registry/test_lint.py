@@ -82,8 +82,8 @@ def test_inbox_retention_shorter_than_the_replay_horizon(tmp_path: Path) -> None
     doc["contexts"]["sea"]["inbox_retention"] = "8d"
     assert lint_doc(tmp_path, doc) == [
         f"{F}: contexts.sea.inbox_retention: 8d is shorter than the replay horizon of "
-        "sea__from_vibespro (30d 6h 25m 12s): a copy arriving after its inbox row is purged "
-        "would be processed twice [inbox-retention]"
+        "durable sea__from_vibespro (30d 6h 25m 12s): a copy arriving after its inbox row is "
+        "purged would be processed twice [inbox-retention]"
     ]
 
 
@@ -94,8 +94,8 @@ def test_inbox_retention_shorter_than_the_stream_max_age(tmp_path: Path) -> None
     doc["contexts"]["sea"]["inbox_retention"] = "6d"
     assert lint_doc(tmp_path, doc) == [
         f"{F}: contexts.sea.inbox_retention: 6d is shorter than the max_age of stream "
-        "VIBESPRO_EVENTS (7d): a copy arriving after its inbox row is purged would be "
-        "processed twice [inbox-retention]"
+        "VIBESPRO_EVENTS read by durable sea__from_vibespro (7d): a copy arriving after its "
+        "inbox row is purged would be processed twice [inbox-retention]"
     ]
     doc["contexts"]["sea"]["inbox_retention"] = "7d"
     assert lint_doc(tmp_path, doc) == []
