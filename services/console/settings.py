@@ -70,7 +70,8 @@ class ConsoleSettings(CommonSettings):
     #: ``/healthz`` URL, e.g. ``{"inbox-consumer-sea__from_vibespro":
     #: "http://127.0.0.1:9101/healthz"}``. An ``inbox-consumer-DURABLE`` role that does not
     #: answer marks its durable's row as down at once, before its lag alert fires. Empty
-    #: (the default): no liveness shown.
+    #: (the default): no liveness shown. supervisord.conf and the Kubernetes manifests
+    #: (a Service per role) set it to every role of the topology.
     console_role_health: dict[str, str] = Field(default_factory=dict)
     #: Seconds a role's ``/healthz`` has to answer before the overview shows it down.
     console_role_health_timeout: float = Field(default=1.0, gt=0, le=10)

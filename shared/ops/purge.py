@@ -17,7 +17,8 @@ The cut-off is taken once, from the database's clock, at the start of each table
 purge. It runs as the topology's ``retention-{topology}`` login, which may read and
 DELETE exactly those tables' rows (reading what decides whether a row is still needed)
 and nothing else (``ferry db-roles``); the roles' own
-logins may not delete. In Kubernetes a daily CronJob runs it (``k8s/generate.py``).
+logins may not delete. ``ferry purge --every`` runs it as a role: under supervisord, and
+in Kubernetes as a Deployment of one replica (``k8s/generate.py``).
 """
 
 from __future__ import annotations
