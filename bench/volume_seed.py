@@ -175,26 +175,35 @@ ORDER BY g
 
 
 def inbox_sql(lane: Lane, sizes: Sizes) -> str:
-    """The durable's inbox: every event processed, but one in ``dead_every`` (failed)."""
+    """The durable's inbox: every event processed but one in ``dead_every``, dead-lettered:
+    'failed', or processed an hour later when its dead letter was replayed."""
     kind, version, subject = lane.type_sql("g")
     at, every = _when("g", sizes.inbox), sizes.dead_every
+    replayed = _REPLAYED.format(d=f"g / {every}", dead_letters=sizes.dead_letters)
     return f"""
 INSERT INTO inbox_messages (message_id, durable, subject, received_at, processed_at, attempts,
                             status, event_type, event_version, occurred_at, stream_seq,
                             handler_status, reason_code, last_error, dlq_metadata, updated_at)
 SELECT {_event_id("g")}, '{lane.durable}', {subject}, t.at + interval '30 ms',
-       CASE WHEN NOT t.dead THEN t.at + interval '45 ms' END,
-       CASE WHEN t.dead THEN 5 ELSE 1 END,
-       CASE WHEN t.dead THEN 'failed' ELSE 'processed' END, {kind}, {version},
-       t.at, g, CASE WHEN t.dead THEN 422 ELSE 200 END,
-       CASE WHEN t.dead THEN 'HANDLER_REJECTED' END,
-       CASE WHEN t.dead THEN 'rejected: order ' || g || ' has no model' END,
-       CASE WHEN t.dead THEN '{{"status": "dead_lettered"}}'::jsonb END,
-       t.at + interval '45 ms'
+       CASE WHEN NOT t.dead THEN t.at + interval '45 ms'
+            WHEN t.replayed THEN t.at + interval '1 hour' END,
+       CASE WHEN t.dead THEN 6 ELSE 1 END,
+       CASE WHEN t.dead AND NOT t.replayed THEN 'failed' ELSE 'processed' END, {kind},
+       {version}, t.at, g, CASE WHEN t.dead AND NOT t.replayed THEN 422 ELSE 200 END,
+       CASE WHEN t.dead THEN (CASE WHEN t.replayed THEN 'REPLAY' ELSE 'HANDLER_REJECTED' END) END,
+       CASE WHEN t.dead AND NOT t.replayed THEN 'rejected: order ' || g || ' has no model' END,
+       CASE WHEN t.replayed THEN '{{"status": "replayed"}}'::jsonb
+            WHEN t.dead THEN '{{"status": "dead_lettered"}}'::jsonb END,
+       t.at + CASE WHEN t.replayed THEN interval '1 hour' ELSE interval '45 ms' END
 FROM generate_series(1, {sizes.inbox}) g,
-     LATERAL (SELECT {at} AS at, g % {every} = 0 AS dead) t
+     LATERAL (SELECT {at} AS at, g % {every} = 0 AS dead,
+                     g % {every} = 0 AND {replayed} AS replayed) t
 ORDER BY g
 """
+
+
+#: Whether dead letter ``d`` was replayed (and its event processed): see _DEAD_STATUS.
+_REPLAYED = "(({d}) % 100 BETWEEN 4 AND 69 AND ({d}) <= {dead_letters})"
 
 
 #: Dead-letter status by ``d % 100``: 4 % still open (held, parked, dead), the rest settled.

@@ -471,6 +471,11 @@ async def test_the_volume_is_there(volume: Volume) -> None:
                   for t in ("inbox_messages", "dead_letters", "parked_messages",
                             "handler_applied", "handler_calls")}  # fmt: skip
         held = await conn.fetchval("SELECT count(*) FROM parked_messages WHERE state = 'held'")
+        # An event's inbox row is 'failed' while its dead letter is not replayed.
+        failed, unreplayed = await conn.fetchrow(
+            "SELECT (SELECT count(*) FROM inbox_messages WHERE status = 'failed'),"
+            " (SELECT count(*) FROM dead_letters WHERE status <> 'replayed')"
+        )
     finally:
         await conn.close()
     sizes = volume.sizes
@@ -478,3 +483,4 @@ async def test_the_volume_is_there(volume: Volume) -> None:
     assert counts["dead_letters"] == sizes.dead_letters, counts
     assert counts["handler_applied"] == counts["handler_calls"] == sizes.claims, counts
     assert held == sizes.held_heads
+    assert failed == unreplayed > 0
