@@ -17,12 +17,15 @@ the purge can reach them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import say, summarize
 from bench.report import Target
@@ -42,7 +45,9 @@ FROM unnest($1::text[]) AS t(name)
 UNION ALL SELECT '*', pg_database_size(current_database())
 """
 _LATENCIES = """
-SELECT extract(epoch FROM processed_at - occurred_at) * 1000 AS ms FROM inbox_messages
+SELECT extract(epoch FROM processed_at - occurred_at) * 1000 AS ms,
+       extract(epoch FROM processed_at) AS at
+FROM inbox_messages
 WHERE durable = $1 AND status = 'processed' AND processed_at >= $2 AND processed_at < $3
 """
 #: Growth over the second half the run may show (issue 48).
@@ -84,52 +89,121 @@ async def retention_soak(bench: Bench, mode: str) -> None:
     seconds, rate, keep = opts.soak_seconds, opts.soak_rate, opts.soak_retention
     every = max(keep / 4, 5.0)
     say(f"retention soak: {rate:,} msg/s for {seconds:.0f}s, everything kept {keep:g}s, "
-        f"purged every {every:g}s, tracing {mode}")  # fmt: skip
-    db_row = ferry_row(bench, "ferry.retention_db_growth",
-                       f"database size growth over the second half, {seconds:.0f}s at "
-                       f"{rate:,} msg/s, retention {keep:g}s", "%",
-                       target=Target("<=", GROWTH_LIMIT, f"≤ {GROWTH_LIMIT:g} %"))  # fmt: skip
-    rss_row = ferry_row(bench, "ferry.retention_rss_growth",
-                        "largest resident-memory growth of a role over the second half, "
-                        "retention soak", "%",
-                        target=Target("<=", GROWTH_LIMIT, f"≤ {GROWTH_LIMIT:g} %"))  # fmt: skip
+        f"purged every {every:g}s from {2 * keep:g}s in, tracing {mode}")  # fmt: skip
+    if seconds < 6 * keep:
+        say(f"  note: {seconds:.0f}s is under 6 x the retention: the second half starts "
+            "before the tables can have settled")  # fmt: skip
+    rows = _rows(bench, seconds, rate, keep)
     deployment = bench.deployment("sea-vibespro", mode, f"retsoak-{mode}", patch=shorten(keep))
     async with deployment as dep:
         handler_url = await dep.start_handler("vibespro")
         await dep.start_consumer(SEA_DURABLE, handler_url)
         await dep.start_publisher("sea")
-        await dep.start_retention(every)
         sampler = Sampler(bench, dep, max(seconds / 120, 1.0))
         task = asyncio.create_task(sampler.run())
-        acked = Acked(bench, dep)
+        # The purge starts late, with a retention's worth of rows (each table's) past due:
+        # its first run, while the pipeline runs on, is the purge rate under load.
+        first = asyncio.create_task(_first_purge(dep, sampler, 2 * keep, every))
         try:
             step = await run_step(bench, dep, [sea_lane(dep, rate)], seconds,
-                                  sampler.measure(acked), committed)  # fmt: skip
+                                  sampler.measure(Acked(bench, dep)), committed)  # fmt: skip
         finally:
             sampler.stop.set()
             await task
+            purge = await first
     samples = sampler.samples
     db_growth = second_half_growth([s["bytes"] for s in samples])
     rss_growth = second_half_growth([s["rss"] for s in samples])
-    worst_db = max(db_growth.values(), default=float("nan"))
-    worst_rss = max(rss_growth.values(), default=float("nan"))
-    db_row.set(mode, worst_db)
-    rss_row.set(mode, worst_rss)
+    rows["db"].set(mode, max(db_growth.values(), default=float("nan")))
+    rows["rss"].set(mode, max(rss_growth.values(), default=float("nan")))
+    # Rows written per second by the pipeline: one per event in each drawn table.
+    written = rate * len(DRAWN)
+    purge_ratio = purge["rows"] / purge["seconds"] / written if purge.get("seconds") else None
+    # Before any purge (after a warm-up) against the rest of the run, the purge running.
+    quiet = sampler.p99(sampler.began + 10.0, purge.get("started"))
+    busy = sampler.p99(purge.get("started"), None)
+    p99_ratio = busy / quiet if busy and quiet else None
+    if purge_ratio is not None:
+        rows["purge"].set(mode, round(purge_ratio, 2))
+    if p99_ratio is not None:
+        rows["p99"].set(mode, round(p99_ratio, 2))
+    made = committed(step.producer)
     bench.results.sections.setdefault("retention_soak", {})[mode] = {
         "rate": rate, "seconds": seconds, "retention_seconds": keep, "purge_every": every,
-        "committed": committed(step.producer),
-        "acknowledged": committed(step.producer) - step.unprocessed,
+        "committed": made, "acknowledged": made - step.unprocessed,
         "db_growth_percent": db_growth, "rss_growth_percent": rss_growth,
+        "first_purge": purge, "purge_rate_vs_writes": purge_ratio,
+        "p99_before_purge_ms": quiet, "p99_with_purge_ms": busy,
         "latency_ms": summarize(sampler.latencies), "samples": samples,
     }  # fmt: skip
     say("  second-half growth: databases "
         + ", ".join(f"{n} {g:+.1f} %" for n, g in db_growth.items())
         + "; roles " + ", ".join(f"{n} {g:+.1f} %" for n, g in rss_growth.items()))  # fmt: skip
-    made = committed(step.producer)
+    if purge.get("seconds"):
+        say(f"  first purge under load: {purge['rows']:,} rows in {purge['seconds']:.2f}s "
+            f"({purge['rows'] / purge['seconds']:,.0f} rows/s, {purge_ratio:.1f} x the "
+            f"{written:,} rows/s written)")  # fmt: skip
+    if busy and quiet:
+        say(f"  p99 {quiet:.0f} ms before the retention role started, {busy:.0f} ms after")
     say(f"  {made - step.unprocessed:,} of {made:,} committed events acknowledged")
     drawn = draw(samples, Path(bench.logs).parent / f"retention-soak-{mode}.png", keep)
     if drawn is not None:
         say(f"  table sizes over time: {drawn}")
+
+
+def _rows(bench: Bench, seconds: float, rate: int, keep: float) -> dict[str, Any]:
+    limit = Target("<=", GROWTH_LIMIT, f"≤ {GROWTH_LIMIT:g} %")
+    return {
+        "db": ferry_row(bench, "ferry.retention_db_growth",
+                        f"database size growth over the second half, {seconds:.0f}s at "
+                        f"{rate:,} msg/s, retention {keep:g}s", "%", target=limit),
+        "rss": ferry_row(bench, "ferry.retention_rss_growth",
+                         "largest resident-memory growth of a role over the second half, "
+                         "retention soak", "%", target=limit),
+        "purge": ferry_row(bench, "ferry.retention_purge_rate",
+                           "first purge under load: rows deleted/s ÷ rows written/s", "x",
+                           target=Target(">=", 2.0, "≥ 2 x")),
+        "p99": ferry_row(bench, "ferry.retention_p99",
+                         "p99 with the retention role running ÷ before it, same run", "x",
+                         target=Target("<=", 1.2, "≤ 1.2 x")),
+    }  # fmt: skip
+
+
+async def _first_purge(
+    dep: Deployment, sampler: Sampler, delay: float, every: float
+) -> dict[str, Any]:
+    """Start the retention role ``delay`` seconds into the run; its first run's figures
+    (rows purged, seconds, when it started and ended on the sampler's clock)."""
+    if await sleep_unless(sampler.stop, delay):
+        return {}
+    started = time.time()
+    await dep.start_retention(every)
+    url = dep.metrics_urls["retention"]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        while not sampler.stop.is_set():
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(url) as resp:
+                    found = _first_run(await resp.text())
+                if found is not None:
+                    purged, took, ended = found
+                    return {"rows": int(purged), "seconds": took, "started": started,
+                            "ended": ended}  # fmt: skip
+            await asyncio.sleep(0.5)
+    return {"started": started}
+
+
+def _first_run(text: str) -> tuple[float, float, float] | None:
+    """(rows purged, seconds, when it ended) once the retention role has finished a run."""
+    purged, took, ended = 0.0, 0.0, 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "ferry_retention_purged_rows_total":
+                purged += sample.value
+            elif sample.name == "ferry_retention_run_duration_seconds":
+                took = sample.value
+            elif sample.name == "ferry_retention_last_run_timestamp_seconds":
+                ended = sample.value
+    return (purged, took, ended) if ended > 0 else None
 
 
 def second_half_growth(series: list[dict[str, float]]) -> dict[str, float]:
@@ -167,7 +241,19 @@ class Sampler:
         self.bench, self.dep, self.every = bench, dep, every
         self.samples: list[dict[str, Any]] = []
         self.latencies: list[float] = []
+        #: (when it was processed, Unix time; latency ms) of every event sampled.
+        self.timed: list[tuple[float, float]] = []
         self.stop = asyncio.Event()
+        self.began = time.time()
+
+    def p99(self, since: float | None, until: float | None) -> float | None:
+        """The p99 of the events processed between two Unix times (None: too few)."""
+        if since is None:
+            return None
+        chosen = [ms for t, ms in self.timed if t >= since and (until is None or t <= until)]
+        if len(chosen) < 100:
+            return None
+        return float(summarize(chosen)["p99"])
 
     async def run(self) -> None:
         began = time.monotonic()
@@ -185,6 +271,7 @@ class Sampler:
                 now = await target.fetchval("SELECT now()")
                 rows = await target.fetch(_LATENCIES, SEA_DURABLE, last, now)
                 self.latencies += [float(r["ms"]) for r in rows]
+                self.timed += [(float(r["at"]), float(r["ms"])) for r in rows]
                 last = now
                 rss = {n: v for n, v in self.bench.servers.book.rss().items()
                        if n in self.dep.role_names}  # fmt: skip
