@@ -5,9 +5,9 @@ console's own login.
 The figures are the ones the roles export as metrics and the CLI prints (QRY-050's
 outbox backlog, QRY-051's inbox backlog, JetStream's consumer info for lag), read here
 directly so the console needs no Prometheus. Every query is bounded by an index
-(migrations 0001-0009): unpublished outbox rows (``idx_outbox_unpublished``), unprocessed
-inbox rows (``idx_inbox_unprocessed``), recent processing (BRIN ``processed_at``), open
-dead letters (``idx_dead_letters_status``).
+(migrations 0001-0021): unpublished outbox rows (``idx_outbox_unpublished``), inbox rows
+in play and dead-lettered ones (``idx_inbox_open``, ``idx_inbox_failed``), recent
+processing (BRIN ``processed_at``), open dead letters (``idx_dead_letters_status``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ WHERE durable = $1 AND processed_at > now() - $2 * interval '1 second'
 
 _RETRYING = """
 SELECT count(*) FROM inbox_messages
-WHERE durable = $1 AND processed_at IS NULL AND status = 'retrying'
+WHERE durable = $1 AND status = 'retrying'
 """
 
 _DEAD_RECENT = """

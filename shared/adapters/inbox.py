@@ -12,11 +12,16 @@ from uuid import UUID
 from shared.adapters.postgres import Conn, fetch_backlog
 from shared.domain.ports import FailedAttempt, InboxDelivery
 
+# The rows in play through idx_inbox_open, the dead-lettered ones counted apart through
+# idx_inbox_failed (migration 0021): never the year of processed or dead-lettered rows.
 _BACKLOG = """
-SELECT count(*) AS count, min(received_at) AS oldest_at,
-       count(*) FILTER (WHERE status = 'retrying') AS retrying,
-       count(*) FILTER (WHERE status = 'failed') AS failed
-FROM inbox_messages WHERE durable = $1 AND processed_at IS NULL
+SELECT o.count + f.failed AS count, o.oldest_at, o.retrying, f.failed
+FROM (SELECT count(*) AS count, min(received_at) AS oldest_at,
+             count(*) FILTER (WHERE status = 'retrying') AS retrying
+      FROM inbox_messages
+      WHERE durable = $1 AND status IN ('received', 'processing', 'retrying')) AS o,
+     (SELECT count(*) AS failed FROM inbox_messages
+      WHERE durable = $1 AND status = 'failed') AS f
 """
 
 
@@ -24,7 +29,8 @@ async def backlog(conn: Conn, durable: str) -> dict[str, Any]:
     """QRY-051: unprocessed count and oldest received_at for ``durable``.
 
     Dead-lettered rows (status 'failed') have no processed_at; they are counted and
-    also shown apart, so an operator can tell a stuck consumer from parked poison.
+    also shown apart, so an operator can tell a stuck consumer from parked poison. The
+    oldest is the oldest row still in play (a dead letter waits for an operator).
     """
     return await fetch_backlog(conn, _BACKLOG, durable)
 

@@ -377,8 +377,6 @@ READS_EVERY_ROW = {
     "drainer: next due": "the same DISTINCT ON over every parked row of the partition",
     "drainer: blocked keys": "DISTINCT over every parked row of the partition",
     "console overview: parked summary": "counts every parked row of the durable",
-    "dlq-router: sweep candidates": "no index serves status IN (received, processing, "
-    "retrying): the inbox is read whole (idx_inbox_status went in migration 0005)",
     "dlq-replayer: dead-letter states (metrics)": "counts every dead letter of the "
     "durable, settled ones included, at every scrape",
 }
@@ -414,10 +412,9 @@ READS_TOO_MUCH = {
     "claim before the first claimable one",
     "outbox backlog (overview, metrics)": "counts every pending row, those waiting behind "
     "a set-aside row included",
-    "console overview: inbox backlog": "counts the durable's unprocessed rows through "
-    "idx_inbox_unprocessed (received_at), heap row by heap row: every dead-lettered row "
-    "(status failed, no processed_at) of the year is among them",
-    "console overview: retrying": "the same index and rows, status filtered in the heap",
+    "console overview: inbox backlog": "the rows in play come from idx_inbox_open (0021), "
+    "but the dead-lettered ones are counted whole (index only, idx_inbox_failed): a "
+    "dead-lettered inbox row is never purged, its dead letter governs it",
 }
 
 
