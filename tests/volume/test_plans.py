@@ -262,7 +262,7 @@ QUERIES = [
         "dlq-replayer: dead-letter states (metrics)",
         "target",
         replayer_metrics._DEAD_LETTER_STATES,
-        lambda v: ([DURABLE],),
+        lambda v: ([DURABLE], list(replayer_metrics.OPEN)),
     ),
     # the console
     Query("console overview: inbox backlog", "target", inbox._BACKLOG, lambda v: (DURABLE,)),
@@ -377,8 +377,6 @@ READS_EVERY_ROW = {
     "drainer: next due": "the same DISTINCT ON over every parked row of the partition",
     "drainer: blocked keys": "DISTINCT over every parked row of the partition",
     "console overview: parked summary": "counts every parked row of the durable",
-    "dlq-replayer: dead-letter states (metrics)": "counts every dead letter of the "
-    "durable, settled ones included, at every scrape",
 }
 
 
