@@ -38,6 +38,9 @@ from shared.contracts.topology import Topology, subject_matches
 WINDOW_SLACK = 3.0
 #: Concurrent get_msg requests while reading a stream back.
 READ_CONCURRENCY = 64
+#: Times one get_msg is asked before a timeout fails the read (a server busy on a loaded
+#: machine answers some of 200,000 requests late; one late answer must not lose the count).
+READ_ATTEMPTS = 3
 
 
 @dataclass
@@ -153,10 +156,15 @@ async def read_stream(
 
     async def one(seq: int) -> tuple[str, dict[str, Any]] | None:
         async with gate:
-            try:
-                raw = await js.get_msg(stream, seq)
-            except NotFoundError:
-                return None
+            for attempt in range(1, READ_ATTEMPTS + 1):
+                try:
+                    raw = await js.get_msg(stream, seq)
+                    break
+                except NotFoundError:
+                    return None
+                except TimeoutError:  # nats.errors.TimeoutError is one
+                    if attempt == READ_ATTEMPTS:
+                        raise
         body: Any = json.loads(raw.data or b"{}")
         return (raw.headers or {}).get("Nats-Msg-Id", ""), body if isinstance(body, dict) else {}
 

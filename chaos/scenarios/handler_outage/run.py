@@ -29,6 +29,7 @@ from chaos.engine import db
 from chaos.engine.config import RunConfig
 from chaos.engine.engine import Engine, sleep_until
 from chaos.engine.faults import FaultInjector, FaultRecord
+from chaos.engine.results import render_rows
 from chaos.engine.schedule import PlannedFault
 from chaos.engine.world import World
 from chaos.scenarios.handler_outage.figures import (
@@ -68,8 +69,15 @@ class HandlerOutageRun:
             await engine.settle()
             await engine.connect([engine.world.nats_server().url], "chaos-handler-outage")
             drain = await engine.drain(size.drain_timeout)
-            accounts = await engine.count()
+            # The figures first, and said at once: the ordinary count reads the whole
+            # stream back, long after a long run's figures are known.
             dump = await self._dump()
+            figures = None if dump is None else outage_figures(dump)
+            if figures is not None:
+                engine.echo("figures (before the ordinary count):")
+                for line in render_rows(figures.doc(), (), width=50):
+                    engine.echo(line)
+            accounts = await engine.count()
         record = self.outage
         return OutageResult(
             size=self.size_name,
@@ -82,7 +90,7 @@ class HandlerOutageRun:
             outage=size.outage,
             outage_ok=record is not None and record.ok and record.restored > 0,
             outage_detail="" if record is None else record.detail,
-            figures=None if dump is None else outage_figures(dump),
+            figures=figures,
             **engine.outcome(started, drain),
         )
 
