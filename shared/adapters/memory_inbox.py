@@ -142,7 +142,8 @@ class MemoryInboxStore(InboxStore[object]):
     async def backlog(self, conn: object, durable: str) -> dict[str, Any]:
         open_rows = [r for (d, _), r in self.rows.items() if d == durable]
         open_rows = [r for r in open_rows if r.status != "processed"]
-        oldest = min((r.received_at for r in open_rows), default=None)
+        # The oldest row in play, as PostgreSQL's: a dead letter waits for an operator.
+        oldest = min((r.received_at for r in open_rows if r.status != "failed"), default=None)
         return {
             "count": len(open_rows),
             "oldest_at": oldest.isoformat() if oldest else None,
