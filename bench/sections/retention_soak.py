@@ -64,16 +64,18 @@ def shorten(keep: float) -> Any:
     """A topology patch: every context keeps everything ``keep`` seconds, and every way a
     copy can still arrive is shortened to fit, as ``ferry lint`` requires (the roles
     refuse a topology whose claims or inbox rows would go before a copy could come): the
-    streams keep messages 90 s (their duplicate window too), the dead-letter streams 30 s,
-    a durable redelivers within seconds (``ack_wait`` 5 s, 3 deliveries) and replays only
-    by an operator."""
+    streams keep messages three quarters of it (a consumer further behind than that loses
+    what expires: the soak counts it), their duplicate window 90 s, the dead-letter streams
+    30 s, a durable redelivers within seconds (``ack_wait`` 5 s, 3 deliveries) and replays
+    only by an operator."""
+    max_age = f"{max(90.0, keep * 0.75):g}s"
 
     def patch(doc: dict[str, Any]) -> None:
         for ctx in doc["contexts"].values():
             for name in RETENTIONS:
                 ctx[name] = f"{keep:g}s"
             if ctx.get("stream"):
-                ctx["stream"].update(max_age="90s", duplicate_window="90s")
+                ctx["stream"].update(max_age=max_age, duplicate_window="90s")
         for stream in doc.get("dead_letter_streams", []):
             stream["max_age"] = "30s"
         for durable in doc["durables"].values():
@@ -107,6 +109,7 @@ async def retention_soak(bench: Bench, mode: str) -> None:
         try:
             step = await run_step(bench, dep, [sea_lane(dep, rate)], seconds,
                                   sampler.measure(Acked(bench, dep)), committed)  # fmt: skip
+            settled = await consumer_settled(dep)
         finally:
             sampler.stop.set()
             await task
@@ -128,9 +131,11 @@ async def retention_soak(bench: Bench, mode: str) -> None:
     if p99_ratio is not None:
         rows["p99"].set(mode, round(p99_ratio, 2))
     made = committed(step.producer)
+    missing = made - settled
     bench.results.sections.setdefault("retention_soak", {})[mode] = {
         "rate": rate, "seconds": seconds, "retention_seconds": keep, "purge_every": every,
         "committed": made, "acknowledged": made - step.unprocessed,
+        "settled_by_the_consumer": settled, "missing": missing,
         "db_growth_percent": db_growth, "rss_growth_percent": rss_growth,
         "first_purge": purge, "purge_rate_vs_writes": purge_ratio,
         "p99_before_purge_ms": quiet, "p99_with_purge_ms": busy,
@@ -145,10 +150,43 @@ async def retention_soak(bench: Bench, mode: str) -> None:
             f"{written:,} rows/s written)")  # fmt: skip
     if busy and quiet:
         say(f"  p99 {quiet:.0f} ms before the retention role started, {busy:.0f} ms after")
-    say(f"  {made - step.unprocessed:,} of {made:,} committed events acknowledged")
+    say(
+        f"  {made:,} committed; the stream's ack floor passed {made - step.unprocessed:,}; "
+        f"the consumer settled {settled:,} (processed or dead-lettered)"
+    )
+    if missing:
+        say(f"  WARNING: {missing:,} committed events were never settled by the consumer: "
+            "the pipeline fell further behind than the streams' max_age and they expired "
+            "(run at a rate this machine sustains)")  # fmt: skip
     drawn = draw(samples, Path(bench.logs).parent / f"retention-soak-{mode}.png", keep)
     if drawn is not None:
         say(f"  table sizes over time: {drawn}")
+
+
+#: The consumer's outcomes that settle an event for good, each counted once per event
+#: (a duplicate is a copy of an event already settled).
+SETTLED = ("processed", "dead_lettered", "exhausted")
+
+
+async def consumer_settled(dep: Deployment) -> int:
+    """Events the consumer settled, by its own count (``ferry_consumer_messages_total``):
+    the ack floor also passes messages the stream dropped at their ``max_age``."""
+    url = dep.metrics_urls[f"consumer-{SEA_DURABLE}-1"]
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as resp:
+        text = await resp.text()
+    return settled_count(text)
+
+
+def settled_count(text: str) -> int:
+    """The settled outcomes of ``ferry_consumer_messages_total`` in a /metrics text."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (sample.name == "ferry_consumer_messages_total"
+                    and sample.labels.get("outcome") in SETTLED):  # fmt: skip
+                total += sample.value
+    return int(total)
 
 
 def _rows(bench: Bench, seconds: float, rate: int, keep: float) -> dict[str, Any]:

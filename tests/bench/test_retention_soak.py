@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from bench.run_options import parse_args
-from bench.sections.retention_soak import SHORTEST, _first_run, second_half_growth, shorten
+from bench.sections.retention_soak import (
+    SHORTEST,
+    _first_run,
+    second_half_growth,
+    settled_count,
+    shorten,
+)
 from tests.registry.conftest import SEA_VIBESPRO, lint_doc, shipped
 
 
@@ -49,3 +55,15 @@ def test_the_first_run_is_read_from_the_retention_roles_metrics() -> None:
         "ferry_retention_last_run_timestamp_seconds 1.7e9\n"
     )
     assert _first_run(after) == (500.0, 2.5, 1.7e9)
+
+
+def test_the_consumer_s_own_count_settles_each_event_once() -> None:
+    text = (
+        "# TYPE ferry_consumer_messages counter\n"
+        'ferry_consumer_messages_total{durable="d",outcome="processed"} 90.0\n'
+        'ferry_consumer_messages_total{durable="d",outcome="duplicate"} 7.0\n'
+        'ferry_consumer_messages_total{durable="d",outcome="retried"} 30.0\n'
+        'ferry_consumer_messages_total{durable="d",outcome="dead_lettered"} 6.0\n'
+        'ferry_consumer_messages_total{durable="d",outcome="exhausted"} 4.0\n'
+    )
+    assert settled_count(text) == 100
