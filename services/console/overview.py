@@ -54,11 +54,6 @@ FROM inbox_messages
 WHERE durable = $1 AND processed_at > now() - $2 * interval '1 second'
 """
 
-_RETRYING = """
-SELECT count(*) FROM inbox_messages
-WHERE durable = $1 AND status = 'retrying'
-"""
-
 _DEAD_RECENT = """
 SELECT count(*) FROM dead_letters
 WHERE durable = $1 AND dead_lettered_at > now() - $2 * interval '1 second'
@@ -262,9 +257,8 @@ async def _read_database(pool: Pool, views: list[DurableView]) -> None:
                 view.retrying, view.dead_lettered = doc["retrying"], doc["failed"]
                 processed = await conn.fetchval(_RECENT, view.name, RATE_WINDOW)
                 dead = await conn.fetchval(_DEAD_RECENT, view.name, RATE_WINDOW)
-                retrying = await conn.fetchval(_RETRYING, view.name)
                 view.rate = processed / RATE_WINDOW
-                judged = processed + dead + retrying
+                judged = processed + dead + view.retrying
                 view.success_ratio = processed / judged if judged else None
                 if view.ordered:
                     view.parked = await parking.summary(conn, view.name)

@@ -140,7 +140,6 @@ async def _plans(conn: asyncpg.Connection) -> dict[str, str]:
     queries = {
         "inbox backlog": (inbox._BACKLOG, (durable,)),
         "recent processing": (overview._RECENT, (durable, overview.RATE_WINDOW)),
-        "retrying": (overview._RETRYING, (durable,)),
         "recent dead letters": (overview._DEAD_RECENT, (durable, overview.RATE_WINDOW)),
         "dead letters by reason": (
             overview._DEAD_BY_REASON,

@@ -272,7 +272,6 @@ QUERIES = [
         overview._RECENT,
         lambda v: (DURABLE, overview.RATE_WINDOW),
     ),
-    Query("console overview: retrying", "target", overview._RETRYING, lambda v: (DURABLE,)),
     Query(
         "console overview: recent dead letters",
         "target",
