@@ -31,6 +31,7 @@ from typing import Any
 
 import asyncpg
 
+from shared.adapters import outbox
 from shared.contracts.events import declared_events
 from shared.contracts.topology import Topology
 from shared.sdk.store import BOOKKEEPING_DDL
@@ -345,6 +346,12 @@ async def seed(lane: Lane, sizes: Sizes, say: Say = print) -> Seeded:
             before = done.get(table, (0, 0.0))
             done[table] = (before[0] + rows, before[1] + seconds)
             say(f"  {table}: {rows:,} rows in {seconds:.1f}s ({rows / max(seconds, 1e-3):,.0f}/s)")
+        # A publisher ran all along: the rows behind the set-aside row are marked as its
+        # sweep marks them (migration 0023), by the same code.
+        began = time.monotonic()
+        marked = await outbox.mark_waiting(source)
+        say(f"  outbox_events: {marked:,} rows marked waiting behind the set-aside row in "
+            f"{time.monotonic() - began:.1f}s")  # fmt: skip
         for conn, tables in ((source, ("outbox_events", "outbox_actions")),
                              (target, tuple(t for _, t, _, _ in steps[2:]))):  # fmt: skip
             began = time.monotonic()

@@ -122,11 +122,13 @@ async def _workers(
     publisher: OutboxPublisher, stop: asyncio.Event, settings: PublisherSettings
 ) -> None:
     """``settings.concurrency`` workers until ``stop``, each finishing its batch in flight,
-    and the outbox watch (which deletes its promise when stopped)."""
+    the sweep of rows behind set-aside rows, and the outbox watch (which deletes its
+    promise when stopped)."""
     workers = [
         publisher.run_worker(stop, poll_interval=settings.poll_interval)
         for _ in range(settings.concurrency)
     ]
+    workers.append(publisher.sweep_waiting(stop))
     if publisher.watch is not None:
         workers.append(publisher.watch.run(stop))
     await asyncio.gather(*workers, return_exceptions=True)

@@ -277,6 +277,24 @@ class OutboxPublisher:
         await sleep_unless(stop, delay)
         return None
 
+    async def sweep_waiting(
+        self, stop: asyncio.Event, *, every: float = outbox.WAITING_SWEEP_SECONDS
+    ) -> None:
+        """Until ``stop``: now and then take the rows committed behind a set-aside row out
+        of the claim's walk (:meth:`OutboxStore.mark_waiting`). A failed sweep is logged
+        and tried at the next period: it changes what a claim walks, never what it finds."""
+        while not stop.is_set():
+            try:
+                async with self.pool.acquire() as conn:
+                    changed = await self.store.mark_waiting(conn)
+                if changed:
+                    log.info("%d outbox rows marked or released behind set-aside rows", changed)
+            except DATABASE_ERRORS as exc:
+                log.warning("outbox sweep of rows behind set-aside rows failed: %s", exc)
+            except Exception:  # a bug or a surprise: never let it end the role
+                log.exception("outbox sweep of rows behind set-aside rows raised")
+            await sleep_unless(stop, every)
+
     async def _wait_held_back(
         self, wakeup: asyncio.Event, stop: asyncio.Event, poll_interval: float, committed: bool
     ) -> None:

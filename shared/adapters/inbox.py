@@ -12,25 +12,29 @@ from uuid import UUID
 from shared.adapters.postgres import Conn, fetch_backlog
 from shared.domain.ports import FailedAttempt, InboxDelivery
 
-# The rows in play through idx_inbox_open, the dead-lettered ones counted apart through
-# idx_inbox_failed (migration 0021): never the year of processed or dead-lettered rows.
+# The rows in play through idx_inbox_open (migration 0021), and the dead letters still
+# open through idx_dead_letters_status: never the year of processed rows, nor the
+# dead-lettered rows whose dead letter was settled (discarded, or replayed and processed).
 _BACKLOG = """
 SELECT o.count + f.failed AS count, o.oldest_at, o.retrying, f.failed
 FROM (SELECT count(*) AS count, min(received_at) AS oldest_at,
              count(*) FILTER (WHERE status = 'retrying') AS retrying
       FROM inbox_messages
       WHERE durable = $1 AND status IN ('received', 'processing', 'retrying')) AS o,
-     (SELECT count(*) AS failed FROM inbox_messages
-      WHERE durable = $1 AND status = 'failed') AS f
+     (SELECT count(*) AS failed FROM dead_letters
+      WHERE durable = $1 AND status IN ('dead', 'held', 'replaying', 'parked')) AS f
 """
 
 
 async def backlog(conn: Conn, durable: str) -> dict[str, Any]:
     """QRY-051: unprocessed count and oldest received_at for ``durable``.
 
-    Dead-lettered rows (status 'failed') have no processed_at; they are counted and
-    also shown apart, so an operator can tell a stuck consumer from parked poison. The
-    oldest is the oldest row still in play (a dead letter waits for an operator).
+    The rows in play (received, processing, retrying) plus the dead letters still open
+    (``failed``: dead, held, replaying or parked — waiting for the replayer or an
+    operator), shown apart so an operator can tell a stuck consumer from poison. A dead
+    letter settled by a discard is no longer counted, and one the dlq-router has yet to
+    record (a second or so after the consumer gave up) not yet. The oldest is the oldest
+    row still in play (a dead letter waits for an operator).
     """
     return await fetch_backlog(conn, _BACKLOG, durable)
 

@@ -292,3 +292,7 @@ class MemoryOutboxStore(OutboxStore[object]):
             "set_aside": sum(1 for s in states if s.set_aside is not None),
             "max_attempts": max((s.attempts for s in states), default=0),
         }
+
+    async def mark_waiting(self, conn: object) -> int:
+        """Nothing to do: the claim here reads every row anyway."""
+        return 0

@@ -15,7 +15,12 @@ Claiming is the heart of the publisher's guarantees:
 * a row that cannot be published is *set aside* (``set_aside_at``): never claimed again
   until an operator republishes it, its aggregate's later rows still behind it;
 * rows behind a backing-off or set-aside row are not candidates at all, so they never
-  fill a claim's ``LIMIT``: other aggregates are never starved.
+  fill a claim's ``LIMIT``: other aggregates are never starved;
+* rows behind a set-aside row are marked (``waiting_behind``, migration 0023) when it is
+  set aside and by :func:`mark_waiting` for those committed later, so the claim's walk
+  (idx_outbox_claimable) no longer passes them at all: a set-aside row with 50,000 rows
+  behind it costs the claim nothing. The mark is only a shortcut; the check of the
+  earlier rows above still decides.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ WITH cand AS (
          o.payload::text AS payload, o.occurred_at, o.correlation_id, o.causation_id,
          o.traceparent, o.tracestate
   FROM outbox_events o
-  WHERE o.published_at IS NULL AND o.set_aside_at IS NULL
+  WHERE o.published_at IS NULL AND o.waiting_behind IS NULL AND o.set_aside_at IS NULL
     AND (o.publish_attempts = 0
          OR coalesce(o.last_attempt_at, '-infinity') < now() - {_backoff("o.")})
     AND NOT EXISTS (
@@ -91,7 +96,8 @@ SELECT c.*,
          WHERE p.published_at IS NULL
            AND p.aggregate_type = c.aggregate_type
            AND p.aggregate_id = c.aggregate_id
-           AND p.seq < c.seq
+           AND (p.aggregate_type, p.aggregate_id, p.seq)
+               < (c.aggregate_type, c.aggregate_id, c.seq)
            AND p.seq NOT IN (SELECT seq FROM cand)
        ) AS held_back
 FROM cand c
@@ -99,7 +105,7 @@ ORDER BY c.seq
 """
 
 #: How a claim's transaction begins (one simple query, no extra round trip). The claim
-#: must walk idx_outbox_pending_seq in order and stop at its LIMIT; with statistics taken
+#: must walk idx_outbox_claimable in order and stop at its LIMIT; with statistics taken
 #: while the table was small (a backlog that built up since, as after an outage, before
 #: autovacuum's ANALYZE), the planner expects a handful of candidates and fetches every
 #: pending row with a bitmap or sequential scan to sort them: a cost per claim that grows
@@ -300,6 +306,59 @@ SET set_aside_at = NULL, set_aside_reason = NULL, publish_attempts = 0,
 WHERE seq = ANY($1::bigint[])
 """
 
+# The rows waiting behind republished rows join the claim's walk again (those behind a
+# later set-aside row of the aggregate too: the next sweep marks them again).
+_RELEASE_WAITING = """
+UPDATE outbox_events SET waiting_behind = NULL WHERE waiting_behind = ANY($1::bigint[])
+"""
+
+# Mark the pending rows behind each aggregate's first set-aside row. The set-aside rows are
+# locked FOR SHARE first, skipping any an operator is republishing (FOR UPDATE): a row
+# whose republish committed meanwhile is re-read and left out, and a republish that comes
+# after waits for this statement's commit and then releases what it marked. Per set-aside
+# row only the rows past the last one it already holds are read (idx_outbox_waiting gives
+# that seq): a sweep of an unchanged outbox reads nothing but the set-aside rows.
+_MARK_WAITING = f"""
+WITH locked AS (
+  SELECT seq, aggregate_type, aggregate_id FROM outbox_events
+  WHERE {_FAILING} AND set_aside_at IS NOT NULL
+  FOR SHARE SKIP LOCKED
+), firsts AS (
+  SELECT DISTINCT ON (aggregate_type, aggregate_id) seq, aggregate_type, aggregate_id
+  FROM locked ORDER BY aggregate_type, aggregate_id, seq
+), heads AS (
+  SELECT f.*, greatest(f.seq, coalesce(
+           (SELECT max(m.seq) FROM outbox_events m WHERE m.waiting_behind = f.seq), 0)) AS past
+  FROM firsts f
+)
+UPDATE outbox_events w SET waiting_behind = h.seq
+FROM heads h
+WHERE w.aggregate_type = h.aggregate_type AND w.aggregate_id = h.aggregate_id
+  AND w.published_at IS NULL AND w.seq > h.past
+  AND w.waiting_behind IS NULL AND w.set_aside_at IS NULL
+"""
+
+# Rows naming a row that is no longer set aside (published, or made pending again by a
+# hand other than `ferry outbox republish`) rejoin the walk. The rows named are found by a
+# skip scan of idx_outbox_waiting (one probe per set-aside row, not per waiting row).
+_RELEASE_STRANDED = f"""
+WITH RECURSIVE named AS (
+  (SELECT waiting_behind AS seq FROM outbox_events
+   WHERE waiting_behind IS NOT NULL ORDER BY waiting_behind LIMIT 1)
+  UNION ALL
+  SELECT (SELECT waiting_behind FROM outbox_events
+          WHERE waiting_behind > named.seq ORDER BY waiting_behind LIMIT 1)
+  FROM named WHERE named.seq IS NOT NULL
+), stranded AS (
+  SELECT n.seq FROM named n
+  WHERE n.seq IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM outbox_events s WHERE s.seq = n.seq AND s.{_FAILING}
+      AND s.set_aside_at IS NOT NULL)
+)
+UPDATE outbox_events SET waiting_behind = NULL
+WHERE waiting_behind IN (SELECT seq FROM stranded)
+"""
+
 _ACTION = """
 INSERT INTO outbox_actions (event_id, seq, action, actor, reason, details)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb)
@@ -323,13 +382,29 @@ async def republish(
         rows = [dict(r) for r in await conn.fetch(_LOCK_SET_ASIDE, ids)]
         if not rows:
             return []
-        await conn.execute(_REPUBLISH, [row["seq"] for row in rows])
+        seqs = [row["seq"] for row in rows]
+        await conn.execute(_REPUBLISH, seqs)
+        await conn.execute(_RELEASE_WAITING, seqs)
         await conn.executemany(
             _ACTION,
             [(row["id"], row["seq"], "republish", actor, reason, _details(row)) for row in rows],
         )
         await conn.execute("SELECT pg_notify('ferry_outbox', '')")
     return rows
+
+
+async def mark_waiting(conn: Conn) -> int:
+    """Take the rows behind set-aside rows out of the claim's walk; release those whose
+    set-aside row is gone. The rows marked or released. The publisher runs it after it sets
+    rows aside (in that transaction) and every :data:`WAITING_SWEEP_SECONDS`."""
+    marked = await conn.execute(_MARK_WAITING)
+    released = await conn.execute(_RELEASE_STRANDED)
+    return int(marked.split()[-1]) + int(released.split()[-1])
+
+
+#: How often the publisher marks the rows committed behind a set-aside row since its last
+#: sweep. Until then such a row is walked, and refused, by every claim, as before 0023.
+WAITING_SWEEP_SECONDS = 5.0
 
 
 def _details(row: dict[str, Any]) -> str:

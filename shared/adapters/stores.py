@@ -36,10 +36,17 @@ class PostgresOutboxStore(OutboxStore[Conn]):
         self, conn: Conn, failures: Mapping[int, OutboxFailure], *, max_attempts: int
     ) -> dict[int, str]:
         rows = {seq: _failure(f) for seq, f in failures.items()}
-        return await outbox.mark_failed(conn, rows, max_attempts=max_attempts)
+        set_aside = await outbox.mark_failed(conn, rows, max_attempts=max_attempts)
+        if set_aside:
+            # The rows behind them leave the claim's walk in the same transaction.
+            await outbox.mark_waiting(conn)
+        return set_aside
 
     async def backlog(self, conn: Conn) -> dict[str, Any]:
         return await outbox.backlog(conn)
+
+    async def mark_waiting(self, conn: Conn) -> int:
+        return await outbox.mark_waiting(conn)
 
 
 class PostgresInboxStore(InboxStore[Conn]):

@@ -137,6 +137,12 @@ class OutboxStore(Protocol[ConnT_contra]):
         """Pending rows: ``count``, ``failing``, ``oldest_at``, ``max_attempts``."""
         ...
 
+    async def mark_waiting(self, conn: ConnT_contra) -> int:
+        """Housekeeping the publisher runs now and then: keep the rows waiting behind a
+        set-aside row out of the claim's way (a store may do nothing). Changes no claim's
+        result; the rows it marked or released."""
+        ...
+
 
 # --- inbox ----------------------------------------------------------------------------
 
@@ -224,7 +230,8 @@ class InboxStore(Protocol[ConnT_contra]):
         ...
 
     async def backlog(self, conn: ConnT_contra, durable: str) -> Mapping[str, Any]:
-        """Rows without a final outcome: ``count``, ``retrying``, ``failed`` and ages."""
+        """Rows in play and dead letters still open: ``count`` (their sum), ``retrying``,
+        ``failed`` (dead-lettered, not settled since) and ages."""
         ...
 
 

@@ -230,7 +230,7 @@ async def test_a_backlog_grown_since_the_statistics_is_claimed_by_walking_the_in
     try:
         plan = "\n".join(r[0] for r in await sea_conn.fetch(
             "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + outbox._CLAIM, 250))  # fmt: skip
-        assert "Index Scan using idx_outbox_pending_seq on outbox_events o" in plan, plan
+        assert "Index Scan using idx_outbox_claimable on outbox_events o" in plan, plan
         assert "Bitmap" not in plan and "Seq Scan" not in plan, plan
         # It stops at its limit: 250 rows locked (18 prints "250.00", 15 "250").
         locked = plan.split("LockRows")[1].split("\n")[0]

@@ -403,15 +403,12 @@ async def test_no_hot_query_reads_a_large_table_whole(
 #: all of a durable's dead-lettered rows is no sequential scan, yet grows with the year.
 READ_LIMIT = 5_000
 #: Hot queries that read more, found by this test (issue 48). Strict, as above.
-READS_TOO_MUCH = {
-    "publisher: claim": "walks idx_outbox_pending_seq from the oldest pending row: every "
-    "row waiting behind a set-aside row is walked (and probes idx_outbox_failing) at every "
-    "claim before the first claimable one",
-    "outbox backlog (overview, metrics)": "counts every pending row, those waiting behind "
-    "a set-aside row included",
-    "console overview: inbox backlog": "the rows in play come from idx_inbox_open (0021), "
-    "but the dead-lettered ones are counted whole (index only, idx_inbox_failed): a "
-    "dead-lettered inbox row is never purged, its dead letter governs it",
+READS_TOO_MUCH: dict[str, str] = {}
+#: Hot queries whose answer is a count of what waits now, not of history: they may read
+#: the rows they count (the answer's column named here) beyond the limit, and no more. The
+#: rows behind a set-aside row are a backlog an operator is alerted to, not a year's growth.
+COUNTS_WHAT_WAITS = {
+    "outbox backlog (overview, metrics)": "count",
 }
 
 
@@ -445,15 +442,41 @@ def _read_params() -> list[Any]:
 
 @pytest.mark.parametrize("query", _read_params())
 async def test_no_hot_query_reads_many_rows_of_a_large_table(
-    query: Query, explain: Callable[..., Any]
+    query: Query, explain: Callable[..., Any], volume: Volume
 ) -> None:
     """Run (and rolled back): what the query reads stays bounded however old the tables."""
     doc = json.loads(await explain(query, "(ANALYZE, FORMAT JSON) "))
     read = rows_read(doc)
-    assert all(rows <= READ_LIMIT for rows in read.values()), (
+    limit = READ_LIMIT
+    if query.name in COUNTS_WHAT_WAITS:
+        limit += await _answer(volume, query, COUNTS_WHAT_WAITS[query.name])
+    assert all(rows <= limit for rows in read.values()), (
         f"{query.name}: reads {read} rows at volume\n"
         + await explain(query, "(ANALYZE, COSTS OFF) ")
     )
+
+
+async def _answer(volume: Volume, query: Query, column: str) -> int:
+    """``column`` of the query's first row, run in its role's transaction (rolled back)."""
+    dsn = volume.lane.source_dsn if query.database == "source" else volume.lane.target_dsn
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(query.begin)
+        try:
+            row = await conn.fetchrow(query.sql, *query.args(volume))
+        finally:
+            await conn.execute("ROLLBACK")
+    finally:
+        await conn.close()
+    assert row is not None
+    return int(row[column])
+
+
+def test_a_count_of_what_waits_is_allowed_only_what_it_counts() -> None:
+    """The allowance names an answer column of the query it is given to."""
+    for name, column in COUNTS_WHAT_WAITS.items():
+        query = next(q for q in QUERIES if q.name == name)
+        assert re.search(rf"\bAS {column}\b", query.sql), (name, column)
 
 
 async def test_the_volume_is_there(volume: Volume) -> None:
