@@ -87,10 +87,19 @@ class KeyOrder:
             return None
 
     async def load(self) -> None:
-        """Reload the partition's blocked keys (before the first fetch)."""
+        """Reload the partition's blocked keys (before the first fetch), making due any
+        head left waiting for nothing (:func:`~shared.adapters.parking.promote_stranded`)."""
         conn: Conn
         async with self.pool.acquire() as conn:
+            stranded = await parking.promote_stranded(conn, self.durable, self.partition)
             self.blocked = await parking.blocked_keys(conn, self.durable, self.partition)
+        if stranded:
+            log.warning(
+                "%d keys of partition %d had a head waiting for nothing, due now: %s",
+                len(stranded), self.partition, ", ".join(stranded[:10]),
+            )  # fmt: skip
+        else:
+            log.info("no key of partition %d had a head waiting for nothing", self.partition)
         if self.blocked:
             log.info("%d keys of partition %d are parked", len(self.blocked), self.partition)
             self.wake.set()

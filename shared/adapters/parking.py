@@ -8,13 +8,18 @@ JetStream ack of the messages they hold, so nothing is lost between the two.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import asyncpg
+
 from shared.adapters.postgres import Conn
+
+log = logging.getLogger("ferry.parking")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,30 +82,46 @@ ON CONFLICT (durable, message_id) DO UPDATE
   WHERE p.state = 'held' AND EXCLUDED.reason = 'REPLAYED'
 """
 
+# The partition's keys, one index probe each (a loose scan of idx_parked_partition_key,
+# migration 0022), never every parked row behind them.
 _BLOCKED_KEYS = """
-SELECT DISTINCT ordering_key FROM parked_messages WHERE durable = $1 AND partition = $2
+WITH RECURSIVE k AS (
+  (SELECT ordering_key FROM parked_messages WHERE durable = $1 AND partition = $2
+   ORDER BY ordering_key LIMIT 1)
+  UNION ALL
+  SELECT (SELECT n.ordering_key FROM parked_messages n
+          WHERE n.durable = $1 AND n.partition = $2 AND n.ordering_key > k.ordering_key
+          ORDER BY n.ordering_key LIMIT 1)
+  FROM k WHERE k.ordering_key IS NOT NULL
+)
+SELECT ordering_key FROM k WHERE ordering_key IS NOT NULL
 """
 
+# Heads (migration 0022): the events waiting behind a held head are due at 'infinity', so
+# the walk of idx_parked_due up to now reads the due heads and the events queued behind
+# retrying heads, never those behind held ones; a row is a head when no row of its key is
+# before it (one probe of idx_parked_key). now(): run outside a transaction, the
+# statement's time (clock_timestamp() cannot bound an index scan).
 # Keys whose head may be tried now, the most overdue first.
 _READY_KEYS = """
-WITH heads AS (
-  SELECT DISTINCT ON (ordering_key) ordering_key, state, next_attempt_at
-  FROM parked_messages WHERE durable = $1 AND partition = $2
-  ORDER BY ordering_key, stream_seq
-)
-SELECT ordering_key FROM heads
-WHERE state <> 'held' AND next_attempt_at <= clock_timestamp()
-ORDER BY next_attempt_at LIMIT $3
+SELECT p.ordering_key FROM parked_messages p
+WHERE p.durable = $1 AND p.partition = $2 AND p.state <> 'held' AND p.next_attempt_at <= now()
+  AND NOT EXISTS (SELECT 1 FROM parked_messages e
+                  WHERE e.durable = $1 AND e.ordering_key = p.ordering_key
+                    AND e.stream_seq < p.stream_seq)
+ORDER BY p.next_attempt_at LIMIT $3
 """
 
+# Seconds until the next head falls due (none: no row; an event behind a held head is
+# never one).
 _NEXT_DUE = """
-WITH heads AS (
-  SELECT DISTINCT ON (ordering_key) state, next_attempt_at
-  FROM parked_messages WHERE durable = $1 AND partition = $2
-  ORDER BY ordering_key, stream_seq
-)
-SELECT extract(epoch FROM min(next_attempt_at) - clock_timestamp())
-FROM heads WHERE state <> 'held'
+SELECT extract(epoch FROM p.next_attempt_at - clock_timestamp()) FROM parked_messages p
+WHERE p.durable = $1 AND p.partition = $2 AND p.state <> 'held'
+  AND p.next_attempt_at < 'infinity'
+  AND NOT EXISTS (SELECT 1 FROM parked_messages e
+                  WHERE e.durable = $1 AND e.ordering_key = p.ordering_key
+                    AND e.stream_seq < p.stream_seq)
+ORDER BY p.next_attempt_at LIMIT 1
 """
 
 _KEY_ROWS = """
@@ -126,13 +147,59 @@ WHERE durable = $1 AND ordering_key = $3 AND NOT (message_id = ANY($2::uuid[]))
 """
 
 # The events behind a held head of the given keys wait for an operator: each remembers the
-# first held head it waited behind (after a park, or when a head is held).
+# first held head it waited behind (after a park, or when a head is held), and is due at
+# 'infinity' (migration 0022) until it is its key's head again (_PROMOTE). Again after a
+# replay un-held the head and it was held anew: held_head is kept, 'infinity' set again.
+# The held head is locked (KEY SHARE) until this transaction ends: an operator's discard of
+# it waits, and its promotion, a statement after its DELETE, sees the events marked here.
 _MARK_HELD = """
-UPDATE parked_messages p SET held_head = h.message_id
-FROM parked_messages h
-WHERE h.durable = $1 AND h.ordering_key = ANY($2::text[]) AND h.state = 'held'
-  AND p.durable = $1 AND p.ordering_key = h.ordering_key AND p.stream_seq > h.stream_seq
-  AND p.held_head IS NULL
+WITH h AS (
+  SELECT ordering_key, message_id, stream_seq FROM parked_messages
+  WHERE durable = $1 AND ordering_key = ANY($2::text[]) AND state = 'held'
+  FOR KEY SHARE
+)
+UPDATE parked_messages p
+SET held_head = coalesce(p.held_head, h.message_id),
+    next_attempt_at = CASE WHEN p.state = 'held' THEN p.next_attempt_at ELSE 'infinity' END
+FROM h
+WHERE p.durable = $1 AND p.ordering_key = h.ordering_key AND p.stream_seq > h.stream_seq
+  AND (p.held_head IS NULL OR (p.state <> 'held' AND p.next_attempt_at <> 'infinity'))
+"""
+
+# A key's head went (released, discarded) or stopped being held: the head it has now is
+# due if it waited behind a held head. Its own statement after the DELETE, in the same
+# transaction: under READ COMMITTED it sees what committed meanwhile (_MARK_HELD).
+_PROMOTE = """
+UPDATE parked_messages p SET next_attempt_at = clock_timestamp()
+FROM (SELECT message_id FROM parked_messages WHERE durable = $1 AND ordering_key = $2
+      ORDER BY stream_seq LIMIT 1) h
+WHERE p.durable = $1 AND p.message_id = h.message_id AND p.state <> 'held'
+  AND p.next_attempt_at = 'infinity'
+"""
+
+# At a partition's takeover: a head due at 'infinity' that is not held waits for nothing
+# (a race unforeseen, a discard by an older console): due now. One probe per key.
+_PROMOTE_STRANDED = """
+WITH RECURSIVE k AS (
+  (SELECT ordering_key FROM parked_messages WHERE durable = $1 AND partition = $2
+   ORDER BY ordering_key LIMIT 1)
+  UNION ALL
+  SELECT (SELECT n.ordering_key FROM parked_messages n
+          WHERE n.durable = $1 AND n.partition = $2 AND n.ordering_key > k.ordering_key
+          ORDER BY n.ordering_key LIMIT 1)
+  FROM k WHERE k.ordering_key IS NOT NULL
+), heads AS (
+  SELECT h.message_id FROM k
+  CROSS JOIN LATERAL (SELECT message_id, state, next_attempt_at FROM parked_messages
+                      WHERE durable = $1 AND ordering_key = k.ordering_key
+                      ORDER BY stream_seq LIMIT 1) h
+  WHERE k.ordering_key IS NOT NULL AND h.state <> 'held' AND h.next_attempt_at = 'infinity'
+)
+UPDATE parked_messages p SET next_attempt_at = clock_timestamp()
+FROM heads
+WHERE p.durable = $1 AND p.message_id = heads.message_id AND p.state <> 'held'
+  AND p.next_attempt_at = 'infinity'
+RETURNING p.ordering_key
 """
 
 _RETRY_HEAD = """
@@ -230,6 +297,13 @@ async def blocked_keys(conn: Conn, durable: str, partition: int) -> set[str]:
     return {r["ordering_key"] for r in await conn.fetch(_BLOCKED_KEYS, durable, partition)}
 
 
+async def promote_stranded(conn: Conn, durable: str, partition: int) -> list[str]:
+    """At a partition's takeover: the keys of ``partition`` whose head waited at 'infinity'
+    though not held (nothing would ever try it), now due. Empty unless a race was missed."""
+    rows = await conn.fetch(_PROMOTE_STRANDED, durable, partition)
+    return sorted(r["ordering_key"] for r in rows)
+
+
 async def ready_keys(conn: Conn, durable: str, partition: int, limit: int) -> list[str]:
     """Keys whose head may be tried now (not held, back-off over), most overdue first."""
     rows = await conn.fetch(_READY_KEYS, durable, partition, limit)
@@ -266,9 +340,12 @@ async def key_rows(conn: Conn, durable: str, key: str, limit: int) -> list[Parke
 
 
 async def release(conn: Conn, durable: str, key: str, message_ids: Iterable[UUID]) -> int:
-    """Delete the given parked messages of ``key``; the number of its messages left."""
-    left = await conn.fetchval(_RELEASE, durable, list(message_ids), key)
-    return int(left or 0)
+    """Delete the given parked messages of ``key`` (its next head due if it waited behind a
+    held head); the number of its messages left. Run in the caller's transaction."""
+    left = int(await conn.fetchval(_RELEASE, durable, list(message_ids), key) or 0)
+    if left:
+        await conn.execute(_PROMOTE, durable, key)
+    return left
 
 
 async def retry_head(
@@ -317,6 +394,7 @@ async def discard_head(
         gone: UUID | None = await conn.fetchval(_DISCARD, durable, key)
         if gone is not None:
             await conn.execute(_ACTION, durable, key, gone, "discard", actor, reason)
+            await _promote_after_discard(conn, durable, key)
     return gone
 
 
@@ -329,7 +407,28 @@ async def discard_held(
         key: str | None = await conn.fetchval(_DISCARD_HELD, durable, message_id)
         if key is not None:
             await conn.execute(_ACTION, durable, key, message_id, "discard", actor, reason)
+            await _promote_after_discard(conn, durable, key)
     return key
+
+
+async def _promote_after_discard(conn: Conn, durable: str, key: str) -> None:
+    """The discarded head's key goes on: its next event is due (a statement of its own,
+    after the DELETE: it sees an event parked and marked behind the head meanwhile, whose
+    transaction the DELETE waited for). A login without UPDATE on parked_messages (the
+    console's, granted before migration 0022) cannot: the discard stands, and the key's
+    next event waits for its partition's next takeover (:func:`promote_stranded`)."""
+    try:
+        async with conn.transaction():  # a savepoint: the discard stands without it
+            await conn.execute(_PROMOTE, durable, key)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        log.warning(
+            "discarded the held head of key %r of %s, but cannot make its next event due "
+            "(%s): it waits for the partition's next takeover; grant UPDATE on "
+            "parked_messages (next_attempt_at) to this login",
+            key,
+            durable,
+            exc,
+        )
 
 
 async def holds_its_key(conn: Conn, durable: str, message_id: UUID) -> bool:
