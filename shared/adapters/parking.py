@@ -358,12 +358,16 @@ async def retry_head(
     delay: float,
     reason: str,
 ) -> None:
-    """The head failed again (``retrying`` after ``delay``) or was dead-lettered (``held``)."""
-    key = await conn.fetchval(
-        _RETRY_HEAD, durable, message_id, state, attempts, max(delay, 0.0), reason
-    )
-    if state == "held" and key is not None:
-        await conn.execute(_MARK_HELD, durable, [key])
+    """The head failed again (``retrying`` after ``delay``) or was dead-lettered (``held``:
+    the events behind it wait for an operator from the same commit)."""
+    args = (durable, message_id, state, attempts, max(delay, 0.0), reason)
+    if state != "held":
+        await conn.fetchval(_RETRY_HEAD, *args)
+        return
+    async with conn.transaction():
+        key = await conn.fetchval(_RETRY_HEAD, *args)
+        if key is not None:
+            await conn.execute(_MARK_HELD, durable, [key])
 
 
 async def unclaim(conn: Conn, durable: str, owner: str, message_ids: Sequence[UUID]) -> None:
