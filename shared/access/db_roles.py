@@ -38,9 +38,10 @@ retention-{topology}        ``ferry purge``: read and DELETE ``outbox_events`` a
                             ``throttle_actions``, ``pause_actions``, ``durable_rewinds``;
                             an ordered durable's ``parked_actions`` and
                             ``partition_leases``), ``replay_jobs`` in the replay lane's
-                            database; read its durables' ``dead_letters`` and
-                            ``parked_messages`` (an open dead letter's or a parked key's
-                            audit is kept); read and DELETE the ``kpi_*`` results
+                            database; read and DELETE its durables' ``dead_letters``
+                            (settled ones, with their 'failed' inbox rows); read the
+                            ``parked_messages`` (a parked key's audit is kept); read and
+                            DELETE the ``kpi_*`` results
                             (not ``kpi_watermarks``) in every database of the
                             topology; nothing else: no INSERT, no UPDATE
 console-{topology}          the operator console (services/console): read the outbox,
@@ -287,9 +288,10 @@ def _retention_access(
     identity: Identity, topology: Topology, by_db: dict[str, list[str]]
 ) -> list[RoleAccess]:
     """``ferry purge`` deletes the rows past their retention (shared.ops.retention_tables):
-    published outbox rows, processed inbox rows, old audit rows, the topology's old KPI
-    results; it reads them to find them (DELETE ... WHERE needs SELECT), reads the dead
-    letters and parked messages that keep their audit rows, and touches nothing else."""
+    published outbox rows, processed inbox rows, old audit rows, settled dead letters (with
+    their dead-lettered inbox rows), the topology's old KPI results; it reads them to find
+    them (DELETE ... WHERE needs SELECT), reads the parked messages that keep their audit
+    rows, and touches nothing else."""
     publishing = {c.database for c in topology.contexts.values() if c.stream is not None}
     lane = replay_lane(topology)
     ordered = {name for name, spec in topology.durables.items() if spec.ordering == "key"}
@@ -303,7 +305,7 @@ def _retention_access(
         rows = tuple(by_db.get(database, ()))
         if rows:
             tables.append(TableAccess("inbox_messages", purge, rows))
-            tables.append(TableAccess("dead_letters", ("SELECT",), rows))
+            tables.append(TableAccess("dead_letters", purge, rows))
             audit = ("dead_letter_actions", EDITS_TABLE, "throttle_actions", PAUSE_TABLE)
             tables += [TableAccess(t, purge, rows) for t in (*audit, REWIND_TABLE)]
             keyed = tuple(name for name in rows if name in ordered)

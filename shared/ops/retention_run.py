@@ -174,6 +174,8 @@ async def _run(
     statement = policy.delete_sql()
 
     async def step() -> int:
+        if policy.cascade:  # the DELETE in a CTE: its count comes as a row
+            return int(await conn.fetchval(statement, *args, batch))
         return deleted(await conn.execute(statement, *args, batch))
 
     return await drain(step)

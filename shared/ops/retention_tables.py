@@ -14,6 +14,8 @@ throttle_actions       audit_retention       the durable's latest row (who set t
 pause_actions          audit_retention       the durable's latest row (who set the pause)
 durable_rewinds        audit_retention       a rewind still running
 replay_jobs            audit_retention       a job queued or running
+dead_letters           audit_retention       an open dead letter (dead, held, replaying,
+                                             parked); its 'failed' inbox row goes with it
 handler_applied        claims_retention      nothing younger (lint: the retention outlasts
                                              every way a copy can still arrive)
 handler_calls          claims_retention      nothing younger
@@ -25,7 +27,8 @@ partition_leases       (lease expiry + 1d)   every lease of a partition the stre
 =====================  ====================  =============================================
 
 The age is each table's own time column (``at``, ``started_at``, ``created_at``,
-``applied_at``, ``called_at``, a KPI window's ``window_start``). Each DELETE takes at
+``applied_at``, ``called_at``, a KPI window's ``window_start``, a settled dead letter's
+``updated_at``: when it was replayed or discarded). Each DELETE takes at
 most ``limit`` rows found through an index (BRIN on the time column for the append-only
 tables, migration 0019 and the SDK's DDL; (topology, window_start) for the KPI results,
 migration 0020; the existing (durable, time) or time b-trees otherwise) and re-checks its
@@ -65,12 +68,22 @@ class TablePolicy:
     where_found: Literal["durables", "ordered", "publishing", "replay_lane", "handlers", "kpi"]
     #: Rows are the topology's (the KPI results: keyed by topology, in any database).
     per_topology: bool = False
+    #: A statement run with the deleted rows (a CTE named ``gone``, the table's columns it
+    #: RETURNS): what goes with them. The DELETE then answers its count with a SELECT.
+    cascade: str = ""
+    returning: str = ""
 
     def delete_sql(self) -> str:
-        return (
+        delete = (
             f"DELETE FROM {self.table} WHERE ctid = ANY(ARRAY("
             f"SELECT ctid FROM {self.table} WHERE {self.where} LIMIT {self._limit()}))"
             f" AND {self.where}"
+        )
+        if not self.cascade:
+            return delete
+        return (
+            f"WITH gone AS ({delete} RETURNING {self.returning}), "
+            f"cascade AS ({self.cascade}) SELECT count(*) FROM gone"
         )
 
     def count_sql(self) -> str:
@@ -161,6 +174,19 @@ POLICIES: tuple[TablePolicy, ...] = (
         "SELECT min(created_at) FROM replay_jobs",
         "replay_lane",
     ),
+    # A settled dead letter and, if its consumer left it 'failed' (a discarded one), its
+    # inbox row. The retention login deletes both (its durables' rows: row-level security).
+    TablePolicy(
+        "dead_letters",
+        "audit_retention",
+        True,
+        "durable = $1 AND status IN ('replayed', 'discarded') AND updated_at < $2",
+        "SELECT min(updated_at) FROM dead_letters WHERE status IN ('replayed', 'discarded')",
+        "durables",
+        cascade="DELETE FROM inbox_messages i USING gone g WHERE i.durable = g.durable"
+        " AND i.message_id = g.message_id AND i.status = 'failed'",
+        returning="durable, message_id",
+    ),
     TablePolicy(
         "handler_applied",
         "claims_retention",
@@ -234,7 +260,6 @@ NOT_PURGED = {
     "outbox_events": "purged by its own policy (outbox_retention, shared.adapters.outbox)",
     "inbox_messages": "purged by its own policy (inbox_retention, shared.adapters.inbox)",
     "partition_leases": "purged by LEASES_DELETE (dropped partitions only)",
-    "dead_letters": "the operator's: a dead letter is replayed, parked or discarded",
     "parked_messages": "unfinished work: each row waits for its key's head",
     "throttle_overrides": "live state: one row per durable at most",
     "throttle_members": "live state: each consumer prunes the members not seen for a while",

@@ -184,8 +184,8 @@ async def test_retention_only_reads_and_deletes_outbox_and_inbox_rows(
             await _inbox_row(purger, "sea__from_vibespro")
         with pytest.raises(DENIED):
             await _produce(purger)
-        with pytest.raises(DENIED):
-            await purger.execute("DELETE FROM dead_letters")
+        with pytest.raises(DENIED):  # it deletes settled dead letters, never changes one
+            await purger.execute("UPDATE dead_letters SET status = 'discarded'")
         with pytest.raises(DENIED):
             await purger.execute("DELETE FROM kpi_watermarks")
         with pytest.raises(DENIED):

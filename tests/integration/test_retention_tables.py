@@ -235,6 +235,43 @@ async def seed_audit(env: Env, admin: dict[str, asyncpg.Connection], ledger: Led
         )  # fmt: skip
 
 
+async def seed_dead_letters(env: Env, admin: dict[str, asyncpg.Connection], ledger: Ledger) -> None:
+    """dead_letters (after seed_audit's, which were settled or not just now: they stay)."""
+    conn = admin[db(env, "module_f")]
+    # dead_letters: a settled one (replayed or discarded) goes after audit_retention, and
+    # its inbox row with it if the consumer left it 'failed'; an open one stays. The dead
+    # letters of seed_audit were settled (or not) just now: they stay.
+    for i, row in enumerate(await conn.fetch("SELECT message_id FROM dead_letters")):
+        await conn.execute(
+            "UPDATE dead_letters SET last_error = $2 WHERE message_id = $1",
+            row["message_id"], ledger.note("dead_letters", f"dl-now-{i}", "kept"),
+        )  # fmt: skip
+    for label, status, days, durable, fate in [
+        ("dlr-replayed-old", "replayed", OLD_AUDIT, "cg_f_ingest", "gone"),
+        ("dlr-discarded-old", "discarded", OLD_AUDIT, "cg_f_ingest", "gone"),
+        ("dlr-discarded-young", "discarded", YOUNG_AUDIT, "cg_f_ingest", "kept"),
+        ("dlr-dead-old", "dead", OLD_AUDIT, "cg_f_ingest", "kept"),
+        ("dlr-held-old", "held", OLD_AUDIT, "cg_f_ingest", "kept"),
+        ("dlr-foreign-old", "discarded", OLD_AUDIT, FOREIGN, "kept"),  # not ours
+    ]:
+        message_id = await _dead_letter(conn, durable, status)
+        await conn.execute(
+            "UPDATE dead_letters SET last_error = $2, updated_at = now() - $3 * interval '1 day'"
+            " WHERE message_id = $1",
+            message_id, ledger.note("dead_letters", label, fate), days,
+        )  # fmt: skip
+        # Its inbox row: 'processed' once replayed (the inbox's own policy keeps it, young),
+        # else 'failed'; the label in last_error, its fate noted apart.
+        inbox_status = "processed" if status == "replayed" else "failed"
+        await conn.execute(
+            "INSERT INTO inbox_messages (message_id, durable, subject, status, last_error,"
+            " processed_at) VALUES ($1, $2, 'x.y.v1', $3, $4,"
+            " CASE WHEN $3 = 'processed' THEN now() END)",
+            message_id, durable, inbox_status, label,
+        )  # fmt: skip
+        INBOX_FATES[label] = "gone" if (fate, inbox_status) == ("gone", "failed") else "kept"
+
+
 async def seed_claims(env: Env, admin: dict[str, asyncpg.Connection], ledger: Ledger) -> None:
     """module_f's handler tables, granted to the retention login by the SDK's install (as
     a handler service's ``purge_login`` asks); module_h's created but not granted;
@@ -304,7 +341,11 @@ async def seed_kpi(env: Env, admin: dict[str, asyncpg.Connection], ledger: Ledge
         )  # fmt: skip
 
 
+#: The inbox rows of the dead letters above (label → fate): a cascade, not a policy.
+INBOX_FATES: dict[str, str] = {}
+
 LABEL_COLUMN = {
+    "dead_letters": "last_error",
     "outbox_actions": "reason",
     "dead_letter_actions": "reason",
     "dead_letter_edits": "reason",
@@ -321,6 +362,7 @@ LABEL_COLUMN = {
     "kpi_runs": "report_dir",
 }
 WHERE = {
+    "dead_letters": "module_f",
     "outbox_actions": "module_e",
     "dead_letter_actions": "module_f",
     "dead_letter_edits": "module_f",
@@ -350,6 +392,7 @@ async def test_purge_keeps_every_table_to_its_policy(
 ) -> None:
     ledger = Ledger()
     await seed_audit(world, admin, ledger)
+    await seed_dead_letters(world, admin, ledger)
     await seed_claims(world, admin, ledger)
     await seed_kpi(world, admin, ledger)
     assert set(ledger.expect) == {p.table for p in POLICIES} | {"partition_leases"}
@@ -378,6 +421,10 @@ async def test_purge_keeps_every_table_to_its_policy(
         kept = {label for label, fate in fates.items() if fate == "kept"}
         assert after == before[table] - gone, table
         assert kept <= after, table
+    # A discarded dead letter's 'failed' inbox row went with it; every other stayed.
+    inbox_after = await labels(admin[db(world, "module_f")], "inbox_messages", "last_error")
+    assert inbox_after == {label for label, fate in INBOX_FATES.items() if fate == "kept"}
+    assert INBOX_FATES["dlr-discarded-old"] == "gone"
     # The other durable's row (not this topology's) is untouched.
     foreign = await admin[db(world, "module_f")].fetchval(
         "SELECT count(*) FROM dead_letter_actions WHERE durable = $1", FOREIGN
@@ -463,8 +510,8 @@ async def test_a_batch_reads_a_few_pages_not_the_table(
 async def test_the_retention_login_deletes_audit_rows_and_nothing_more(
     world: Env, admin: dict[str, asyncpg.Connection]
 ) -> None:
-    """DELETE on exactly the audit tables (its durables' rows), SELECT on what decides a
-    row's fate; no INSERT, no UPDATE, no dead letter deleted, no other durable's row."""
+    """DELETE on exactly the tables it purges (its durables' rows), SELECT on what decides
+    a row's fate; no INSERT, no UPDATE, no other durable's row."""
     conn = admin[db(world, "module_f")]
     for durable in ("cg_f_ingest", FOREIGN):
         await conn.execute(
@@ -481,7 +528,7 @@ async def test_the_retention_login_deletes_audit_rows_and_nothing_more(
         assert await login.fetchval("SELECT count(*) FROM dead_letters") == 1
         assert await login.execute("DELETE FROM throttle_actions") == "DELETE 1"  # ours only
         for statement in (
-            "DELETE FROM dead_letters",
+            "UPDATE dead_letters SET status = 'discarded'",
             "UPDATE dead_letter_actions SET reason = 'x'",
             "INSERT INTO pause_actions (durable, action, actor, reason)"
             " VALUES ('cg_f_ingest', 'resume', 'x', 'x')",

@@ -326,6 +326,7 @@ QUERIES = [
         lambda v: (DURABLE, _ago(PURGE_BEFORE), 1000),
     ),
     _purge("dead_letter_actions"),
+    _purge("dead_letters"),
     _purge("handler_applied"),
     _purge("handler_calls"),
 ]
