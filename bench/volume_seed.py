@@ -256,7 +256,8 @@ ORDER BY dead_lettered_at
 
 def parked_sql(lane: Lane, sizes: Sizes) -> str:
     """``parked`` events over ``held_heads`` keys, each key's head held (its dead letter
-    awaits an operator), the rest queued behind it."""
+    awaits an operator), the rest queued behind it: waiting at 'infinity', as the consumer
+    leaves the events behind a held head (migration 0022)."""
     keys = sizes.held_heads
     per_key = max(1, sizes.parked // keys)
     _, _, subject = lane.type_sql("p")
@@ -269,7 +270,8 @@ SELECT '{lane.durable}', '{KEY_PREFIX}' || k.k, {sizes.inbox} + p, md5('p' || p)
        jsonb_build_object('Nats-Msg-Id', md5('p' || p)::uuid::text),
        convert_to(jsonb_build_object('model_id', 'm' || k.k)::text, 'UTF8'),
        CASE WHEN k.head THEN 'held' ELSE 'queued' END, CASE WHEN k.head THEN 5 ELSE 0 END,
-       now() - interval '1 day' + p * interval '1 ms',
+       CASE WHEN k.head THEN now() - interval '1 day' + p * interval '1 ms'
+            ELSE 'infinity' END,
        CASE WHEN k.head THEN 'HANDLER_REJECTED' ELSE 'BEHIND_HELD' END,
        now() - interval '1 day' + p * interval '1 ms',
        CASE WHEN NOT k.head THEN md5('p' || (k.k + 1))::uuid END

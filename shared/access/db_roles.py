@@ -51,7 +51,8 @@ console-{topology}          the operator console (services/console): read the ou
                             ``dead_letters`` and ``inbox_messages`` for replays, park and
                             discard; INSERT into ``dead_letter_actions`` and
                             ``parked_actions``, and ``dead_letter_edits`` for an edited
-                            replay; DELETE of a held ``parked_messages`` head;
+                            replay; DELETE of a held ``parked_messages`` head and
+                            UPDATE of the next one's ``next_attempt_at`` (it is due);
                             INSERT into ``pause_actions`` for its pause buttons);
                             in the replay lane's database (module_g) INSERT into
                             ``replay_jobs`` and ``outbox_events`` (the replay API's jobs)
@@ -355,7 +356,12 @@ def _console_access(
             keyed = tuple(name for name in rows if name in ordered)
             if keyed:
                 tables += [
-                    TableAccess("parked_messages", ("SELECT", "DELETE"), keyed),
+                    # A discard of a held head makes the key's next event due (0022).
+                    TableAccess(
+                        "parked_messages",
+                        ("SELECT", _columns("UPDATE", ("next_attempt_at",)), "DELETE"),
+                        keyed,
+                    ),
                     TableAccess("parked_actions", ("SELECT", "INSERT"), keyed),
                 ]
             # `ferry durable rewind`'s audit: written at the start, completed at the end.

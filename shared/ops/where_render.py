@@ -130,7 +130,11 @@ def _render_ordering(durable: str, message_id: str, ordering: dict[str, Any]) ->
     parked = ordering["parked"]
     if parked is not None:
         state = f"         parked: {parked['state']}, {parked['attempts']} attempt(s)"
-        if parked["state"] != "held":  # a held head is never tried until an operator acts
+        if parked["state"] == "held":
+            pass  # a held head is never tried until an operator acts
+        elif _waits_for_operator(parked["next_attempt_at"]):
+            state += ", waits behind a held head (tried once an operator settles it)"
+        else:
             state += f", next attempt {parked['next_attempt_at']}"
         state += f", since {parked['parked_at']}"
         if parked["reason"]:
@@ -163,6 +167,12 @@ def _render_ordering(durable: str, message_id: str, ordering: dict[str, Any]) ->
             f"{_short(head['reason']) or '-'}"
         )
     return lines
+
+
+def _waits_for_operator(next_attempt_at: Any) -> bool:
+    """A parked event behind a held head waits at 'infinity' (migration 0022), which the
+    driver reads as the last moment of year 9999: no time to show."""
+    return str(next_attempt_at).startswith(("9999-", "infinity"))
 
 
 def _short(text: Any, width: int = 120) -> str:

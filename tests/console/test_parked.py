@@ -38,6 +38,10 @@ async def test_parked_keys_listed_and_a_held_head_discarded(env: Env, tmp_path: 
         await conn.execute(_PARK, DURABLE, "vibe/v-1", 10, head, "held", 4, "HANDLER_REJECTED")
         await conn.execute(_PARK, DURABLE, "vibe/v-1", 11, behind, "queued", 0, None)
         await conn.execute(_PARK, DURABLE, "vibe/v-2", 12, other, "retrying", 2, "HTTP_503")
+        # As the consumer leaves an event behind a held head: waiting for an operator (0022).
+        await conn.execute(
+            "UPDATE parked_messages SET next_attempt_at = 'infinity' WHERE message_id = $1", behind
+        )
     finally:
         await conn.close()
     accounts = tmp_path / "accounts.json"
@@ -79,7 +83,13 @@ async def test_parked_keys_listed_and_a_held_head_discarded(env: Env, tmp_path: 
     try:
         left = {r[0] for r in await conn.fetch("SELECT message_id FROM parked_messages")}
         audit = await conn.fetch("SELECT message_id, actor, reason FROM parked_actions")
+        due = await conn.fetchval(
+            "SELECT next_attempt_at <= clock_timestamp() FROM parked_messages"
+            " WHERE message_id = $1",
+            behind,
+        )
     finally:
         await conn.close()
     assert left == {behind, other}  # the held head gone; the key's next event goes on
+    assert due, "the console's discard made the key's next event due (its login may)"
     assert [tuple(r) for r in audit] == [(head, "ops@console", "poison, fixed upstream")]

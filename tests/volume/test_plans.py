@@ -372,10 +372,6 @@ def explain(volume: Volume) -> Iterator[Callable[..., Any]]:
 #: (issue 48): each needs a new shape (or index), not a planner hint. Strict: the test
 #: fails once one is fixed, so that its entry goes.
 READS_EVERY_ROW = {
-    "drainer: ready keys": "the heads are found by DISTINCT ON over every parked row of "
-    "the partition, the events queued behind held heads included",
-    "drainer: next due": "the same DISTINCT ON over every parked row of the partition",
-    "drainer: blocked keys": "DISTINCT over every parked row of the partition",
     "console overview: parked summary": "counts every parked row of the durable",
 }
 
