@@ -317,7 +317,9 @@ UPDATE outbox_events SET waiting_behind = NULL WHERE waiting_behind = ANY($1::bi
 # whose republish committed meanwhile is re-read and left out, and a republish that comes
 # after waits for this statement's commit and then releases what it marked. Per set-aside
 # row only the rows past the last one it already holds are read (idx_outbox_waiting gives
-# that seq): a sweep of an unchanged outbox reads nothing but the set-aside rows.
+# that seq): a sweep of an unchanged outbox reads nothing but the set-aside rows. The seq
+# is compared within the aggregate as a row, which only idx_outbox_pending_aggregate can
+# bound: never a walk of every claimable row after the set-aside one.
 _MARK_WAITING = f"""
 WITH locked AS (
   SELECT seq, aggregate_type, aggregate_id FROM outbox_events
@@ -334,8 +336,8 @@ WITH locked AS (
 UPDATE outbox_events w SET waiting_behind = h.seq
 FROM heads h
 WHERE w.aggregate_type = h.aggregate_type AND w.aggregate_id = h.aggregate_id
-  AND w.published_at IS NULL AND w.seq > h.past
-  AND w.waiting_behind IS NULL AND w.set_aside_at IS NULL
+  AND (w.aggregate_type, w.aggregate_id, w.seq) > (h.aggregate_type, h.aggregate_id, h.past)
+  AND w.published_at IS NULL AND w.waiting_behind IS NULL AND w.set_aside_at IS NULL
 """
 
 # Rows naming a row that is no longer set aside (published, or made pending again by a
