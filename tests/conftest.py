@@ -54,6 +54,7 @@ from shared.adapters.postgres import migrate_database
 from shared.contracts.loading import load_topology
 from shared.contracts.topology import Topology
 from shared.runtime.settings import ConsumerSettings, PublisherSettings
+from tests.first_run import DemoRun, run_first_demo
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Speed over durability for the test PostgreSQL: the OS never crashes in a test.
@@ -151,6 +152,18 @@ def pg_server() -> Iterator[PostgresServer]:
     """One PostgreSQL for the session."""
     with postgres("pg") as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def first_run() -> Iterator[DemoRun]:
+    """The README's first run (``devstack.stack up --demo``), once per session: see
+    tests/first_run.py. Its data directory lives until the session ends."""
+    base = Path(tempfile.mkdtemp(prefix="ferry-first-run-"))
+    base.chmod(0o755)  # the unprivileged PostgreSQL user must reach <var>/pg when we are root
+    try:
+        yield run_first_demo(base / "var")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

@@ -10,21 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.first_run import DemoRun
 
 pytestmark = pytest.mark.integration
-
-#: A bound, not an expectation: the demo produces for 20 s, settles, then runs Spark.
-RUN_LIMIT = 840.0
 
 
 def _count(summary: str, label: str) -> int:
@@ -33,26 +24,10 @@ def _count(summary: str, label: str) -> int:
     return int(found.group(1))
 
 
-@pytest.fixture
-def var() -> Iterator[Path]:
-    """A fresh data directory the stack's unprivileged PostgreSQL user can reach (pytest's
-    own tmp_path is private to root when the tests run as root)."""
-    base = Path(tempfile.mkdtemp(prefix="ferry-demo-"))
-    base.chmod(0o755)
-    try:
-        yield base / "var"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.mark.timeout(RUN_LIMIT + 60)
-def test_the_first_run_ends_with_nothing_lost_and_every_key_released(var: Path) -> None:
-    argv = [sys.executable, "-m", "devstack.stack", "up", "--demo", "--var-dir", str(var)]
-    result = subprocess.run(
-        argv, cwd=ROOT, capture_output=True, text=True, timeout=RUN_LIMIT, check=False
-    )
-    out = result.stdout.replace("\r", "\n")
-    tail = out[-6000:] + "\n--- stderr ---\n" + result.stderr[-3000:]
+def test_the_first_run_ends_with_nothing_lost_and_every_key_released(first_run: DemoRun) -> None:
+    var = first_run.var
+    out = first_run.stdout.replace("\r", "\n")
+    tail = out[-9000:]
     assert "Ferry demo summary" in out, tail
     summary = out[out.index("Ferry demo summary") :]
     assert _count(summary, "lost") == 0, tail
@@ -62,7 +37,7 @@ def test_the_first_run_ends_with_nothing_lost_and_every_key_released(var: Path) 
     assert _count(summary, "processed") > 0, tail
     # Every dead letter left is one the demo made on purpose (poison, bad schema).
     assert "NOT injected" not in summary, tail
-    assert result.returncode == 0, tail
+    assert first_run.returncode == 0, tail
     for topology in ("sea-vibespro", "mediation"):
         reports = sorted((var / "kpi" / topology).glob("*/report.json"))
         assert reports, f"no KPI report for {topology}\n{tail}"

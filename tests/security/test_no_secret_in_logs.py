@@ -2,7 +2,8 @@
 
 The real dev stack (``python -m devstack.stack up --demo``: embedded nats-server and
 PostgreSQL, every role under supervisord with its own NATS user, database login and
-handler secret) runs a short demo with tracing to a file. Then every secret it generated
+handler secret) runs the demo with tracing to a file: the session's first run
+(tests/first_run.py), which tests/e2e/test_demo.py judges as a user sees it. Then every secret it generated
 (``<var>/secrets``: NATS and PostgreSQL passwords, pgpass files, handler secrets) is looked
 for in everything the run produced: each supervisord child log, supervisord's own logs,
 the stack's output, ``stack.env``, the trace file, the JetStream store, the KPI reports,
@@ -18,29 +19,20 @@ import base64
 import json
 import os
 import re
-import shutil
-import signal
-import ssl
 import stat
 import subprocess
 import sys
-import tempfile
-import threading
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
 
-from devstack.ports import free_ports
-from devstack.stack import PORT_VARS
 from services.handlers.settings import HandlerSettings
 from shared.access.identities import NATS_KINDS, identities
 from shared.contracts.loading import load_topology
 from shared.runtime.settings import ConsumerSettings, PublisherSettings
 from tests.conftest import ROOT
+from tests.first_run import DemoRun
 
 pytestmark = pytest.mark.integration
 
@@ -48,8 +40,6 @@ pytestmark = pytest.mark.integration
 WINDOW = 12
 #: Characters a generated secret is made of (shared.access.identities.new_password, token_urlsafe).
 _TOKEN = re.compile(rb"[A-Za-z0-9_-]{%d,}" % WINDOW)
-#: How long the whole run may take before it is stopped (a bound, not an expectation).
-RUN_LIMIT = 300.0
 #: Every command a user or supervisord runs; each one's --help is scanned.
 COMMANDS = (
     ["-m", "services.outbox_publisher"],
@@ -66,7 +56,6 @@ COMMANDS = (
     ["-m", "k8s.secrets"],
     ["-m", "shared.access.secret_copy"],
 )
-_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 # ---------------------------------------------------------------- the scanner
@@ -189,97 +178,11 @@ def test_the_scanner_finds_secrets_planted_in_logs(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the demo run
 
 
-@dataclass
-class DemoRun:
-    """What one ``devstack.stack up --demo`` produced."""
-
-    var: Path
-    returncode: int
-    stdout: str
-    ports: dict[str, int]
-    scraped: dict[str, bytes] = field(default_factory=dict)
-
-
-def _get(url: str, trust: ssl.SSLContext | None = None) -> bytes:
-    opener = _HTTP
-    if trust is not None:
-        opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=trust)
-        )
-    try:
-        with opener.open(url, timeout=5) as response:
-            return bytes(response.read())
-    except OSError as exc:  # a role that is not serving yet: recorded, not fatal
-        return f"unavailable: {exc}".encode()
-
-
-def _scrape(run: DemoRun, label: str) -> None:
-    """Every role's /metrics, /healthz, /readyz and nats-server's /connz, as they are now."""
-    for variable, port in run.ports.items():
-        if variable.startswith(("FERRY_PORT_PUB_", "FERRY_PORT_CON_", "FERRY_PORT_DLQ_",
-                                "FERRY_PORT_HANDLER_")):  # fmt: skip
-            # The handler services serve HTTPS (the stack's CA); roles' health ports HTTP.
-            handler = variable.startswith("FERRY_PORT_HANDLER_")
-            trust = None
-            if handler:
-                trust = ssl.create_default_context(cafile=str(run.var / "tls" / "ca.crt"))
-            scheme = "https" if handler else "http"
-            for path in ("/metrics", "/healthz", "/readyz"):
-                url = f"{scheme}://127.0.0.1:{port}{path}"
-                run.scraped[f"{label}{path}@{variable}"] = _get(url, trust)
-    monitor = run.ports["FERRY_NATS_MONITOR_PORT"]
-    run.scraped[f"{label}/connz"] = _get(f"http://127.0.0.1:{monitor}/connz?auth=true&limit=1024")
-
-
-@pytest.fixture(scope="module")
-def demo_run() -> Iterator[DemoRun]:
-    """A short demo on the whole stack with authentication on, tracing to a file."""
-    base = Path(tempfile.mkdtemp(prefix="ferry-scan-"))
-    base.chmod(0o755)  # the unprivileged PostgreSQL user must reach <var>/pg when we are root
-    var = base / "var"
-    ports = dict(zip(PORT_VARS, free_ports(len(PORT_VARS)), strict=True))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FERRY_", "OTEL_"))}
-    env.update({k: str(v) for k, v in ports.items()})
-    env.update(
-        PYTHONPATH=str(ROOT),
-        FERRY_TRACES_EXPORTER="file",
-        FERRY_TRACES_FILE=str(var / "traces" / "ferry-traces.jsonl"),
-    )
-    (var / "traces").mkdir(parents=True)
-    argv = [sys.executable, "-m", "devstack.stack", "up", "--demo", "--var-dir", str(var),
-            "--rate", "40", "--seconds", "3", "--settle", "15", "--no-kpi"]  # fmt: skip
-    proc = subprocess.Popen(
-        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    watchdog = threading.Timer(RUN_LIMIT, lambda: os.killpg(proc.pid, signal.SIGTERM))
-    watchdog.start()
-    run = DemoRun(var=var, returncode=-1, stdout="", ports=ports)
-    lines: list[str] = []
-    scrapers: list[threading.Thread] = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("demo:") or line.startswith("Ferry demo summary"):
-                label = "during-demo" if line.startswith("demo:") else "after-demo"
-                scrapers.append(threading.Thread(target=_scrape, args=(run, label)))
-                scrapers[-1].start()
-        run.returncode = proc.wait(timeout=60)
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        for thread in scrapers:
-            thread.join(timeout=60)
-        if proc.stdout is not None:
-            proc.stdout.close()
-    run.stdout = "".join(lines)
-    try:
-        yield run
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+@pytest.fixture
+def demo_run(first_run: DemoRun) -> DemoRun:
+    """The first run of the session (tests/first_run.py): the whole stack, authentication
+    and TLS on, tracing to a file, every role scraped during and after the demo."""
+    return first_run
 
 
 def _help_outputs(secrets: dict[str, str], secret_files: Path) -> dict[str, bytes]:
