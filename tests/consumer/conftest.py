@@ -107,7 +107,9 @@ async def serving(
     """``POST /handle`` answered by ``handle`` on 127.0.0.1:``port`` while inside."""
     app = web.Application()
     app.router.add_post("/handle", handle)
-    runner = web.AppRunner(app)
+    # A scripted answer still sleeping when the test ends (a consumer killed mid-call) is
+    # cancelled a second later, not waited for (aiohttp's default: a minute).
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
