@@ -1,16 +1,16 @@
 """A demo run with authentication on leaves no secret in anything it writes or prints.
 
 The real dev stack (``python -m devstack.stack up --demo``: embedded nats-server and
-PostgreSQL, every role under supervisord with its own NATS user, database login and
-handler secret) runs the demo with tracing to a file: the session's first run
-(tests/first_run.py), which tests/e2e/test_demo.py judges as a user sees it. Then every secret it generated
+PostgreSQL, every role under supervisord with its own NATS user, database login and handler
+secret) runs the demo with tracing to a file: the session's first run (tests/first_run.py),
+which tests/e2e/test_demo.py judges as a user sees it. Then every secret it generated
 (``<var>/secrets``: NATS and PostgreSQL passwords, pgpass files, handler secrets) is looked
-for in everything the run produced: each supervisord child log, supervisord's own logs,
-the stack's output, ``stack.env``, the trace file, the JetStream store, the KPI reports,
-each role's ``/metrics``, ``/healthz`` and ``/readyz`` and nats-server's ``/connz``
-scraped during the run, every command's ``--help`` and a settings dump given the secrets
-themselves. The scanner looks for each secret whole, base64-encoded, and for any 12
-characters of it; a unit check plants secrets into logs to prove it finds them.
+for in everything the run produced: each supervisord child log, supervisord's own logs, the
+stack's output, ``stack.env``, the trace file, the JetStream store, the KPI reports, each
+role's ``/metrics``, ``/healthz`` and ``/readyz`` and nats-server's ``/connz`` scraped
+during the run, every command's ``--help`` and a settings dump given the secrets themselves.
+The scanner looks for each secret whole, base64-encoded, and for any 12 characters of it; a
+unit check plants secrets into logs to prove it finds them.
 """
 
 from __future__ import annotations
