@@ -18,16 +18,19 @@ awaits its work, and only then marks the lease released, renewing the lease mean
 
 **Taking a partition over without breaking a key's order.** A partition released cleanly
 (its owner's work returned after its stop event: everything it fetched is settled) is
-started at once. A partition whose lease *expired* — its owner died, or lost the database
-and fenced itself — may still have messages its owner fetched and never acked. JetStream
-redelivers those once their ``ack_wait`` has run out, and from then on hands
-redeliveries out before new messages; a new owner that fetched earlier would get the key's
-*later* events first. The lease is therefore built so that **its expiry is a moment by
+started at once. "Everything it fetched" includes what the server delivered as the owner
+stopped: the owner's pull subscription is drained, not dropped (:meth:`.Puller.stop`), so a
+message in transit is read and nak'ed before the release instead of waiting out ``ack_wait``
+behind the successor's first fetch. A partition whose lease *expired* — its owner died, or
+lost the database and fenced itself — may still have messages its owner fetched and never
+acked. JetStream redelivers those once their ``ack_wait`` has run out, and from then on
+hands redeliveries out before new messages; a new owner that fetched earlier would get the
+key's *later* events first. The lease is therefore built so that **its expiry is a moment by
 which everything its owner fetched is redeliverable**: an owner works on a partition only
 while its lease has more than ``hold`` seconds left (``hold`` = the durable's ``ack_wait``
 plus its pull requests' lifetime, plus a margin), so its last ``in_progress`` and the last
-message its last pull request could bring have both run out by the expiry. A dead owner's last
-sign of life is earlier still. The new owner asks ``pending(k)`` (the consumer's
+message its last pull request could bring have both run out by the expiry. A dead owner's
+last sign of life is earlier still. The new owner asks ``pending(k)`` (the consumer's
 ``num_ack_pending``): 0 means nothing is in flight and it starts at once; otherwise (or if
 it cannot tell) it starts :data:`TAKEOVER_MARGIN` after acquiring, never ``ack_wait`` later.
 An owner that gives a partition up uncleanly (its work raised) does not release it: it sets

@@ -46,6 +46,9 @@ ORDERED_REQUEST_EXPIRES = ORDERED_PULL_LIFETIME
 IDLE_HEARTBEAT = 5.0
 #: Without a message or heartbeat for this long, outstanding requests are presumed lost.
 SILENCE_LIMIT = 2 * IDLE_HEARTBEAT + 1.0
+#: Seconds :meth:`Puller.stop` waits for the server's round trip and the dispatch of what
+#: arrived before it gives up on the drain (the connection is down).
+DRAIN_WITHIN = 5.0
 
 STATUS_HEARTBEAT = "100"
 
@@ -82,6 +85,10 @@ class Puller:
         self.gone: str | None = None
         #: The recent pace of deliveries (the consumer lingers only when it is quick).
         self.arrivals = ArrivalGap()
+        #: Set by :meth:`stop`: no new request goes out (one would deliver to an inbox
+        #: nobody reads), and whether every delivered message was accounted for.
+        self._stopping = False
+        self.drained = False
 
     @property
     def outstanding(self) -> int:
@@ -94,11 +101,28 @@ class Puller:
         self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
 
     async def stop(self) -> list[Held]:
-        """Stop asking; return the messages that arrived but were never handed out."""
+        """Stop asking; return the messages that arrived but were never handed out.
+
+        The subscription is *drained*, not dropped: the UNSUB goes out, a round trip to
+        the server follows, and every message the server delivered before it (into a pull
+        request still open, or read off the socket but not yet dispatched) reaches the
+        queue and is returned. Dropped, such a message was neither handled nor nak'ed:
+        it waited out ``ack_wait`` while a partition released as clean went to a successor
+        at once, which could handle a later event of its key first (issue 48's ordering
+        finding). :attr:`drained` says whether the drain completed; if it did not (the
+        connection was down), messages may be in flight and the caller must not call the
+        partition settled.
+        """
+        self._stopping = True
         if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-            self._sub = None
+            sub, self._sub = self._sub, None
+            try:
+                await within(DRAIN_WITHIN, sub.drain())  # type: ignore[no-untyped-call]
+                self.drained = True
+            except Exception as exc:
+                log.warning("pull subscription not drained (%r): messages may be in flight", exc)
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
         left: list[Held] = []
         while not self._queue.empty():
             left.append(self._queue.get_nowait())
@@ -148,6 +172,8 @@ class Puller:
 
     async def _top_up(self) -> None:
         """Request what the window lacks, in one request, once it lacks half a window."""
+        if self._stopping:
+            return
         want = self.window - self._credit - self._queue.qsize()
         if want <= 0 or (self._credit > 0 and want < max(self.window // 2, 1)):
             return
@@ -197,7 +223,7 @@ class Puller:
             self.gone = description
         elif status not in ("404", "408"):
             log.info("pull request ended: %s %s", status, description)
-        if status == "408" and self._sub is not None:
+        if status == "408" and self._sub is not None and not self._stopping:
             # A request expired (an ordered partition's live a second): ask again now,
             # not when the wait for the next batch ends. Not on refusals (409 ...): the
             # next batch asks again, no tighter than the consumer's own loop.

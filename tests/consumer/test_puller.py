@@ -9,6 +9,7 @@ were never handed out are returned on stop rather than silently held.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
@@ -157,6 +158,29 @@ async def test_stop_returns_what_was_never_handed_out(env: Env, nc: NATS) -> Non
     left = await puller.stop()
     got = [m.headers["Nats-Msg-Id"] for m in first + left]  # type: ignore[index]
     assert sorted(got) == sorted(sent)
+
+
+async def test_a_message_delivered_as_the_pull_stops_is_returned_not_dropped(
+    env: Env, nc: NATS
+) -> None:
+    """The server delivers into the open request while the owner's loop is busy, then the
+    owner stops: the message is read, returned and can be nak'd at once. Dropped with the
+    subscription, it waited out ack_wait while a successor took the partition (released
+    as clean) and handled a later event of its key first (issue 48's ordering finding)."""
+    await _provisioned(env, nc)
+    for _ in range(5):  # the window is a moment: several stops, each must keep its message
+        puller = Puller(nc.jetstream(), stream=STREAM, durable=DURABLE, window=10, expires=1.0)
+        await puller.start()
+        assert await puller.next_batch(10, timeout=0.3) == []  # a request is outstanding
+        [sent] = await _publish(nc, 1)
+        time.sleep(0.05)  # noqa: ASYNC251 (busy on purpose: the delivery waits unread)
+        left = await puller.stop()
+        assert puller.drained
+        assert [m.headers["Nats-Msg-Id"] for m in left] == [sent]  # type: ignore[index]
+        for msg in left:
+            await msg.ack()
+    info = await nc.jetstream().consumer_info(STREAM, DURABLE)
+    assert info.num_ack_pending == 0, "nothing left in flight"
 
 
 async def _arrived(puller: Puller, count: int) -> bool:
