@@ -82,10 +82,11 @@ ON CONFLICT (durable, message_id) DO UPDATE
   WHERE p.state = 'held' AND EXCLUDED.reason = 'REPLAYED'
 """
 
-# The partition's keys, one index probe each (a loose scan of idx_parked_partition_key,
-# migration 0022), never every parked row behind them.
-_BLOCKED_KEYS = """
-WITH RECURSIVE k AS (
+# The partition's keys ($1 durable, $2 partition) as the recursive CTE ``k``, one index
+# probe each (a loose scan of idx_parked_partition_key, migration 0022), never every
+# parked row behind them; the last row of ``k`` is NULL.
+_PARTITION_KEYS = """
+k AS (
   (SELECT ordering_key FROM parked_messages WHERE durable = $1 AND partition = $2
    ORDER BY ordering_key LIMIT 1)
   UNION ALL
@@ -93,7 +94,10 @@ WITH RECURSIVE k AS (
           WHERE n.durable = $1 AND n.partition = $2 AND n.ordering_key > k.ordering_key
           ORDER BY n.ordering_key LIMIT 1)
   FROM k WHERE k.ordering_key IS NOT NULL
-)
+)"""
+
+_BLOCKED_KEYS = f"""
+WITH RECURSIVE {_PARTITION_KEYS}
 SELECT ordering_key FROM k WHERE ordering_key IS NOT NULL
 """
 
@@ -179,16 +183,8 @@ WHERE p.durable = $1 AND p.message_id = h.message_id AND p.state <> 'held'
 
 # At a partition's takeover: a head due at 'infinity' that is not held waits for nothing
 # (a race unforeseen, a discard by an older console): due now. One probe per key.
-_PROMOTE_STRANDED = """
-WITH RECURSIVE k AS (
-  (SELECT ordering_key FROM parked_messages WHERE durable = $1 AND partition = $2
-   ORDER BY ordering_key LIMIT 1)
-  UNION ALL
-  SELECT (SELECT n.ordering_key FROM parked_messages n
-          WHERE n.durable = $1 AND n.partition = $2 AND n.ordering_key > k.ordering_key
-          ORDER BY n.ordering_key LIMIT 1)
-  FROM k WHERE k.ordering_key IS NOT NULL
-), heads AS (
+_PROMOTE_STRANDED = f"""
+WITH RECURSIVE {_PARTITION_KEYS}, heads AS (
   SELECT h.message_id FROM k
   CROSS JOIN LATERAL (SELECT message_id, state, next_attempt_at FROM parked_messages
                       WHERE durable = $1 AND ordering_key = k.ordering_key
