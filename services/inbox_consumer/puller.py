@@ -97,6 +97,7 @@ class Puller:
 
     async def start(self) -> None:
         """Subscribe the private inbox the requests are answered on."""
+        self._stopping, self.drained = False, False
         self._inbox = self._nc.new_inbox()
         self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
 
