@@ -31,7 +31,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.adapters import outbox
+from shared.adapters import outbox_set_aside
 from shared.contracts.events import declared_events
 from shared.contracts.topology import Topology
 from shared.sdk.store import BOOKKEEPING_DDL
@@ -359,7 +359,7 @@ async def seed(lane: Lane, sizes: Sizes, say: Say = print) -> Seeded:
         # sweep marks them (migration 0023), by the same code, on the analyzed table; the
         # index entries the marking left behind are vacuumed as autovacuum would.
         began = time.monotonic()
-        marked = await outbox.mark_waiting(source)
+        marked = await outbox_set_aside.mark_waiting(source)
         await source.execute("VACUUM (ANALYZE) outbox_events")
         say(f"  outbox_events: {marked:,} rows marked waiting behind the set-aside row, and "
             f"vacuumed, in {time.monotonic() - began:.1f}s")  # fmt: skip

@@ -27,7 +27,7 @@ from typing import NamedTuple, Unpack
 
 from services.outbox_publisher.metrics import PublisherMetrics
 from services.outbox_publisher.stats import PublisherStats
-from shared.adapters import outbox
+from shared.adapters import outbox, outbox_set_aside
 from shared.adapters.jetstream import JetStream
 from shared.adapters.outbox import Failure
 from shared.adapters.postgres import DATABASE_ERRORS, Conn, Pool
@@ -278,7 +278,7 @@ class OutboxPublisher:
         return None
 
     async def sweep_waiting(
-        self, stop: asyncio.Event, *, every: float = outbox.WAITING_SWEEP_SECONDS
+        self, stop: asyncio.Event, *, every: float = outbox_set_aside.WAITING_SWEEP_SECONDS
     ) -> None:
         """Until ``stop``: now and then take the rows committed behind a set-aside row out
         of the claim's walk (:meth:`OutboxStore.mark_waiting`). A failed sweep is logged

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
-from shared.adapters import inbox, outbox
+from shared.adapters import inbox, outbox, outbox_set_aside
 from shared.adapters.postgres import Conn
 from shared.domain.ports import (
     FailedAttempt,
@@ -39,14 +39,14 @@ class PostgresOutboxStore(OutboxStore[Conn]):
         set_aside = await outbox.mark_failed(conn, rows, max_attempts=max_attempts)
         if set_aside:
             # The rows behind them leave the claim's walk in the same transaction.
-            await outbox.mark_waiting(conn)
+            await outbox_set_aside.mark_waiting(conn)
         return set_aside
 
     async def backlog(self, conn: Conn) -> dict[str, Any]:
         return await outbox.backlog(conn)
 
     async def mark_waiting(self, conn: Conn) -> int:
-        return await outbox.mark_waiting(conn)
+        return await outbox_set_aside.mark_waiting(conn)
 
 
 class PostgresInboxStore(InboxStore[Conn]):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from shared.adapters import outbox
+from shared.adapters import outbox_set_aside
 from shared.adapters.postgres import connect
 from shared.runtime.settings import CommonSettings
 
@@ -40,7 +40,7 @@ async def troubled_rows(
     first, at most ``limit`` of each."""
     conn = await _connect(settings, context)
     try:
-        aside = await outbox.set_aside_rows(conn, limit)
+        aside = await outbox_set_aside.set_aside_rows(conn, limit)
         failing = [] if failed_only else [dict(r) for r in await conn.fetch(_FAILING, limit)]
     finally:
         await conn.close()
@@ -59,6 +59,6 @@ async def republish(
     audited; the rows republished."""
     conn = await _connect(settings, context)
     try:
-        return await outbox.republish(conn, ids, actor=actor, reason=reason)
+        return await outbox_set_aside.republish(conn, ids, actor=actor, reason=reason)
     finally:
         await conn.close()

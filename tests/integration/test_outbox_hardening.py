@@ -24,7 +24,7 @@ from services.outbox_publisher.metrics import PublisherMetrics
 from services.outbox_publisher.publisher import OutboxPublisher
 from shared.access.identities import Identity
 from shared.access.streams import provision
-from shared.adapters import outbox
+from shared.adapters import outbox, outbox_set_aside
 from shared.adapters.notify import listen
 from shared.runtime.metrics import RoleMetrics
 from tests.conftest import CAPS, Env, ferry
@@ -274,9 +274,9 @@ async def test_a_poison_row_is_set_aside_and_every_other_aggregate_publishes(
         )
         == 100
     ), "the rows behind it were never attempted"
-    [listed] = await outbox.set_aside_rows(sea_conn)
+    [listed] = await outbox_set_aside.set_aside_rows(sea_conn)
     assert (listed["id"], listed["waiting"], listed["reason"]) == (poison, 100, "PAYLOAD_INVALID")
-    [audit] = await outbox.actions(sea_conn, poison)
+    [audit] = await outbox_set_aside.actions(sea_conn, poison)
     assert (audit["action"], audit["actor"], audit["reason"]) == (
         "set_aside",
         "outbox-publisher",
@@ -355,7 +355,7 @@ async def test_operator_lists_and_republishes_a_set_aside_row_with_a_reason(
         assert done.returncode == 0, done.stderr
         await eventually(lambda: _pending_is(sea_conn, 0), timeout=20, what="aggregate drained")
     assert await _assert_stream_is_published_rows_in_order(nc, sea_conn) == 8
-    audit = await outbox.actions(sea_conn, poison)
+    audit = await outbox_set_aside.actions(sea_conn, poison)
     assert [(a["action"], a["actor"]) for a in audit] == [
         ("set_aside", "outbox-publisher"),
         ("republish", "alice"),
@@ -388,7 +388,7 @@ async def test_the_publishers_own_login_can_set_rows_aside(
             await pub.execute("DELETE FROM outbox_actions")
     finally:
         await pub.close()
-    [audit] = await outbox.actions(sea_conn, event_id)
+    [audit] = await outbox_set_aside.actions(sea_conn, event_id)
     assert (audit["action"], audit["reason"]) == ("set_aside", "MESSAGE_TOO_LARGE")
 
 

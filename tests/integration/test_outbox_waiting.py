@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from shared.adapters import outbox
+from shared.adapters import outbox, outbox_set_aside
 from tests.conftest import Env
 from tests.helpers import insert_events
 
@@ -37,7 +37,7 @@ async def _set_aside_first_of(conn: asyncpg.Connection, aggregate_id: str) -> in
         failure = outbox.Failure("cannot build", set_aside=outbox.PAYLOAD_INVALID)
         set_aside = await outbox.mark_failed(conn, {seq: failure}, max_attempts=20)
         assert set_aside == {seq: outbox.PAYLOAD_INVALID}
-        await outbox.mark_waiting(conn)
+        await outbox_set_aside.mark_waiting(conn)
     return int(seq)
 
 
@@ -108,9 +108,9 @@ async def test_rows_behind_a_set_aside_row_cost_a_claim_nothing(
     # Committed behind the set-aside row after it was set aside: walked until the sweep.
     await insert_events(sea_conn, 300, aggregates=1)
     assert await _waiting(sea_conn) == {head: 2000}
-    assert await outbox.mark_waiting(sea_conn) == 300
+    assert await outbox_set_aside.mark_waiting(sea_conn) == 300
     assert await _waiting(sea_conn) == {head: 2300}
-    assert await outbox.mark_waiting(sea_conn) == 0, "a second sweep finds nothing new"
+    assert await outbox_set_aside.mark_waiting(sea_conn) == 0, "a second sweep finds nothing new"
     assert await _claimable(sea_conn) == {"om0", "om1", "om2", "om3", "om4"}
 
 
@@ -130,7 +130,7 @@ async def test_a_republish_releases_its_rows_in_order_and_a_later_set_aside_row_
         second,
     )
     assert await _waiting(sea_conn) == {first: 9}
-    republished = await outbox.republish(sea_conn, None, actor="test", reason="fixed")
+    republished = await outbox_set_aside.republish(sea_conn, None, actor="test", reason="fixed")
     assert [r["seq"] for r in republished] == [first, second]
     assert await _waiting(sea_conn) == {}, "released with the republish"
     transaction = sea_conn.transaction()
@@ -151,7 +151,7 @@ async def test_a_republish_releases_its_rows_in_order_and_a_later_set_aside_row_
         first,
         second,
     )
-    await outbox.mark_waiting(sea_conn)
+    await outbox_set_aside.mark_waiting(sea_conn)
     assert await _waiting(sea_conn) == {second: 4}
 
 
@@ -169,7 +169,7 @@ async def test_rows_naming_a_row_no_longer_set_aside_are_released_by_the_sweep(
         " publish_attempts = 0 WHERE seq = $1",
         head,
     )
-    assert await outbox.mark_waiting(sea_conn) == 40
+    assert await outbox_set_aside.mark_waiting(sea_conn) == 40
     assert await _waiting(sea_conn) == {}
     assert await _claimable(sea_conn) == {"m0"}
 
@@ -189,9 +189,9 @@ async def test_a_sweep_and_a_republish_racing_never_strand_a_row(
         # The sweep first, its transaction open: the republish waits for it.
         sweep = other.transaction()
         await sweep.start()
-        assert await outbox.mark_waiting(other) == 5
+        assert await outbox_set_aside.mark_waiting(other) == 5
         republish = asyncio.create_task(
-            outbox.republish(sea_conn, None, actor="test", reason="fixed")
+            outbox_set_aside.republish(sea_conn, None, actor="test", reason="fixed")
         )
         await asyncio.sleep(0.5)
         assert not republish.done(), "the republish waits for the sweep's lock"
@@ -207,8 +207,8 @@ async def test_a_sweep_and_a_republish_racing_never_strand_a_row(
         )
         held = sea_conn.transaction()
         await held.start()
-        await outbox.republish(sea_conn, None, actor="test", reason="fixed again")
-        assert await asyncio.wait_for(outbox.mark_waiting(other), 10) == 0
+        await outbox_set_aside.republish(sea_conn, None, actor="test", reason="fixed again")
+        assert await asyncio.wait_for(outbox_set_aside.mark_waiting(other), 10) == 0
         await held.commit()
         assert await _waiting(sea_conn) == {}
     finally:
