@@ -1,13 +1,14 @@
 """The console's reads besides the overview (:mod:`services.console.overview`): failure
 groups and their entries, event search, KPI runs — with the console's own login.
 
-Every query is bounded by an index: open dead letters (``idx_dead_letters_status``), the
-outbox and inbox by id, subject or aggregate.
+Every query is bounded by an index or a kept count: failure groups by the counts kept as
+dead letters change (``dead_letter_groups``, migration 0027) and one probe of
+``idx_dead_letters_group`` per group and status; the outbox and inbox by id, subject or
+aggregate.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import uuid
@@ -33,22 +34,53 @@ FINGERPRINT_SQL = (
 )
 _FINGERPRINT = "fingerprint"
 
-_GROUPS = f"""
-SELECT durable, reason_code, {_FINGERPRINT}, count(*) AS count,
-       min(first_dead_lettered_at) AS first_seen, max(dead_lettered_at) AS last_seen,
-       (array_agg(last_error ORDER BY dead_lettered_at DESC))[1] AS last_error,
-       jsonb_object_agg(status, 1) AS statuses
-FROM dead_letters
-WHERE durable = ANY($1::text[]) AND status = ANY($2::text[])
-  AND ($3::text IS NULL OR reason_code = $3)
-GROUP BY durable, reason_code, fingerprint
-ORDER BY max(dead_lettered_at) DESC
+#: The counts of each (group, status): those folded so far plus the changes pending
+#: (migration 0027), read in one snapshot; $1 durables, $2 statuses, $3 a reason or NULL.
+COUNTS = """
+SELECT durable, reason_code, fingerprint, status, sum(count)::bigint AS count,
+       min(first_seen) AS first_seen
+FROM (SELECT durable, reason_code, fingerprint, status, count, first_seen
+      FROM dead_letter_groups
+      WHERE durable = ANY($1::text[]) AND status = ANY($2::text[])
+        AND ($3::text IS NULL OR reason_code = $3)
+      UNION ALL
+      SELECT durable, reason_code, fingerprint, status, delta, first_seen
+      FROM dead_letter_group_changes
+      WHERE durable = ANY($1::text[]) AND status = ANY($2::text[])
+        AND ($3::text IS NULL OR reason_code = $3)) AS kept
+GROUP BY durable, reason_code, fingerprint, status
+HAVING sum(count) > 0
 """
 
+#: Groups of dead letters, latest first: their counts (:data:`COUNTS`), and the newest
+#: letter of each, found by one probe of idx_dead_letters_group per status it has.
+_GROUPS = f"""
+WITH counts AS ({COUNTS}),
+groups AS (
+  SELECT durable, reason_code, fingerprint, sum(count)::bigint AS count,
+         min(first_seen) AS first_seen, array_agg(status ORDER BY status) AS statuses
+  FROM counts GROUP BY durable, reason_code, fingerprint
+)
+SELECT g.durable, g.reason_code, g.{_FINGERPRINT}, g.count, g.first_seen, g.statuses,
+       newest.dead_lettered_at AS last_seen, newest.last_error
+FROM groups AS g
+LEFT JOIN LATERAL (
+  SELECT d.dead_lettered_at, d.last_error
+  FROM unnest(g.statuses) AS s(status)
+  CROSS JOIN LATERAL (
+    SELECT dead_lettered_at, last_error FROM dead_letters
+    WHERE durable = g.durable AND reason_code = g.reason_code AND fingerprint = g.fingerprint
+      AND status = s.status
+    ORDER BY dead_lettered_at DESC LIMIT 1
+  ) AS d
+  ORDER BY d.dead_lettered_at DESC LIMIT 1
+) AS newest ON true
+ORDER BY newest.dead_lettered_at DESC NULLS LAST
+"""
+
+#: One group's count per status.
 _GROUP_STATUS_COUNTS = f"""
-SELECT status, count(*) AS count FROM dead_letters
-WHERE durable = $1 AND reason_code = $2 AND {_FINGERPRINT} = $3 AND status = ANY($4::text[])
-GROUP BY status
+SELECT status, count FROM ({COUNTS}) AS counts WHERE fingerprint = $4
 """
 
 _GROUP_ENTRIES = f"""
@@ -116,7 +148,9 @@ async def failure_groups(
             rows = await conn.fetch(_GROUPS, chosen, statuses, reason)
         for row in rows:
             doc = dict(row)
-            doc["statuses"] = sorted(json.loads(doc["statuses"] or "{}"))
+            doc["statuses"] = list(doc["statuses"])
+            if doc["last_seen"] is None:  # counted but not there: not within one snapshot
+                continue
             out.append(doc)
     out.sort(key=lambda g: g["last_seen"], reverse=True)
     return out
@@ -137,7 +171,7 @@ async def group_entries(
             _GROUP_ENTRIES, key.durable, key.reason, key.fingerprint, statuses, limit
         )
         counts = await conn.fetch(
-            _GROUP_STATUS_COUNTS, key.durable, key.reason, key.fingerprint, statuses
+            _GROUP_STATUS_COUNTS, [key.durable], statuses, key.reason, key.fingerprint
         )
     return [dict(r) for r in rows], {r["status"]: r["count"] for r in counts}
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from services.console.data import OPEN_STATUSES, durables_by_database
+from services.console.data import COUNTS, OPEN_STATUSES, durables_by_database
 from shared.adapters import circuits, inbox, outbox, parking, pauses, throttles
 from shared.adapters.jetstream import NATS_FAILURES
 from shared.adapters.lag import oldest_undelivered_age
@@ -59,10 +59,11 @@ SELECT count(*) FROM dead_letters
 WHERE durable = $1 AND dead_lettered_at > now() - $2 * interval '1 second'
 """
 
-_DEAD_BY_REASON = """
-SELECT durable, reason_code, count(*) AS count FROM dead_letters
-WHERE durable = ANY($1::text[]) AND status = ANY($2::text[])
-GROUP BY durable, reason_code ORDER BY durable, count(*) DESC
+#: Open dead letters by durable and reason: the failure groups' kept counts (migration
+#: 0027, :data:`services.console.data.COUNTS`), not a count of the letters themselves.
+_DEAD_BY_REASON = f"""
+SELECT durable, reason_code, sum(count)::bigint AS count FROM ({COUNTS}) AS counts
+GROUP BY durable, reason_code ORDER BY durable, sum(count) DESC
 """
 
 
@@ -262,7 +263,9 @@ async def _read_database(pool: Pool, views: list[DurableView]) -> None:
                 view.success_ratio = processed / judged if judged else None
                 if view.ordered:
                     view.parked = await parking.summary(conn, view.name)
-            rows = await conn.fetch(_DEAD_BY_REASON, [v.name for v in views], list(OPEN_STATUSES))
+            rows = await conn.fetch(
+                _DEAD_BY_REASON, [v.name for v in views], list(OPEN_STATUSES), None
+            )
     except _UNREADABLE as exc:
         for view in views:
             view.error = _short_error(exc)

@@ -78,7 +78,8 @@ def replayer_families(stats: Any) -> list[Metric]:
             "ferry_dlq_replayer_events",
             "Replayer work by kind: replays settled as replayed, replays republished after "
             "an unconfirmed publish, entries skipped (taken by another replica), entries "
-            "parked (nothing to replay), errors (retried), failures (unexpected), scans.",
+            "parked (nothing to replay), errors (retried), failures (unexpected), scans, "
+            "failure-group count changes folded.",
             ["kind"],
             {
                 ("settled",): stats.settled,
@@ -88,6 +89,7 @@ def replayer_families(stats: Any) -> list[Metric]:
                 ("error",): stats.errors,
                 ("failed",): stats.failed,
                 ("scan",): stats.scans,
+                ("folded",): stats.folded,
             },
         ),
     ]

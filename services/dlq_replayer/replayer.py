@@ -9,7 +9,8 @@ Every ``interval`` it scans, per durable:
   Each replay's outcome decides what comes next: processed → ``replayed``; dead-lettered
   again → ``dead`` with a longer full-jitter delay, or ``parked`` once ``max_attempts``
   replays have failed (that transition happens where the failure is recorded);
-* under the **operator** policy it never replays anything by itself.
+* under the **operator** policy it never replays anything by itself;
+* the failure groups' pending count changes are folded (:mod:`shared.adapters.dead_letters.groups`).
 
 Replays go through :func:`shared.adapters.dead_letters.replay`: a fresh Nats-Msg-Id, the
 same message_id, and a subject only the failed durable receives.
@@ -79,6 +80,8 @@ class ReplayerStats:
     errors: int = 0
     failed: int = 0
     parked: int = 0
+    #: Failure-group count changes folded (migration 0027).
+    folded: int = 0
     replayed_by_durable: dict[str, int] = field(default_factory=dict)
 
 
@@ -132,6 +135,7 @@ class DlqReplayer:
         for database, durables in by_db.items():
             async with self.pools[database].acquire() as conn:
                 self.stats.settled += await dead_letters.settle_replayed(conn, durables)
+                self.stats.folded += await dead_letters.fold_groups(conn)
                 for durable in durables:  # operator replays too: finishing, not deciding
                     await self._republish(conn, durable)
         for durable in self.automatic():

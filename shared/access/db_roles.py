@@ -104,7 +104,11 @@ KPI_TABLES = ("kpi_windows", "kpi_reasons", "kpi_watermarks", "kpi_runs")
 #: Tables holding one durable's rows, guarded by row-level security on ``durable``
 #: (``dead_letter_edits``: edit-and-retry's audit, migrations/0017).
 EDITS_TABLE = "dead_letter_edits"
-PER_DURABLE_TABLES = ("inbox_messages", "dead_letters", "dead_letter_actions", EDITS_TABLE)
+#: The failure groups' counts, kept by triggers on dead_letters (migrations/0027): written
+#: only by the triggers and ``ferry_fold_dead_letter_groups()``, which run as the owner.
+GROUP_TABLES = ("dead_letter_groups", "dead_letter_group_changes")
+PER_DURABLE_TABLES = ("inbox_messages", "dead_letters", "dead_letter_actions", EDITS_TABLE,
+                      *GROUP_TABLES)  # fmt: skip
 #: ``ordering: key`` durables' tables (migrations 0009, 0010), also one durable's rows each.
 ORDERING_TABLES = ("parked_messages", "parked_actions", "partition_leases", "partition_members")
 #: The audit of ``ferry durable rewind`` (migrations/0011_rewinds.sql), one durable's rows each.
@@ -351,6 +355,8 @@ def _console_access(
             TableAccess("dead_letter_actions", note, rows),
             # Edit-and-retry (`ferry dlq edit`, the console): both versions, audited.
             TableAccess(EDITS_TABLE, note, rows),
+            # The Failures page's counts.
+            *(TableAccess(t, ("SELECT",), rows) for t in GROUP_TABLES),
         ]
         if rows:
             keyed = tuple(name for name in rows if name in ordered)

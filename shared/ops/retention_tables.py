@@ -267,4 +267,6 @@ NOT_PURGED = {
     "outbox_watch": "live state: one row per publisher at most",
     "ferry_schema_migrations": "one row per migration",
     "kpi_watermarks": "the KPI job's state: one row per topology and window",
+    "dead_letter_groups": "counts: one row per failure group and status that has letters",
+    "dead_letter_group_changes": "pending counts: folded away at every dlq-replayer scan",
 }

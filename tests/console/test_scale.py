@@ -143,7 +143,7 @@ async def _plans(conn: asyncpg.Connection) -> dict[str, str]:
         "recent dead letters": (overview._DEAD_RECENT, (durable, overview.RATE_WINDOW)),
         "dead letters by reason": (
             overview._DEAD_BY_REASON,
-            ([durable], list(data.OPEN_STATUSES)),
+            ([durable], list(data.OPEN_STATUSES), None),
         ),
     }
     plans = {}

@@ -282,15 +282,21 @@ QUERIES = [
         "console overview: dead letters by reason",
         "target",
         overview._DEAD_BY_REASON,
-        lambda v: ([DURABLE], _open),
+        lambda v: ([DURABLE], _open, None),
     ),
     Query("console overview: parked summary", "target", parking._SUMMARY, lambda v: (DURABLE,)),
     Query("console failures: groups", "target", data._GROUPS, lambda v: ([DURABLE], _open, None)),
     Query(
+        "console failures: groups of every status",
+        "target",
+        data._GROUPS,
+        lambda v: ([DURABLE], data.statuses_for("all"), None),
+    ),
+    Query(
         "console failures: group status counts",
         "target",
         data._GROUP_STATUS_COUNTS,
-        lambda v: (DURABLE, "HANDLER_REJECTED", "0123456789ab", _open),
+        lambda v: ([DURABLE], _open, "HANDLER_REJECTED", "0123456789ab"),
     ),
     Query(
         "console failures: group entries",

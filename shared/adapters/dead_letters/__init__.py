@@ -5,6 +5,7 @@
     replay   replays, their confirmation and settlement, park and discard
     edit     edit-and-retry: a replay with an operator's payload, both versions audited
     audit    the actions taken on dead letters (``dead_letter_actions``)
+    groups   the failure groups' counts, kept as dead letters change (the Failures page)
     query    finding dead letters and their actions (operator CLI, ``ferry where``)
 
 The pure policy (which reasons are replayable, the replay back-off, the starting status,
@@ -21,6 +22,7 @@ from shared.adapters.dead_letters.edit import (
     edit_plan,
     edits,
 )
+from shared.adapters.dead_letters.groups import fold_groups
 from shared.adapters.dead_letters.query import Query, actions, find, subject_regex
 from shared.adapters.dead_letters.record import (
     Failure,
@@ -60,6 +62,7 @@ __all__ = [
     "edit_plan",
     "edits",
     "find",
+    "fold_groups",
     "initial_status",
     "record_dead_letter",
     "replay",
