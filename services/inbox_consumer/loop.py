@@ -103,6 +103,10 @@ class ConsumerLoop:
         self.answers = parts.answers
         #: The running loop's puller (None before :meth:`run` and after it).
         self._puller: Puller | None = None
+        #: Whether the last run ended with nothing of it in flight: its subscription
+        #: drained and the naks of what was never handed out flushed to the server. A
+        #: partition is released as clean only then (:mod:`.partition_slot`).
+        self.settled = True
         self.decider, self.settler = parts.decider, parts.settler
         self.unordered, self.sequencer = parts.unordered, parts.sequencer
         # Plain attributes: read per batch, so a test may change them while it runs.
@@ -166,8 +170,10 @@ class ConsumerLoop:
                 await asyncio.wait(busy)
             # Arrived, never handed out: let others have them (confirmed together).
             self._puller = None
+            self.settled = False
             left = await puller.stop()
             await asyncio.gather(*(self.replies.nak(msg, 0.0) for msg in left))
+            self.settled = puller.drained and await puller.flushed()
             beating.cancel()
             if draining is not None:
                 await draining

@@ -15,6 +15,15 @@ from shared.waits import sleep_unless, within
 log = logging.getLogger("ferry.inbox_consumer.partitions")
 
 Work = Callable[[int, asyncio.Event], Awaitable[None]]
+
+
+class NotSettled(Exception):
+    """Raised by the work of a stopped partition that may have left messages in flight
+    (its pull subscription was not drained, or its naks not flushed): the lease is then
+    released as not clean, and the next owner waits for them (``pending``) before it
+    starts, as after a crash."""
+
+
 Pending = Callable[[int], Awaitable[int]]
 
 
@@ -101,6 +110,9 @@ class SlotRunner:
                 await self.work(k, slot.stop)
             except asyncio.CancelledError:
                 raise
+            except NotSettled as exc:
+                log.warning("%s: partition %d stopped unsettled: %s", self.durable, k, exc)
+                outcome = "stopped unsettled"
             except Exception as exc:
                 log.error("%s: work of partition %d failed: %r", self.durable, k, exc, exc_info=exc)
                 outcome = "raised"

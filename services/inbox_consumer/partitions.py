@@ -21,24 +21,27 @@ awaits its work, and only then marks the lease released, renewing the lease mean
 started at once. "Everything it fetched" includes what the server delivered as the owner
 stopped: the owner's pull subscription is drained, not dropped (:meth:`.Puller.stop`), so a
 message in transit is read and nak'ed before the release instead of waiting out ``ack_wait``
-behind the successor's first fetch. A partition whose lease *expired* — its owner died, or
-lost the database and fenced itself — may still have messages its owner fetched and never
-acked. JetStream redelivers those once their ``ack_wait`` has run out, and from then on
-hands redeliveries out before new messages; a new owner that fetched earlier would get the
-key's *later* events first. The lease is therefore built so that **its expiry is a moment by
-which everything its owner fetched is redeliverable**: an owner works on a partition only
-while its lease has more than ``hold`` seconds left (``hold`` = the durable's ``ack_wait``
-plus its pull requests' lifetime, plus a margin), so its last ``in_progress`` and the last
-message its last pull request could bring have both run out by the expiry. A dead owner's
-last sign of life is earlier still. The new owner asks ``pending(k)`` (the consumer's
-``num_ack_pending``): 0 means nothing is in flight and it starts at once; otherwise (or if
-it cannot tell) it starts :data:`TAKEOVER_MARGIN` after acquiring, never ``ack_wait`` later.
-An owner that gives a partition up uncleanly (its work raised) does not release it: it sets
-the expiry ``hold`` seconds ahead, which keeps the same promise. A takeover therefore costs
-at most the ttl (plus the renewal round that notices it: a replica below its share wakes
-when the earliest lease it could take expires), so an ordered durable wants a short
-``ack_wait`` (heartbeats keep long handler calls alive) and a ttl a few seconds above
-``hold``.
+behind the successor's first fetch; and the naks are flushed (a round trip on the
+connection, :meth:`.Puller.flushed`), so the server has every message back before the
+successor asks. Should either fail (the connection was down), the work raises
+:class:`.NotSettled` and the partition is given up uncleanly, as below. A partition whose
+lease *expired* — its owner died, or lost the database and fenced itself — may still have
+messages its owner fetched and never acked. JetStream redelivers those once their
+``ack_wait`` has run out, and from then on hands redeliveries out before new messages; a new
+owner that fetched earlier would get the key's *later* events first. The lease is therefore
+built so that **its expiry is a moment by which everything its owner fetched is
+redeliverable**: an owner works on a partition only while its lease has more than ``hold``
+seconds left (``hold`` = the durable's ``ack_wait`` plus its pull requests' lifetime, plus a
+margin), so its last ``in_progress`` and the last message its last pull request could bring
+have both run out by the expiry. A dead owner's last sign of life is earlier still. The new
+owner asks ``pending(k)`` (the consumer's ``num_ack_pending``): 0 means nothing is in flight
+and it starts at once; otherwise (or if it cannot tell) it starts :data:`TAKEOVER_MARGIN`
+after acquiring, never ``ack_wait`` later. An owner that gives a partition up uncleanly (its
+work raised) does not release it: it sets the expiry ``hold`` seconds ahead, which keeps the
+same promise. A takeover therefore costs at most the ttl (plus the renewal round that
+notices it: a replica below its share wakes when the earliest lease it could take expires),
+so an ordered durable wants a short ``ack_wait`` (heartbeats keep long handler calls alive)
+and a ttl a few seconds above ``hold``.
 
 A handler call the old owner started may still be running when the new owner calls the
 same event (an HTTP request outlives its caller): the handler's claim decides which one

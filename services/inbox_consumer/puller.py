@@ -129,6 +129,18 @@ class Puller:
             left.append(self._queue.get_nowait())
         return left
 
+    async def flushed(self) -> bool:
+        """Whether everything sent so far on the connection (the naks of what :meth:`stop`
+        returned) has reached the server: a round trip within :data:`DRAIN_WITHIN`. A nak
+        still in the client's buffer leaves its message pending on the server, where a
+        successor's first pull request would pass it by."""
+        try:
+            await within(DRAIN_WITHIN, self._nc.flush())
+        except Exception as exc:
+            log.warning("connection not flushed (%r): messages may be in flight", exc)
+            return False
+        return True
+
     async def reconnected(self) -> None:
         """The connection came back: requests made before may be gone with the server
         that had them (a restart). Ask afresh now instead of after :data:`SILENCE_LIMIT`;

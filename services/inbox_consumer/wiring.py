@@ -41,6 +41,7 @@ from services.inbox_consumer.loop import (
 from services.inbox_consumer.metrics import ConsumerMetrics
 from services.inbox_consumer.ordering import Drainer, KeyOrder, Sequencer
 from services.inbox_consumer.partition_share import lease_validity
+from services.inbox_consumer.partition_slot import NotSettled
 from services.inbox_consumer.partitions import PartitionOwnership
 from services.inbox_consumer.pipeline import Unordered
 from services.inbox_consumer.puller import ORDERED_REQUEST_EXPIRES
@@ -393,6 +394,8 @@ def _ownership(
             await running
         finally:
             stopped.cancel()
+        if not consumers[k].settled:
+            raise NotSettled("its pull subscription was not drained or its naks not flushed")
 
     # What this replica fetched is redeliverable at most this long after it stops: its last
     # heartbeat's ack_wait, or the last message its last pull request could bring.

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from devstack.postgres import PostgresServer
 from services.inbox_consumer.partition_share import fair_share, lease_validity, preference
+from services.inbox_consumer.partition_slot import NotSettled
 from services.inbox_consumer.partitions import PartitionOwnership
 from shared.adapters import partition_leases
 from shared.adapters.postgres import migrate_database
@@ -476,13 +477,23 @@ async def test_a_work_that_ends_by_itself_is_restarted(pool: asyncpg.Pool) -> No
     assert [r.released for r in await lease_rows(pool)] == [True] * 4
 
 
-async def test_a_work_that_fails_to_stop_leaves_its_lease_unreleased(pool: asyncpg.Pool) -> None:
+@pytest.mark.parametrize(
+    "failure",
+    [
+        RuntimeError("could not settle the batch in hand"),
+        # The consumer loop's own word for it: stopped, its subscription not drained.
+        NotSettled("its pull subscription was not drained or its naks not flushed"),
+    ],
+)
+async def test_a_work_that_fails_to_stop_leaves_its_lease_unreleased(
+    pool: asyncpg.Pool, failure: Exception
+) -> None:
     """A work that raises when stopped may have left messages unacked: its lease is not
     released but expires ``hold`` later, and the next owner checks what is in flight."""
 
     def unsettled(k: int) -> None:
         if k == 0:
-            raise RuntimeError("could not settle the batch in hand")
+            raise failure
 
     record = Record()
     a = Replica(pool, "a", record, partitions=4, on_stop=unsettled)

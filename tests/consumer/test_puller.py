@@ -11,15 +11,18 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
+import nats
 import pytest
 from nats.aio.client import Client as NATS
 
+from devstack.nats import NatsServer
 from services.inbox_consumer import loop as loop_module
 from services.inbox_consumer import puller as puller_module
 from services.inbox_consumer.puller import ConsumerGone, Puller
 from shared.access.streams import provision
-from tests.conftest import CAPS, Env
+from tests.conftest import CAPS, Env, admin_auth
 from tests.consumer.conftest import (
     DURABLE,
     STREAM,
@@ -181,6 +184,46 @@ async def test_a_message_delivered_as_the_pull_stops_is_returned_not_dropped(
             await msg.ack()
     info = await nc.jetstream().consumer_info(STREAM, DURABLE)
     assert info.num_ack_pending == 0, "nothing left in flight"
+
+
+async def test_the_naks_at_stop_reach_the_server_before_the_partition_is_called_settled(
+    env: Env, nc: NATS, nats_server: NatsServer
+) -> None:
+    """What :meth:`Puller.stop` returned is nak'd, then :meth:`Puller.flushed` makes a
+    round trip: once it says so, the server has every message back, and a successor on
+    another connection gets them first, at once (not after ack_wait, 120 s here). On a
+    closed connection it says no."""
+    await _provisioned(env, nc)
+    sent = await _publish(nc, 4)
+    puller = Puller(nc.jetstream(), stream=STREAM, durable=DURABLE, window=10)
+    await puller.start()
+    first = await puller.next_batch(1, timeout=5)
+    await eventually(lambda: _arrived(puller, 3), timeout=10, what="the rest delivered")
+    left = await puller.stop()
+    ids = [m.headers["Nats-Msg-Id"] for m in left]  # type: ignore[index]
+    assert sorted([m.headers["Nats-Msg-Id"] for m in first] + ids) == sorted(sent)  # type: ignore[index]
+    for msg in first:
+        await msg.ack()
+    for msg in left:
+        await msg.nak()
+    assert puller.drained and await puller.flushed()
+
+    options = admin_auth(nats_server).options([nats_server.url])
+    other = await nats.connect(nats_server.url, **options)
+    successor = Puller(other.jetstream(), stream=STREAM, durable=DURABLE, window=10)
+    await successor.start()
+    try:
+        again: list[Any] = []
+        deadline = time.monotonic() + 5
+        while len(again) < len(ids) and time.monotonic() < deadline:
+            again += await successor.next_batch(10, timeout=1)
+        assert sorted(m.headers["Nats-Msg-Id"] for m in again) == sorted(ids)  # type: ignore[index]
+        for msg in again:
+            await msg.ack()
+    finally:
+        await successor.stop()
+        await other.close()
+    assert not await successor.flushed(), "a closed connection cannot confirm anything"
 
 
 async def _arrived(puller: Puller, count: int) -> bool:
