@@ -1,4 +1,7 @@
-"""TLS to NATS by settings, on a real nats-server with a certificate made here (openssl)."""
+"""TLS-first to NATS by settings (``tls_handshake_first``), on a real nats-server with a
+certificate made here (openssl). The rest of TLS to NATS — the CA from settings, clear
+text and unknown CAs refused, expiry, mutual TLS, rotation, clusters — is
+tests/security/test_nats_tls.py's."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ import pytest
 from devstack.nats import NatsServer
 from shared.access.identities import NATS_ADMIN
 from shared.adapters.nats import NatsAuth, connect_nats
-from shared.domain.errors import TransientError
 from tests.conftest import nats_access
 
 pytestmark = pytest.mark.integration
@@ -57,24 +59,16 @@ def _admin(server: NatsServer, **tls: object) -> NatsAuth:
     return NatsAuth(user=NATS_ADMIN, password=server.access.password(NATS_ADMIN), **tls)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("handshake_first", [False, True])
-async def test_tls_url_and_ca_from_settings_connect(
-    tls_server: NatsServer, certs: Path, handshake_first: bool
+async def test_a_tls_first_client_connects_where_the_server_waits_for_it(
+    tls_server: NatsServer, certs: Path
 ) -> None:
+    """The client starts TLS before the server's greeting (``handshake_first``, from
+    settings) and the server, configured to take a TLS-first handshake, serves it."""
     url = tls_server.url.replace("nats://", "tls://")
-    auth = _admin(tls_server, tls_ca=certs / "ca.pem", tls_handshake_first=handshake_first)
+    auth = _admin(tls_server, tls_ca=certs / "ca.pem", tls_handshake_first=True)
     nc = await connect_nats([url], name="tls-test", auth=auth, give_up_after=20)
     try:
         assert nc.is_connected
         await nc.flush(timeout=5)
     finally:
         await nc.close()
-
-
-async def test_a_server_the_ca_does_not_vouch_for_is_refused(
-    tls_server: NatsServer, certs: Path
-) -> None:
-    url = tls_server.url.replace("nats://", "tls://")
-    auth = _admin(tls_server)  # system CAs only: they never signed our test CA
-    with pytest.raises(TransientError, match="CERTIFICATE_VERIFY_FAILED"):
-        await connect_nats([url], name="tls-test", auth=auth, give_up_after=5)
