@@ -1,6 +1,8 @@
-"""The overview's render time with many rows present, and the plans its queries use.
+"""The overview with many rows present: its counts, and the plans its queries use.
 
-By default a modest volume (10,000 dead letters, 100,000 inbox rows: seconds to insert);
+Nothing here is timed against a bound (the times are printed; ``python -m bench
+--sections volume`` judges them against the same pages on empty tables). By default a
+modest volume (10,000 dead letters, 100,000 inbox rows: seconds to insert);
 ``FERRY_CONSOLE_SCALE=full`` inserts what the issue asks for — 100,000 dead letters and
 1,000,000 inbox rows — with ``generate_series`` (one statement each), then renders the
 overview through the console process (its own login, the real HTTP path) and prints the
@@ -32,8 +34,6 @@ from .conftest import PASSWORDS, _start, _stop, wait_ready
 pytestmark = pytest.mark.integration
 FULL = os.environ.get("FERRY_CONSOLE_SCALE") == "full"
 DEAD, INBOX = (100_000, 1_000_000) if FULL else (10_000, 100_000)
-#: What the overview may take at the default volume on a loaded 2-core machine.
-BOUND = 2.0
 
 _INBOX = """
 INSERT INTO inbox_messages (message_id, durable, subject, status, received_at, processed_at,
@@ -63,7 +63,9 @@ FROM generate_series(1, $2::int) AS i
 """
 
 
-async def test_overview_renders_quickly_with_many_rows(env: Env, nc: NATS, tmp_path: Path) -> None:
+async def test_overview_and_failures_count_every_open_dead_letter_among_many_rows(
+    env: Env, nc: NATS, tmp_path: Path
+) -> None:
     await provision(nc.jetstream(), env.topology, caps=CAPS)
     conn = await asyncpg.connect(env.dsn("sea"))
     try:
@@ -117,7 +119,11 @@ async def test_overview_renders_quickly_with_many_rows(env: Env, nc: NATS, tmp_p
             started = time.perf_counter()
             async with session.get(f"{url}/failures") as resp:
                 assert resp.status == 200
+                failures_page = await resp.text()
             failures = time.perf_counter() - started
+            # The group of every open HANDLER_REJECTED letter (one error, numbers blanked),
+            # counted by the kept counts (migration 0027) after one bulk insert.
+            assert f'<td class="n">{open_rejected:,}</td>' in failures_page
     finally:
         await _stop(proc)
     median = statistics.median(times[1:])  # the first pays the pools' warm-up
@@ -127,8 +133,6 @@ async def test_overview_renders_quickly_with_many_rows(env: Env, nc: NATS, tmp_p
         f"{len(times) - 1} requests (server {statistics.median(server[1:]) * 1000:.0f} ms, "
         f"first {times[0] * 1000:.0f} ms); failures page {failures * 1000:.0f} ms"
     )
-    if not FULL:
-        assert median < BOUND, times
 
 
 async def _plans(conn: asyncpg.Connection) -> dict[str, str]:
