@@ -32,8 +32,6 @@ FINGERPRINT_SQL = (
     "left(md5(regexp_replace(left(last_error, 500), "
     "'[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}|[0-9]+', '#', 'g')), 12)"
 )
-_FINGERPRINT = "fingerprint"
-
 #: The counts of each (group, status): those folded so far plus the changes pending
 #: (migration 0027), read in one snapshot; $1 durables, $2 statuses, $3 a reason or NULL.
 COUNTS = """
@@ -61,7 +59,7 @@ groups AS (
          min(first_seen) AS first_seen, array_agg(status ORDER BY status) AS statuses
   FROM counts GROUP BY durable, reason_code, fingerprint
 )
-SELECT g.durable, g.reason_code, g.{_FINGERPRINT}, g.count, g.first_seen, g.statuses,
+SELECT g.durable, g.reason_code, g.fingerprint, g.count, g.first_seen, g.statuses,
        newest.dead_lettered_at AS last_seen, newest.last_error
 FROM groups AS g
 LEFT JOIN LATERAL (
@@ -83,11 +81,11 @@ _GROUP_STATUS_COUNTS = f"""
 SELECT status, count FROM ({COUNTS}) AS counts WHERE fingerprint = $4
 """
 
-_GROUP_ENTRIES = f"""
+_GROUP_ENTRIES = """
 SELECT durable, message_id, status, reason_code, last_error, original_subject, attempts,
        replay_attempts, first_dead_lettered_at, dead_lettered_at, stream_seq
 FROM dead_letters
-WHERE durable = $1 AND reason_code = $2 AND {_FINGERPRINT} = $3 AND status = ANY($4::text[])
+WHERE durable = $1 AND reason_code = $2 AND fingerprint = $3 AND status = ANY($4::text[])
 ORDER BY dead_lettered_at, message_id
 LIMIT $5
 """

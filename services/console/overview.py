@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from services.console.data import COUNTS, OPEN_STATUSES, durables_by_database
-from shared.adapters import circuits, inbox, outbox, parking, pauses, throttles
+from shared.adapters import circuits, inbox, outbox, parked_queue, pauses, throttles
 from shared.adapters.jetstream import NATS_FAILURES
 from shared.adapters.lag import oldest_undelivered_age
 from shared.adapters.nats import NatsClient
@@ -262,7 +262,7 @@ async def _read_database(pool: Pool, views: list[DurableView]) -> None:
                 judged = processed + dead + view.retrying
                 view.success_ratio = processed / judged if judged else None
                 if view.ordered:
-                    view.parked = await parking.summary(conn, view.name)
+                    view.parked = await parked_queue.summary(conn, view.name)
             rows = await conn.fetch(
                 _DEAD_BY_REASON, [v.name for v in views], list(OPEN_STATUSES), None
             )

@@ -10,7 +10,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from services.inbox_consumer.breaker import STATE_VALUES
-from shared.adapters import inbox, parking
+from shared.adapters import inbox, parked_queue
 from shared.adapters.lag import oldest_undelivered_age
 from shared.domain.ack import HandlerFailure, HandlerResponse
 from shared.domain.pause import describe_until, parse_server_time
@@ -225,7 +225,7 @@ class ConsumerMetrics:
 
     async def _refresh_parking(self, pool: Any) -> None:
         async with pool.acquire() as conn:
-            doc = await parking.summary(conn, self.durable)
+            doc = await parked_queue.summary(conn, self.durable)
         self._parked.labels(self.durable, "keys").set(doc["keys"])
         self._parked.labels(self.durable, "events").set(doc["events"])
         self._parked.labels(self.durable, "held_keys").set(doc["held"])

@@ -15,6 +15,7 @@ from shared.waits import sleep_unless, within
 log = logging.getLogger("ferry.inbox_consumer.partitions")
 
 Work = Callable[[int, asyncio.Event], Awaitable[None]]
+Pending = Callable[[int], Awaitable[int]]
 
 
 class NotSettled(Exception):
@@ -22,9 +23,6 @@ class NotSettled(Exception):
     (its pull subscription was not drained, or its naks not flushed): the lease is then
     released as not clean, and the next owner waits for them (``pending``) before it
     starts, as after a crash."""
-
-
-Pending = Callable[[int], Awaitable[int]]
 
 
 @dataclass(eq=False)

@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from shared.adapters import dead_letters as store
-from shared.adapters import parking
+from shared.adapters import parked_queue
 from shared.adapters.postgres import connect
 from shared.contracts.topology import DurableSpec, Topology
 from shared.runtime.settings import CommonSettings
@@ -88,5 +88,7 @@ async def change_status(
     released = None
     if done and status == "discarded" and spec.ordering == "key":
         # Its key's later events wait behind it no longer.
-        released = await parking.discard_held(conn, durable, message_id, actor=actor, reason=reason)
+        released = await parked_queue.discard_held(
+            conn, durable, message_id, actor=actor, reason=reason
+        )
     return done, released

@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from shared.adapters import dead_letters as store
-from shared.adapters import parking
+from shared.adapters import parked_queue
 from shared.adapters.postgres import connect
 from shared.ops.dlq_find import public
 from shared.runtime.settings import CommonSettings
@@ -50,7 +50,7 @@ async def _ordering(conn: Any, durable: str, row: dict[str, Any]) -> dict[str, A
     if not isinstance(found, dict) or not isinstance(found.get("key"), str):
         return None
     doc = dict(found)
-    queue = await parking.keys(conn, durable, found["key"], 1)
+    queue = await parked_queue.keys(conn, durable, found["key"], 1)
     if queue:
         head = queue[0]
         doc["parked"] = {

@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from shared.adapters import parking
+from shared.adapters import parked_queue
 from shared.adapters.postgres import connect
 from shared.runtime.settings import CommonSettings
 
@@ -33,8 +33,8 @@ async def parked_keys(
     events, held heads): ``ferry parked list``, the console."""
     conn = await _connect(settings, durable)
     try:
-        rows = await parking.keys(conn, durable, key, limit)
-        summary = await parking.summary(conn, durable)
+        rows = await parked_queue.keys(conn, durable, key, limit)
+        summary = await parked_queue.summary(conn, durable)
     finally:
         await conn.close()
     return rows, summary
@@ -47,6 +47,6 @@ async def discard_parked_head(
     discard``, the console; None when the key holds no held head."""
     conn = await _connect(settings, durable)
     try:
-        return await parking.discard_head(conn, durable, key, actor=actor, reason=reason)
+        return await parked_queue.discard_head(conn, durable, key, actor=actor, reason=reason)
     finally:
         await conn.close()

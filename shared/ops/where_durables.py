@@ -8,7 +8,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.adapters import parking
+from shared.adapters import parked_queue
 from shared.adapters.jetstream import NOT_FOUND_ERRORS
 from shared.adapters.nats import NatsClient
 from shared.adapters.postgres import connect
@@ -164,7 +164,7 @@ async def _ordering(
         key, field, source, error = _key(topology, context, rows, parked)
         key_parked = None
         if parked is None and key is not None and has_table:
-            heads = await parking.keys(conn, durable, key, 1)
+            heads = await parked_queue.keys(conn, durable, key, 1)
             key_parked = _key_parked(heads[0]) if heads else None
     finally:
         await conn.close()

@@ -19,7 +19,7 @@ import asyncpg
 from nats.aio.client import Client as NATS
 
 from shared.access.streams import provision
-from shared.adapters import parking
+from shared.adapters import parked_queue
 from shared.adapters.dead_letters.replay import replay
 from tests.conftest import CAPS, Env
 from tests.consumer.conftest import (
@@ -150,7 +150,7 @@ async def test_a_held_dead_letter_parks_its_key_until_replayed(
         ]
         conn = await asyncpg.connect(env.dsn("sea"))
         try:
-            summary = await parking.summary(conn, DURABLE)
+            summary = await parked_queue.summary(conn, DURABLE)
             assert (summary["keys"], summary["events"], summary["held"]) == (1, 4, 1)
             await replay(
                 conn,

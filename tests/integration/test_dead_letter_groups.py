@@ -7,6 +7,7 @@ the dead letters counted directly, and the page's groups name each group's newes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import uuid
 from collections import Counter
@@ -139,20 +140,18 @@ class Letters:
         elif kind == "fold":
             await dead_letters.fold_groups(self.conn)
         else:  # changes rolled back leave no change behind
-            try:
+            with contextlib.suppress(_Rollback):
                 async with self.conn.transaction():
                     await self.insert(5)
                     await self.move(5)
                     raise _Rollback
-            except _Rollback:
-                pass
             known = {m for (m,) in await self.conn.fetch("SELECT message_id FROM dead_letters")}
             self.ids = [(d, m) for d, m in self.ids if m in known]
         return kind
 
 
 class _Rollback(Exception):
-    pass
+    """Raised to roll a transaction of changes back."""
 
 
 @pytest.fixture

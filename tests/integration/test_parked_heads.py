@@ -17,7 +17,7 @@ import pytest
 
 from devstack.postgres import PostgresServer
 from services.inbox_consumer.ordering_base import KeyOrder
-from shared.adapters import parking
+from shared.adapters import parked_queue, parking
 from shared.adapters.postgres import discover_migrations, migrate_database
 from tests.helpers import eventually
 
@@ -206,9 +206,9 @@ async def test_a_follower_held_again_after_a_replay_waits_again(conn: asyncpg.Co
 async def test_a_discarded_head_makes_the_next_due(conn: asyncpg.Connection) -> None:
     await held_key(conn, "by-key", 2)
     head, _ = await held_key(conn, "by-id", 2)
-    gone = await parking.discard_head(conn, DURABLE, "by-key", actor="ops", reason="poison")
+    gone = await parked_queue.discard_head(conn, DURABLE, "by-key", actor="ops", reason="poison")
     assert gone is not None
-    key = await parking.discard_held(conn, DURABLE, head.message_id, actor="ops", reason="x")
+    key = await parked_queue.discard_held(conn, DURABLE, head.message_id, actor="ops", reason="x")
     assert key == "by-id"
     for k in ("by-key", "by-id"):
         rows = await rows_of(conn, k)
@@ -216,7 +216,7 @@ async def test_a_discarded_head_makes_the_next_due(conn: asyncpg.Connection) -> 
     assert sorted(await parking.ready_keys(conn, DURABLE, 0, 10)) == ["by-id", "by-key"]
     # A key whose head is not held: nothing discarded, nothing promoted.
     await parking.park(conn, DURABLE, [entry("retrying", "retrying", delay=60), entry("retrying")])
-    assert await parking.discard_head(conn, DURABLE, "retrying", actor="o", reason="r") is None
+    assert await parked_queue.discard_head(conn, DURABLE, "retrying", actor="o", reason="r") is None
 
 
 async def test_a_discard_by_a_login_that_may_not_update_still_discards(
@@ -233,7 +233,7 @@ async def test_a_discard_by_a_login_that_may_not_update_still_discards(
     try:
         await console.execute(f"SET ROLE {role}")
         with caplog.at_level(logging.WARNING, "ferry.parking"):
-            assert await parking.discard_head(console, DURABLE, "k", actor="o", reason="r")
+            assert await parked_queue.discard_head(console, DURABLE, "k", actor="o", reason="r")
     finally:
         await console.close()
         await conn.execute(f"DROP OWNED BY {role}")
@@ -303,7 +303,7 @@ async def test_a_discard_waits_for_an_event_marked_behind_its_head(dsn: str) -> 
         await tx.start()
         await parking.park(parker, DURABLE, [follower])  # marked: infinity, head locked
         discard = asyncio.ensure_future(
-            parking.discard_head(operator, DURABLE, "k", actor="ops", reason="poison")
+            parked_queue.discard_head(operator, DURABLE, "k", actor="ops", reason="poison")
         )
         pid = operator.get_server_pid()
         await eventually(lambda: _waiting_for_a_lock(setup, pid), timeout=10,
@@ -328,7 +328,7 @@ async def test_an_event_parked_behind_a_head_being_discarded_is_due(dsn: str) ->
         follower = entry("k")
         tx = operator.transaction()
         await tx.start()
-        assert await operator.fetchval(parking._DISCARD, DURABLE, "k") == head.message_id
+        assert await operator.fetchval(parked_queue._DISCARD, DURABLE, "k") == head.message_id
 
         async def park() -> None:
             async with parker.transaction():

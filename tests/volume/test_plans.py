@@ -35,7 +35,7 @@ from devstack.postgres import PostgresServer
 from services.console import data, overview
 from services.dlq_replayer import metrics as replayer_metrics
 from services.dlq_replayer import replayer
-from shared.adapters import inbox, outbox, parking
+from shared.adapters import inbox, outbox, parked_queue, parking
 from shared.adapters.postgres import migrate_database
 from shared.contracts.loading import load_topology
 from shared.ops import retention_tables, where_durables, where_rows
@@ -284,7 +284,9 @@ QUERIES = [
         overview._DEAD_BY_REASON,
         lambda v: ([DURABLE], _open, None),
     ),
-    Query("console overview: parked summary", "target", parking._SUMMARY, lambda v: (DURABLE,)),
+    Query(
+        "console overview: parked summary", "target", parked_queue._SUMMARY, lambda v: (DURABLE,)
+    ),
     Query("console failures: groups", "target", data._GROUPS, lambda v: ([DURABLE], _open, None)),
     Query(
         "console failures: groups of every status",

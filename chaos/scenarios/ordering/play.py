@@ -62,7 +62,7 @@ from chaos.scenarios.ordering.workload import (
     install_traces,
     plan_ordered,
 )
-from shared.adapters import parking
+from shared.adapters import parked_queue
 from shared.adapters.dead_letters.replay import (
     NotReplayable,
     replay,
@@ -295,7 +295,7 @@ class Ordering(Play):
         conn = await asyncpg.connect(dsn, timeout=10)
         try:
             heads = [
-                h for h in await parking.keys(conn, durable, None, 10_000)
+                h for h in await parked_queue.keys(conn, durable, None, 10_000)
                 if h["head_state"] == "held"
             ]  # fmt: skip
             await republish_unconfirmed(
