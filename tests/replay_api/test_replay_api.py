@@ -19,7 +19,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from services.console.data import _FINGERPRINT
 from tests.helpers import eventually
 
 from .conftest import DURABLE, FIXABLE, TOKEN, VIEWER, World, api
@@ -208,7 +207,7 @@ async def test_a_job_is_accepted_at_once_then_runs_once_through_the_stream(world
 
     # A failure group (the console's grouping): its open entries, the rest of them.
     rows = await world.fetch(
-        f"SELECT DISTINCT reason_code, {_FINGERPRINT} AS fp FROM dead_letters WHERE status = 'held'"
+        "SELECT DISTINCT reason_code, fingerprint AS fp FROM dead_letters WHERE status = 'held'"
     )
     assert len(rows) == 1
     group = {"durable": DURABLE, "reason_code": rows[0]["reason_code"],
