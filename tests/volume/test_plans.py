@@ -206,7 +206,7 @@ QUERIES = [
         ),
     ),
     # the ordered drainer's round
-    Query("drainer: ready keys", "target", parking._READY_KEYS, lambda v: (DURABLE, 0, 100)),
+    Query("drainer: ready keys", "target", parking.ready_keys_sql(100), lambda v: (DURABLE, 0)),
     Query("drainer: next due", "target", parking._NEXT_DUE, lambda v: (DURABLE, 0)),
     Query("drainer: key rows", "target", parking._KEY_ROWS, lambda v: (DURABLE, v.ids["key"], 100)),
     Query(
