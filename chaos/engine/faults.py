@@ -118,6 +118,7 @@ class FaultInjector:
             "pg_reset_peer": self._toxic_fault,
             "nats_slicer": self._toxic_fault,
             "nats_bandwidth": self._toxic_fault,
+            "nats_blackhole": self._toxic_fault,
             "link_down": self._link_down,
         }
 
@@ -292,6 +293,13 @@ class FaultInjector:
                 "attributes": {"average_size": 32, "size_variation": 31, "delay": 200},
             },
             "nats_bandwidth": {"type": "bandwidth", "attributes": {"rate": 20}},
+            # The server's writes succeed and go nowhere: what it delivers meanwhile is
+            # pending on it, never seen by the role, until its ack_wait runs out.
+            "nats_blackhole": {
+                "type": "timeout",
+                "stream": "downstream",
+                "attributes": {"timeout": 1000},
+            },
         }
         return f"{target}_nats", specs[kind], frozenset()
 

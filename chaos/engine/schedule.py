@@ -37,6 +37,8 @@ FAULT_KINDS: dict[str, str] = {
     "pg_reset_peer": "reset_peer on a role's PostgreSQL link",
     "nats_slicer": "NATS traffic of a role sliced into 1-64 byte pieces",
     "nats_bandwidth": "a role's NATS link throttled to 20 KB/s",
+    "nats_blackhole": "what the server sends a role swallowed, each connection closed after "
+    "1 s (deliveries lost in transit)",
     "link_down": "one link of one role disabled (refused, connections closed)",
 }
 #: Kinds the soak draws from (with these weights).
@@ -56,6 +58,7 @@ SOAK_WEIGHTS: dict[str, int] = {
     "pg_reset_peer": 2,
     "nats_slicer": 1,
     "nats_bandwidth": 1,
+    "nats_blackhole": 1,
     "link_down": 2,
 }
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from services.inbox_consumer.claiming import CONTENDED_DELAY
@@ -30,6 +31,7 @@ from services.inbox_consumer.puller import (
     ORDERED_REQUEST_EXPIRES,
     REQUEST_EXPIRES,
     ConsumerGone,
+    DeliveryGap,
     Puller,
 )
 from services.inbox_consumer.replies import Replies
@@ -107,6 +109,8 @@ class ConsumerLoop:
         #: drained and the naks of what was never handed out flushed to the server. A
         #: partition is released as clean only then (:mod:`.partition_slot`).
         self.settled = True
+        #: Why the last run was not settled (when it was not).
+        self.unsettled = ""
         self.decider, self.settler = parts.decider, parts.settler
         self.unordered, self.sequencer = parts.unordered, parts.sequencer
         # Plain attributes: read per batch, so a test may change them while it runs.
@@ -121,9 +125,11 @@ class ConsumerLoop:
         # fails clearly if absent
         await self.js.consumer_info(self.spec.stream, self.js_consumer)
         draining: asyncio.Task[None] | None = None
+        # The drainer's stop: the loop's, or the loop ending by itself (a delivery gap).
+        ended = asyncio.Event()
         if self.sequencer is not None:
             await self._load_parked(self.sequencer, stop)
-            draining = asyncio.create_task(self.sequencer.drain(stop))
+            draining = asyncio.create_task(_until(stop, ended, self.sequencer.drain(ended)))
         puller = Puller(
             self.js,
             stream=self.spec.stream,
@@ -131,6 +137,7 @@ class ConsumerLoop:
             window=self.spec.batch_size,
             expires=REQUEST_EXPIRES if self.sequencer is None else ORDERED_REQUEST_EXPIRES,
             answers=self.answers,
+            watch_gaps=self.sequencer is not None,
         )
         await puller.start()
         self._puller = puller
@@ -155,6 +162,11 @@ class ConsumerLoop:
                 except ConsumerGone as exc:
                     await self._wait_for_durable(puller, stop, exc)
                     continue
+                except DeliveryGap:
+                    # What arrived after the lost deliveries waits out ack_wait behind
+                    # them; the partition restarts once all is redeliverable (not settled).
+                    self.stats.delivery_gaps += 1
+                    break
                 if not msgs:
                     continue
                 self.stats.fetched += len(msgs)
@@ -173,8 +185,13 @@ class ConsumerLoop:
             self.settled = False
             left = await puller.stop()
             await asyncio.gather(*(self.replies.nak(msg, 0.0) for msg in left))
-            self.settled = puller.drained and await puller.flushed()
+            if puller.gap is not None:
+                self.settled, self.unsettled = False, puller.gap
+            else:
+                self.settled = puller.drained and await puller.flushed()
+                self.unsettled = "its pull subscription was not drained or its naks not flushed"
             beating.cancel()
+            ended.set()
             if draining is not None:
                 await draining
 
@@ -272,3 +289,13 @@ class ConsumerLoop:
         for delivery in twice:
             await self.replies.nak(delivery.msg, CONTENDED_DELAY)
         await processing
+
+
+async def _until(stop: asyncio.Event, ended: asyncio.Event, work: Awaitable[None]) -> None:
+    """Run ``work`` (which ends when ``ended`` is set), setting ``ended`` once ``stop`` is."""
+    following = asyncio.create_task(stop.wait())
+    following.add_done_callback(lambda _: ended.set())
+    try:
+        await work
+    finally:
+        following.cancel()

@@ -321,7 +321,8 @@ def ownership_families(durable: str, ownership: Any) -> list[Metric]:
         counter_family(
             "ferry_partition_leases",
             "Partition lease events of this replica: acquired, takeover (of a dead owner's "
-            "expired lease), waited (messages were in flight: started a moment later), "
+            "expired lease), waited (messages were in flight: a takeover or a restart waited "
+            "until they were redeliverable), "
             "shed (given up for a new replica), fenced (lost), restarted (work restarted).",
             ["durable", "event"],
             {(durable, k): v for k, v in events.items()},
@@ -426,6 +427,14 @@ def consumer_families(durable: str, stream: str, stats: Any) -> list[Metric]:
                 (durable, "unconfirmed"): stats.answers.unconfirmed,
                 (durable, "acks_resent"): stats.answers.acks_resent,
             },
+        ),
+        counter_family(
+            "ferry_consumer_delivery_gaps",
+            "ordering: key: deliveries of a partition's consumer that never arrived (a jump "
+            "in its sequence); the partition stops and restarts once they are redeliverable "
+            "(ack_wait plus a pull's lifetime), so no later event of their key goes first.",
+            ["durable"],
+            {(durable,): stats.delivery_gaps},
         ),
         bound,
     ]

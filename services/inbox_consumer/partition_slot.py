@@ -56,7 +56,13 @@ class SlotRunner:
     ttl: float
     restart_pause: float
     wake: asyncio.Event
-    #: Takeovers that found messages in flight (pending > 0) and waited before starting.
+    #: Seconds after its work ended by which everything this replica fetched on a
+    #: partition is redeliverable (the lease's ``hold``): a work that ended unsettled, or
+    #: raised, with messages in flight restarts only then (a delivery lost in transit, a
+    #: crash with messages in hand), so a key's later event cannot overtake them.
+    settle_wait: float = 0.0
+    #: Starts that found messages in flight (pending > 0) and waited first: takeovers, and
+    #: restarts of a work that ended unsettled or raised.
     waits: int = 0
     #: Work tasks restarted after ending by themselves.
     restarts: int = 0
@@ -124,12 +130,16 @@ class SlotRunner:
             if slot.stop.is_set():
                 return
             self.restarts += 1
+            pause = self.restart_pause
+            if outcome != "returned" and await self._in_flight(k):
+                self.waits += 1
+                pause = max(pause, self.settle_wait)
             log.warning(
                 "%s: work of partition %d %s by itself; restarting in %.1fs",
                 self.durable,
                 k,
                 outcome,
-                self.restart_pause,
+                pause,
             )
-            if await sleep_unless(slot.stop, self.restart_pause):
+            if await sleep_unless(slot.stop, pause):
                 return

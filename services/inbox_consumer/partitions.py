@@ -50,10 +50,13 @@ applies it, and the new owner goes on to the key's next event only after a 200 o
 
 **Work.** ``work(k, stop_k)`` consumes partition ``k`` until ``stop_k`` is set. If it ends
 by itself while the lease is held (it raised, or returned), it is logged and restarted
-after :data:`RESTART_PAUSE` (no replica exits because of one partition). A work that
-returns after its stop event has settled its messages (the lease is released cleanly);
-one that raises, or that never ran or crashed, leaves the lease to expire ``hold`` seconds
-later (unclean: the next owner checks ``pending``).
+after :data:`RESTART_PAUSE` (no replica exits because of one partition); if it raised
+(:class:`.NotSettled` included: deliveries lost in transit, :class:`.DeliveryGap`) and
+``pending`` says messages are in flight, only ``hold`` seconds later, when they are
+redeliverable, as for a takeover. A work that returns after its stop event has settled
+its messages (the lease is released cleanly); one that raises, or that never ran or
+crashed, leaves the lease to expire ``hold`` seconds later (unclean: the next owner checks
+``pending``).
 
 **Stop and kill.** When ``stop`` is set, :meth:`PartitionOwnership.run` stops every work
 (sets the events, awaits the tasks, renewing meanwhile), releases every lease, deletes its
@@ -144,7 +147,9 @@ class PartitionOwnership:
         self._draining: dict[int, Slot] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
-        self._runner = SlotRunner(durable, work, pending, ttl, restart_pause, self._wake)
+        self._runner = SlotRunner(
+            durable, work, pending, ttl, restart_pause, self._wake, settle_wait=hold
+        )
         #: Leases taken (every acquisition, first ones included).
         self.acquired = 0
         #: Acquisitions of another owner's expired (not released) lease.
@@ -165,8 +170,9 @@ class PartitionOwnership:
 
     @property
     def waits(self) -> int:
-        """Takeovers that found messages in flight (pending > 0) and waited
-        :data:`TAKEOVER_MARGIN` before starting the work."""
+        """Starts that found messages in flight (pending > 0) and waited first: takeovers
+        (until the old owner's are redeliverable) and restarts of a work that ended
+        unsettled or raised (``hold``)."""
         return self._runner.waits
 
     @property

@@ -17,6 +17,17 @@ Credit bookkeeping: every request adds its batch; every delivered message takes 
 request that ends (408 expired, 409 leadership change, ...) takes what it still had
 (``Nats-Pending-Messages``). A request that vanished silently — a reconnect to a server
 that lost it — shows up as missing idle heartbeats, and the credit is reset.
+
+Deliveries lost in transit (``watch_gaps``, an ``ordering: key`` partition): one owner
+pulls a partition's consumer, so the consumer sequences it receives follow one another.
+A jump means deliveries the server made never arrived — sent as the connection dropped,
+or discarded by the client. The server holds them as pending until their ``ack_wait``
+runs out, and meanwhile hands out what follows: a key's later event would reach the
+handler before its earlier one. On a jump the puller stops asking, drops what arrives
+from then on (unanswered: it waits out ``ack_wait`` too, behind the lost deliveries, in
+the order they were delivered), hands out only what arrived before the jump and then
+raises :class:`DeliveryGap`; the partition is given up as not settled and restarted
+once everything is redeliverable (:mod:`services.inbox_consumer.partition_slot`).
 """
 
 from __future__ import annotations
@@ -57,6 +68,11 @@ class ConsumerGone(Exception):
     """The durable was deleted (or never existed) while we pulled from it."""
 
 
+class DeliveryGap(Exception):
+    """Deliveries of a partition's consumer never arrived (see the module's doc): what
+    arrived after them must not be handled before they are redelivered."""
+
+
 class Puller:
     """Keeps pull requests outstanding on one durable and batches what they bring."""
 
@@ -69,6 +85,7 @@ class Puller:
         window: int,
         expires: float = REQUEST_EXPIRES,
         answers: Answers | None = None,
+        watch_gaps: bool = False,
     ) -> None:
         # The JetStream context's connection and API prefix (a domain or an account
         # export changes the prefix); nats-py has no public accessor for either.
@@ -89,6 +106,11 @@ class Puller:
         #: nobody reads), and whether every delivered message was accounted for.
         self._stopping = False
         self.drained = False
+        #: Whether a jump in the consumer sequence stops the pull (the module's doc).
+        self.watch_gaps = watch_gaps
+        #: What never arrived, once a jump was seen (then nothing more is handed out).
+        self.gap: str | None = None
+        self._last_delivery: int | None = None
 
     @property
     def outstanding(self) -> int:
@@ -98,6 +120,7 @@ class Puller:
     async def start(self) -> None:
         """Subscribe the private inbox the requests are answered on."""
         self._stopping, self.drained = False, False
+        self.gap, self._last_delivery = None, None
         self._inbox = self._nc.new_inbox()
         self._sub = await self._nc.subscribe(self._inbox, cb=self._on_msg)
 
@@ -115,6 +138,11 @@ class Puller:
         partition settled.
         """
         self._stopping = True
+        if self._sub is not None and self.gap is not None:
+            # Nothing to drain: what arrives from now on is dropped anyway.
+            sub, self._sub = self._sub, None
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
         if self._sub is not None:
             sub, self._sub = self._sub, None
             try:
@@ -127,6 +155,10 @@ class Puller:
         left: list[Held] = []
         while not self._queue.empty():
             left.append(self._queue.get_nowait())
+        if self.gap is not None:
+            # Nak'ed, they would be redelivered at once, ahead of the lost deliveries;
+            # unanswered, they wait out ack_wait behind them.
+            return []
         return left
 
     async def flushed(self) -> bool:
@@ -162,6 +194,8 @@ class Puller:
         most ``linger`` seconds for the ones right behind it (0: hands over at once)."""
         if self.gone is not None:
             raise ConsumerGone(self.gone)
+        if self.gap is not None and self._queue.empty():
+            raise DeliveryGap(self.gap)
         await self._top_up()
         if self._queue.empty():
             try:
@@ -185,7 +219,7 @@ class Puller:
 
     async def _top_up(self) -> None:
         """Request what the window lacks, in one request, once it lacks half a window."""
-        if self._stopping:
+        if self._stopping or self.gap is not None:
             return
         want = self.window - self._credit - self._queue.qsize()
         if want <= 0 or (self._credit > 0 and want < max(self.window // 2, 1)):
@@ -210,11 +244,34 @@ class Puller:
             )
             self._credit = 0
 
+    def _in_sequence(self, msg: JetStreamMsg) -> bool:
+        """Whether ``msg`` may be handed out: no delivery before it went missing."""
+        if self.gap is not None:
+            return False
+        try:
+            delivery = int(msg.metadata.sequence.consumer)
+        except Exception:  # not a JetStream delivery: the decoder names it
+            return True
+        last, self._last_delivery = self._last_delivery, delivery
+        if last is not None and delivery > last + 1:
+            missing = f"{last + 1}" if delivery == last + 2 else f"{last + 1}..{delivery - 1}"
+            self.gap = (
+                f"deliveries {missing} of {self._subject.rsplit('.', 1)[-1]} never arrived "
+                f"(lost in transit; {delivery} did)"
+            )
+            log.warning("%s: pulling stops until they are redeliverable", self.gap)
+            return False
+        # In sequence, or behind the last one (a new leader or a recreated consumer
+        # counting again): nothing is known missing.
+        return True
+
     async def _on_msg(self, msg: JetStreamMsg) -> None:
         self._heard = time.monotonic()
         status = status_of(msg)
         if not status:
             self._credit = max(self._credit - 1, 0)
+            if self.watch_gaps and not self._in_sequence(msg):
+                return
             self.arrivals.arrived(self._heard)
             self._queue.put_nowait(self.answers.hold(msg))
             return

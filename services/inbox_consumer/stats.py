@@ -27,6 +27,9 @@ class ConsumerStats:
     #: messages settled from the park (processed, dead-lettered and skipped, duplicates).
     parked: int = 0
     released: int = 0
+    #: ``ordering: key``: jumps in a partition's consumer sequence (deliveries lost in
+    #: transit), each a restart of the partition once they are redeliverable.
+    delivery_gaps: int = 0
     bound: bool = False
     retries_by_reason: dict[str, int] = field(default_factory=dict)
     #: Naks and terms confirmed late or never, acks re-sent (every partition's loop).

@@ -395,7 +395,7 @@ def _ownership(
         finally:
             stopped.cancel()
         if not consumers[k].settled:
-            raise NotSettled("its pull subscription was not drained or its naks not flushed")
+            raise NotSettled(consumers[k].unsettled)
 
     # What this replica fetched is redeliverable at most this long after it stops: its last
     # heartbeat's ack_wait, or the last message its last pull request could bring.

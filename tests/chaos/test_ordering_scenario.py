@@ -2,7 +2,8 @@
 
 The run (:mod:`chaos.scenarios.ordering.play`): two ``ordering: key`` durables (one ``hold``, one
 ``skip``) on partitioned streams, consumer replicas grown from 2 to 3 and shrunk to 1
-amid SIGKILLs of consumers and publishers and a NATS restart, transient failures, dead
+amid SIGKILLs of consumers and publishers, a NATS restart and a second of reset NATS
+connections (deliveries lost in transit), transient failures, dead
 letters, the operator's replays and discards. Then, per key, the effects the handler
 applied (its ledger) against the order the producer committed them (the intent ledger):
 0 order violations, and everything the scenario invariants ask (nothing stuck or lost, no
@@ -130,7 +131,8 @@ async def test_per_key_order_holds_through_kills_restarts_scaling_and_dead_lette
     # What the run had to go through for that to mean something.
     faults = result.faults
     assert faults["kill_consumer"] >= 4 and faults["kill_publisher"] == 2, story
-    assert faults["kill_nats"] == 1, story
+    assert faults["kill_nats"] == 1 and faults["nats_reset_peer"] == 1, story
+    assert faults["nats_blackhole"] == 1, story
     assert faults["replica started (scale up)"] == 2, story
     assert faults["replica stopped (SIGTERM, scale down)"] == 2, story
     assert table["partition takeovers"] >= 1, story
@@ -139,7 +141,8 @@ async def test_per_key_order_holds_through_kills_restarts_scaling_and_dead_lette
     assert table["discarded held heads (operator)"] > 0, story
     assert table["skipped (dead letter, order_broken_after)"] > 0, story
     # The recovery table: a figure for every kind of fault the play put on the timeline.
-    injected = ("kill_consumer", "kill_publisher", "kill_nats", "scale_down")
+    injected = ("kill_consumer", "kill_publisher", "kill_nats", "nats_reset_peer",
+                "nats_blackhole", "scale_down")  # fmt: skip
     assert recovery_gaps(result.recovery, table["recovery"], injected) == [], story
     # Issue 44: a killed owner's partitions (and a replica killed for good at scale-down)
     # are taken over within seconds — the lease (6 s here) runs out, what the dead owner

@@ -20,8 +20,9 @@ from nats.aio.client import Client as NATS
 from devstack.nats import NatsServer
 from services.inbox_consumer import loop as loop_module
 from services.inbox_consumer import puller as puller_module
-from services.inbox_consumer.puller import ConsumerGone, Puller
+from services.inbox_consumer.puller import ConsumerGone, DeliveryGap, Puller
 from shared.access.streams import provision
+from shared.adapters.jetstream import status_of
 from tests.conftest import CAPS, Env, admin_auth
 from tests.consumer.conftest import (
     DURABLE,
@@ -224,6 +225,61 @@ async def test_the_naks_at_stop_reach_the_server_before_the_partition_is_called_
         await successor.stop()
         await other.close()
     assert not await successor.flushed(), "a closed connection cannot confirm anything"
+
+
+async def test_a_delivery_lost_in_transit_stops_the_pull_until_it_is_redelivered(
+    env: Env, nc: NATS
+) -> None:
+    """An ordered partition's third delivery never arrives (sent as the connection
+    dropped). The server holds it until ack_wait and meanwhile delivers what follows;
+    handed out, a key's later events would reach the handler before it. The puller hands
+    out what came before the jump in the consumer sequence, then raises DeliveryGap, and
+    answers nothing after it: once ack_wait has run out, a new pull gets the lost one
+    first and the rest in order, nothing missing."""
+    await _provisioned(env, nc, ack_wait="1s")
+    sent = await _publish(nc, 6)
+    puller = Puller(nc.jetstream(), stream=STREAM, durable=DURABLE, window=10, watch_gaps=True)
+    arrive, deliveries = puller._on_msg, 0
+
+    async def in_transit(msg: Any) -> None:
+        nonlocal deliveries
+        if not status_of(msg):
+            deliveries += 1
+            if deliveries == 3:
+                return  # lost on the way
+        await arrive(msg)
+
+    puller._on_msg = in_transit  # type: ignore[method-assign]
+    await puller.start()
+    got: list[Any] = []
+    gap = ""
+    deadline = time.monotonic() + 10
+    while not gap and time.monotonic() < deadline:
+        try:
+            got += await puller.next_batch(10, timeout=0.5)
+        except DeliveryGap as exc:
+            gap = str(exc)
+    assert [m.headers["Nats-Msg-Id"] for m in got] == sent[:2]  # type: ignore[index]
+    assert gap.startswith(f"deliveries 3 of {DURABLE} never arrived"), gap
+    assert deliveries == 6, "what followed was delivered, and not handed out"
+    assert await puller.stop() == [], "nothing to nak: a nak would put it before the lost one"
+    for msg in got:
+        await msg.ack()
+
+    again = Puller(nc.jetstream(), stream=STREAM, durable=DURABLE, window=10, watch_gaps=True)
+    await again.start()
+    try:
+        redelivered: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(redelivered) < 4 and time.monotonic() < deadline:
+            redelivered += await again.next_batch(10, timeout=1)
+        assert [m.headers["Nats-Msg-Id"] for m in redelivered] == sent[2:]  # type: ignore[index]
+        for msg in redelivered:
+            await msg.ack()
+    finally:
+        await again.stop()
+    info = await nc.jetstream().consumer_info(STREAM, DURABLE)
+    assert info.num_ack_pending == 0 and info.num_pending == 0
 
 
 async def _arrived(puller: Puller, count: int) -> bool:

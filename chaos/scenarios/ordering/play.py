@@ -13,13 +13,16 @@ keys, several events per key, committed in plan order by one producer per contex
 
 **Play**, per cycle (one in CI; a cycle a minute in the soak), at fractions of it: SIGKILL
 of consumer replicas (restarted 0.3-2 s later, as a supervisor would) and of both
-publishers, the replica set grown to 3, nats-server SIGKILLed and restarted on its store,
-the set shrunk to 1 (one replica stopped with SIGTERM — it sheds its partitions cleanly —
-and one SIGKILLed for good, so its partitions are taken over), then the last replica
-killed and restarted. Meanwhile the **operator** looks at the held heads every few
-seconds (what ``ferry parked list`` shows): a ``fixed`` event whose bug is fixed by now is
-replayed (the function ``ferry dlq replay`` calls), anything else held is discarded with
-``ferry dlq discard`` (the command itself), which releases its key.
+publishers, the replica set grown to 3, every role's NATS connection reset for a second
+(deliveries in transit lost: a partition's consumer sees the jump in its sequence and
+waits for their redelivery), what nats-server sends one replica swallowed for two seconds
+(the same loss, certain while it has pull requests open), nats-server SIGKILLed and
+restarted on its store, the set shrunk to 1 (one replica stopped with SIGTERM — it sheds
+its partitions cleanly — and one SIGKILLed for good, so its partitions are taken over),
+then the last replica killed and restarted. Meanwhile the **operator** looks at the held
+heads every few seconds (what ``ferry parked list`` shows): a ``fixed`` event whose bug is
+fixed by now is replayed (the function ``ferry dlq replay`` calls), anything else held is
+discarded with ``ferry dlq discard`` (the command itself), which releases its key.
 
 **Count** (:mod:`chaos.scenarios.ordering.accounting`): besides the scenario invariants (nothing
 stuck or lost, no effect applied twice, no unexpected exit), per key the applied order
@@ -75,6 +78,11 @@ from shared.waits import sleep_unless
 HOLD, SKIP = "vibespro__from_sea", "sea__from_vibespro"
 #: Partitions of both streams (``FERRY_CHAOS_PARTITIONS`` overrides).
 PARTITIONS = int(os.environ.get("FERRY_CHAOS_PARTITIONS", "4"))
+#: Seconds every NATS link resets its connections (deliveries in transit are lost: the
+#: server counts them delivered, the consumer never sees them).
+RESET_SECONDS = 1.0
+#: Seconds one consumer replica's NATS link swallows what the server sends it.
+BLACKHOLE_SECONDS = 2.0
 #: Consumer processes planned per durable, and how many run from the start.
 REPLICAS, AT_START = 3, 2
 #: Seconds between the operator's looks at the held heads.
@@ -163,6 +171,8 @@ class Ordering(Play):
             (0.20, partial(self._kill_replica, SKIP, 2)),
             (0.22, partial(self._kill_in_hold_window, 0.12 * length)),
             (0.30, partial(self._scale, 3)),
+            (0.35, partial(self._fault, "nats_reset_peer", "", RESET_SECONDS)),
+            (0.37, partial(self._blackhole, HOLD, 1)),
             (0.40, partial(self._fault, "kill_nats", "")),
             (0.45, partial(self._kill_replica, SKIP, 1)),
             (0.50, partial(self._fault, "kill_publisher", "vibespro")),
@@ -178,11 +188,20 @@ class Ordering(Play):
             await step()
         await at(1.0)
 
-    async def _fault(self, kind: str, target: str) -> None:
-        planned = PlannedFault(time.time() - self.run.timeline.origin, kind, target, 0.0)
+    async def _fault(self, kind: str, target: str, seconds: float = 0.0) -> None:
+        planned = PlannedFault(time.time() - self.run.timeline.origin, kind, target, seconds)
         record = await self.injector.inject(planned)
         if record.ok:
             self.run.faults[kind] += 1
+
+    async def _blackhole(self, durable: str, replica: int) -> None:
+        """Swallow what nats-server sends one consumer replica (if it runs) for
+        :data:`BLACKHOLE_SECONDS`: the deliveries of its partitions' open pull requests
+        are lost in transit."""
+        role = self.run.world.consumer_replicas(durable)[replica - 1]
+        if role.name in self.retired or not role.alive:
+            return
+        await self._fault("nats_blackhole", role.name, BLACKHOLE_SECONDS)
 
     async def _kill_replica(self, durable: str, replica: int) -> None:
         """SIGKILL one consumer replica (if it runs) and restart it 0.3-2 s later."""
