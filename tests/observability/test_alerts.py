@@ -299,3 +299,45 @@ def test_an_open_circuit_breaker_pages_after_two_minutes_not_a_blip(tmp_path: Pa
             )
         ],
     )
+
+
+def gaps_alert(durable: str) -> dict[str, Any]:
+    return alert(
+        {"durable": durable, "severity": "warning", "priority": "P1"},
+        {
+            "summary": f"Deliveries to {durable} keep getting lost in transit",
+            "description": (
+                "Three times or more in 30 minutes, deliveries nats-server sent to a consumer "
+                f"of {durable} never arrived: its connection dropped as they were sent. "
+                "Nothing is lost and each key's order holds, but the partition stalls for "
+                "ack_wait each time. Check the consumer's path to NATS (its nats_disconnected "
+                "log events, proxies and load balancers' idle timeouts, "
+                "ferry_consumer_delivery_gaps_total per pod)."
+            ),
+        },
+    )
+
+
+def test_deliveries_lost_in_transit_are_flagged_when_they_keep_happening(tmp_path: Path) -> None:
+    gaps = 'ferry_consumer_delivery_gaps_total{{namespace="{ns}", durable="{d}", pod="{p}"}}'
+    run_tests(
+        tmp_path,
+        [
+            case(
+                {
+                    # A flapping link: gaps at minutes 5, 11 and 15, over two replicas.
+                    gaps.format(ns=NS, d="flapping", p="a"): "0x4 1x5 2x35",
+                    gaps.format(ns=NS, d="flapping", p="b"): "0x14 1x30",
+                    # Two gaps in half an hour (a reconnect or two): no alert.
+                    gaps.format(ns=NS, d="steady", p="a"): "0x4 1x5 2x35",
+                },
+                [
+                    ("12m", "FerryDeliveriesLostInTransit", []),  # two so far
+                    ("16m", "FerryDeliveriesLostInTransit", [gaps_alert("flapping")]),
+                    ("33m", "FerryDeliveriesLostInTransit", [gaps_alert("flapping")]),
+                    # Half an hour after the third gap, the first has left the window.
+                    ("39m", "FerryDeliveriesLostInTransit", []),
+                ],
+            )
+        ],
+    )
