@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,10 @@ log = logging.getLogger("ferry.inbox_consumer")
 DRAIN_IDLE = 1.0
 #: Pause after the drainer failed to reach the database.
 DRAIN_RETRY = 1.0
+#: Seconds between the drainer's looks for heads left waiting at 'infinity' for nothing
+#: (a park racing an operator's discard in another process; see parking._PARK): one
+#: index probe per parked key of the partition.
+STRANDED_EVERY = 30.0
 
 
 @dataclass
@@ -105,9 +110,13 @@ class Drainer:
 
     async def drain(self, stop: asyncio.Event) -> None:
         """Try blocked keys' heads as they fall due, until ``stop``."""
+        looked = time.monotonic()  # KeyOrder.load looked as the partition started
         while not stop.is_set():
             self.order.wake.clear()
             try:
+                if time.monotonic() - looked >= STRANDED_EVERY:
+                    looked = time.monotonic()
+                    await self._promote_stranded()
                 pause = await self._drain_round()
             except DATABASE_ERRORS as exc:
                 log.warning("parked messages unreachable: %s", exc)
@@ -126,6 +135,16 @@ class Drainer:
                     finally:
                         waking.cancel()
                         stopping.cancel()
+
+    async def _promote_stranded(self) -> None:
+        conn: Conn
+        async with self.order.pool.acquire() as conn:
+            stranded = await parking.promote_stranded(conn, self.durable, self.partition)
+        if stranded:
+            log.warning(
+                "%d keys of partition %d had a head waiting for nothing, due now: %s",
+                len(stranded), self.partition, ", ".join(stranded[:10]),
+            )  # fmt: skip
 
     async def _drain_round(self) -> float:
         """One pass over the due keys; the pause before the next."""

@@ -63,13 +63,28 @@ class ParkedRow:
 # A replay of a held head un-holds it (it is tried at once, from here, keeping its place,
 # its deliveries counted afresh like a replay's);
 # any other copy of a message already parked is a duplicate and changes nothing.
+# A message parked behind an earlier one of its key (parked before, or earlier in this
+# batch) waits at 'infinity' whatever its head is doing: only heads are due at a time, so
+# the drainer's walk of idx_parked_due reads heads and nothing behind them, however many
+# wait (before: every event behind a *retrying* head was read at every round, a second a
+# round at 100,000 of them, as in a long handler outage). A head that goes makes the next
+# one due (_PROMOTE, in the same transaction); a head left at 'infinity' by a race with
+# another process (an operator's discard committing as this runs) is made due by the
+# drainer's periodic promote_stranded.
 _PARK = """
 INSERT INTO parked_messages AS p (durable, ordering_key, stream_seq, delivered_seq, message_id,
                                   partition, subject, headers, data, state, attempts,
                                   next_attempt_at, reason)
 SELECT $1, m.ordering_key, m.stream_seq, m.stream_seq, m.message_id, m.partition, m.subject,
        m.headers::jsonb, m.data, m.state, m.attempts,
-       clock_timestamp() + m.delay * interval '1 second', m.reason
+       CASE WHEN m.state <> 'held'
+                 AND (m.stream_seq > min(m.stream_seq) OVER (PARTITION BY m.ordering_key)
+                      OR EXISTS (SELECT 1 FROM parked_messages e
+                                 WHERE e.durable = $1 AND e.ordering_key = m.ordering_key
+                                   AND e.stream_seq < m.stream_seq))
+            THEN 'infinity'
+            ELSE clock_timestamp() + m.delay * interval '1 second' END,
+       m.reason
 FROM unnest($2::text[], $3::bigint[], $4::uuid[], $5::int[], $6::text[], $7::text[],
             $8::bytea[], $9::text[], $10::int[], $11::float8[], $12::text[])
      AS m(ordering_key, stream_seq, message_id, partition, subject, headers, data, state,
@@ -78,6 +93,10 @@ ON CONFLICT (durable, message_id) DO UPDATE
   SET state = 'retrying', next_attempt_at = clock_timestamp(), attempts = 0,
       delivered_seq = EXCLUDED.delivered_seq, reason = EXCLUDED.reason
   WHERE p.state = 'held' AND EXCLUDED.reason = 'REPLAYED'
+RETURNING p.ordering_key,
+          EXISTS (SELECT 1 FROM parked_messages x
+                  WHERE x.durable = $1 AND x.ordering_key = p.ordering_key
+                    AND x.state = 'held') AS behind_held
 """
 
 # The partition's keys ($1 durable, $2 partition) as the recursive CTE ``k``, one index
@@ -99,11 +118,11 @@ WITH RECURSIVE {_PARTITION_KEYS}
 SELECT ordering_key FROM k WHERE ordering_key IS NOT NULL
 """
 
-# Heads (migration 0022): the events waiting behind a held head are due at 'infinity', so
-# the walk of idx_parked_due up to now reads the due heads and the events queued behind
-# retrying heads, never those behind held ones; a row is a head when no row of its key is
-# before it (one probe of idx_parked_key). now(): run outside a transaction, the
-# statement's time (clock_timestamp() cannot bound an index scan).
+# Heads (migration 0022, _PARK): the events waiting behind a head are due at 'infinity', so
+# the walk of idx_parked_due up to now reads the due heads, never what waits behind them;
+# a row is a head when no row of its key is before it (one probe of idx_parked_key).
+# now(): run outside a transaction, the statement's time (clock_timestamp() cannot bound
+# an index scan).
 # Keys whose head may be tried now, the most overdue first. The limit is written into the
 # statement (ready_keys_sql), not passed: planned with "LIMIT $3" unknown, the generic plan
 # looks dearer than the custom ones at volume, so PostgreSQL would plan the statement again
@@ -191,6 +210,21 @@ WHERE p.durable = $1 AND p.message_id = h.message_id AND p.state <> 'held'
   AND p.next_attempt_at = 'infinity'
 """
 
+# After a park (its own statement, after _MARK_HELD): the head of each key parked is due
+# if it waits at 'infinity' not held. _PARK set 'infinity' behind the head it saw; if an
+# operator's discard deleted that head meanwhile (uncommitted then, so _PARK still saw it;
+# _MARK_HELD waited for it), the discard's promotion could not see the new row: this one,
+# under READ COMMITTED, sees the discard. One probe per key.
+_PROMOTE_KEYS = """
+UPDATE parked_messages p SET next_attempt_at = clock_timestamp()
+FROM unnest($2::text[]) AS k(ordering_key)
+CROSS JOIN LATERAL (SELECT message_id FROM parked_messages h
+                    WHERE h.durable = $1 AND h.ordering_key = k.ordering_key
+                    ORDER BY h.stream_seq LIMIT 1) h
+WHERE p.durable = $1 AND p.message_id = h.message_id AND p.state <> 'held'
+  AND p.next_attempt_at = 'infinity'
+"""
+
 # At a partition's takeover: a head due at 'infinity' that is not held waits for nothing
 # (a race unforeseen, a discard by an older console): due now. One probe per key.
 _PROMOTE_STRANDED = f"""
@@ -243,7 +277,7 @@ async def park(conn: Conn, durable: str, entries: Sequence[ParkedEntry]) -> None
     """Park ``entries`` (a copy already parked changes nothing; a replay un-holds)."""
     if not entries:
         return
-    await conn.execute(
+    rows = await conn.fetch(
         _PARK,
         durable,
         [e.ordering_key for e in entries],
@@ -258,7 +292,15 @@ async def park(conn: Conn, durable: str, entries: Sequence[ParkedEntry]) -> None
         [max(e.delay, 0.0) for e in entries],
         [REPLAYED if e.replay else e.reason for e in entries],
     )
-    await conn.execute(_MARK_HELD, durable, sorted({e.ordering_key for e in entries}))
+    # Only a held head makes its followers remember it (_MARK_HELD), and only a held head
+    # is deleted by another process (an operator's discard) while this one parks: the
+    # keys whose head was held as this statement began, or is parked held now.
+    held = {e.ordering_key for e in entries if e.state == "held"}
+    held |= {r["ordering_key"] for r in rows if r["behind_held"]}
+    if held:
+        keys = sorted(held)
+        await conn.execute(_MARK_HELD, durable, keys)
+        await conn.execute(_PROMOTE_KEYS, durable, keys)
 
 
 async def blocked_keys(conn: Conn, durable: str, partition: int) -> set[str]:

@@ -130,13 +130,7 @@ def _render_ordering(durable: str, message_id: str, ordering: dict[str, Any]) ->
     parked = ordering["parked"]
     if parked is not None:
         state = f"         parked: {parked['state']}, {parked['attempts']} attempt(s)"
-        if parked["state"] == "held":
-            pass  # a held head is never tried until an operator acts
-        elif _waits_for_operator(parked["next_attempt_at"]):
-            state += ", waits behind a held head (tried once an operator settles it)"
-        else:
-            state += f", next attempt {parked['next_attempt_at']}"
-        state += f", since {parked['parked_at']}"
+        state += _when_tried(parked) + f", since {parked['parked_at']}"
         if parked["reason"]:
             state += f", reason {_short(parked['reason'])}"
         lines.append(state)
@@ -169,9 +163,20 @@ def _render_ordering(durable: str, message_id: str, ordering: dict[str, Any]) ->
     return lines
 
 
-def _waits_for_operator(next_attempt_at: Any) -> bool:
-    """A parked event behind a held head waits at 'infinity' (migration 0022), which the
-    driver reads as the last moment of year 9999: no time to show."""
+def _when_tried(parked: dict[str, Any]) -> str:
+    """When a parked event is tried next, as a clause."""
+    if parked["state"] == "held":
+        return ""  # a held head is never tried until an operator acts
+    if not parked["is_head"]:
+        return ", waits its turn behind the events before it"
+    if _at_infinity(parked["next_attempt_at"]):
+        return ", due once its partition's drainer next looks (a head left waiting)"
+    return f", next attempt {parked['next_attempt_at']}"
+
+
+def _at_infinity(next_attempt_at: Any) -> bool:
+    """A parked event behind its key's head waits at 'infinity' (migration 0022,
+    parking._PARK), which the driver reads as the last moment of year 9999: no time."""
     return str(next_attempt_at).startswith(("9999-", "infinity"))
 
 

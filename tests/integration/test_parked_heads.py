@@ -1,11 +1,13 @@
-"""The ordered drainer's heads (issue 48, migration 0022): events behind a held head wait at
-'infinity', a key's new head is made due when the one before it goes (released, discarded)
-or stops being held, the rounds find due heads without reading what waits behind held
-ones, and a takeover makes due any head left waiting for nothing. Against PostgreSQL."""
+"""The ordered drainer's heads (issue 48, migration 0022): events behind a head (held or
+retrying) wait at 'infinity', a key's new head is made due when the one before it goes
+(released, discarded) or stops being held, the rounds find due heads without reading what
+waits behind them, and a takeover makes due any head left waiting for nothing. Against
+PostgreSQL."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -100,6 +102,66 @@ async def test_events_behind_a_held_head_wait_at_infinity(conn: asyncpg.Connecti
     assert await parking.next_due(conn, DURABLE, 0) is None
 
 
+async def test_events_behind_any_head_wait_at_infinity_and_the_next_is_due_when_it_goes(
+    conn: asyncpg.Connection,
+) -> None:
+    """Behind a retrying head too (a handler outage): only heads have a time, so a round
+    reads heads, not the queue behind them; the head's release makes the next one due at
+    once. A message parked with nothing before it is a head: due at its own time."""
+    head, first = entry("r", "retrying", delay=30), entry("r")
+    await parking.park(conn, DURABLE, [head, first])  # head and follower in one batch
+    later = entry("r")
+    await parking.park(conn, DURABLE, [later])  # behind a head parked before
+    await parking.park(conn, DURABLE, [entry("alone", delay=5)])  # blocked, nothing before
+    rows = await rows_of(conn, "r")
+    assert [r["state"] for r in rows] == ["retrying", "queued", "queued"]
+    assert not infinite(rows[0]) and all(infinite(r) for r in rows[1:])
+    assert [r["held_head"] for r in rows] == [None] * 3, "nothing is held"
+    [alone] = await rows_of(conn, "alone")
+    assert not infinite(alone) and not alone["due"]
+    assert await parking.ready_keys(conn, DURABLE, 0, 10) == []
+    due = await parking.next_due(conn, DURABLE, 0)
+    assert due is not None and 0 < due <= 5, "the next head due: 'alone', in 5 s"
+
+    async with conn.transaction():
+        assert await parking.release(conn, DURABLE, "r", [head.message_id]) == 2
+    rows = await rows_of(conn, "r")
+    assert rows[0]["message_id"] == first.message_id and rows[0]["due"]
+    assert infinite(rows[1])
+    assert await parking.ready_keys(conn, DURABLE, 0, 10) == ["r"]
+
+
+async def test_a_round_reads_heads_only_however_many_wait_behind_retrying_ones(
+    conn: asyncpg.Connection,
+) -> None:
+    """200 keys, each a retrying head (back-off 30 s) and 50 events behind it, parked as the
+    consumer parks them: the drainer's two questions read about one index entry per head
+    (EXPLAIN ANALYZE), not the 10,000 events waiting. Parked due-now, as before, each
+    question read all of them."""
+    for k in range(200):
+        key = f"out{k}"
+        await parking.park(
+            conn, DURABLE, [entry(key, "retrying", delay=30), *(entry(key) for _ in range(50))]
+        )
+    await conn.execute("VACUUM ANALYZE parked_messages")
+    for sql, args in (
+        (parking.ready_keys_sql(32), (DURABLE, 0)),
+        (parking._NEXT_DUE, (DURABLE, 0)),
+    ):
+        plan = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args)
+        read = _rows_read(json.loads(plan)[0]["Plan"])
+        assert read <= 400, f"{read} index entries read for 200 heads\n{sql}"
+
+
+def _rows_read(node: dict[str, Any]) -> int:
+    """Rows the plan's scans of parked_messages returned, over all their loops."""
+    own = 0
+    if node.get("Relation Name") == "parked_messages":
+        own = int(node.get("Actual Rows", 0) * node.get("Actual Loops", 1))
+        own += int(node.get("Rows Removed by Filter", 0))
+    return own + sum(_rows_read(child) for child in node.get("Plans", []))
+
+
 async def test_ready_keys_are_due_heads_most_overdue_first(conn: asyncpg.Connection) -> None:
     assert await parking.ready_keys(conn, DURABLE, 0, 10) == []
     assert await parking.next_due(conn, DURABLE, 0) is None
@@ -178,17 +240,19 @@ async def test_a_release_promotes_nothing_but_a_waiting_head(conn: asyncpg.Conne
     async with conn.transaction():
         await parking.release(conn, DURABLE, "k", [rows[0]["message_id"]])
     after = await rows_of(conn, "k")
-    assert not after[0]["due"] and after[0]["next_attempt_at"] > rows[1]["next_attempt_at"]
+    # The new head keeps its back-off (it had a time of its own); what waits behind stays.
+    assert after[0]["message_id"] == rows[1]["message_id"]
+    assert not after[0]["due"] and not infinite(after[0]) and infinite(after[1])
 
 
 async def test_a_follower_held_again_after_a_replay_waits_again(conn: asyncpg.Connection) -> None:
     head, _ = await held_key(conn, "k", 1)
     await parking.park(conn, DURABLE, [entry("k", message_id=head.message_id,
                                              stream_seq=head.stream_seq, replay=True)])  # fmt: skip
-    newer = entry("k")  # parked behind the retrying head: due, waits for no operator
+    newer = entry("k")  # parked behind the retrying head: its turn comes, no operator needed
     await parking.park(conn, DURABLE, [newer])
     rows = await rows_of(conn, "k")
-    assert infinite(rows[1]) and not infinite(rows[2]) and rows[2]["held_head"] is None
+    assert infinite(rows[1]) and infinite(rows[2]) and rows[2]["held_head"] is None
     # The replayed head is dead-lettered again: held, and every event behind it waits.
     await parking.retry_head(conn, DURABLE, head.message_id, state="held", attempts=5,
                              delay=0.0, reason="HANDLER_REJECTED")  # fmt: skip
@@ -223,7 +287,8 @@ async def test_a_discard_by_a_login_that_may_not_update_still_discards(
     conn: asyncpg.Connection, dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The console's login before it is granted UPDATE (next_attempt_at): the discard
-    stands, the key's next event waits for the takeover, which makes it due."""
+    stands, the key's next event waits for promote_stranded (the drainer's periodic look,
+    or a takeover), which makes it due."""
     await held_key(conn, "k", 2)
     role = "ph_" + uuid.uuid4().hex[:8]
     await conn.execute(f"CREATE ROLE {role}")

@@ -373,8 +373,8 @@ async def test_where_shows_an_ordered_events_key_partition_and_what_it_waits_beh
     )
     assert f"ferry dlq replay {DURABLE} {head} --reason" in text
     assert f"ferry parked discard --durable {DURABLE} --key {key}" in text
-    # Behind a held head it has no time of its own (it waits at 'infinity', 0022).
-    assert "parked: queued, 0 attempt(s), waits behind a held head" in text
+    # Behind its head it has no time of its own (it waits at 'infinity', 0022).
+    assert "parked: queued, 0 attempt(s), waits its turn behind the events before it" in text
     assert "9999" not in text
 
     # The head itself: held, two waiting behind it.

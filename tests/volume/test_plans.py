@@ -123,6 +123,12 @@ def _entries(v: Volume) -> tuple[Any, ...]:
             [None] * 4)  # fmt: skip
 
 
+def _park(key: str, stream_seq: int) -> tuple[Any, ...]:
+    """The consumer's park of one event of ``key``, queued."""
+    return (DURABLE, [key], [stream_seq], [uuid.uuid4()], [0], ["s"], ["{}"], [b"x"],
+            ["queued"], [0], [0.0], [None])  # fmt: skip
+
+
 def _policy(table: str) -> retention_tables.TablePolicy:
     return next(p for p in retention_tables.POLICIES if p.table == table)
 
@@ -186,24 +192,18 @@ QUERIES = [
         inbox._RETRYING,
         lambda v: (DURABLE, v.ids["event"], "boom", 500, "HANDLER_ERROR", "{}"),
     ),
+    Query("consumer: park", "target", parking._PARK, lambda v: _park("k", 1)),
     Query(
-        "consumer: park",
+        "consumer: park behind a key's head",
         "target",
         parking._PARK,
-        lambda v: (
-            DURABLE,
-            ["k"],
-            [1],
-            [uuid.uuid4()],
-            [0],
-            ["s"],
-            ["{}"],
-            [b"x"],
-            ["queued"],
-            [0],
-            [0.0],
-            [None],
-        ),
+        lambda v: _park(v.ids["key"], 10**12),
+    ),
+    Query(
+        "consumer: the parked keys' heads made due",
+        "target",
+        parking._PROMOTE_KEYS,
+        lambda v: (DURABLE, [v.ids["key"], "k"]),
     ),
     # the ordered drainer's round
     Query("drainer: ready keys", "target", parking.ready_keys_sql(100), lambda v: (DURABLE, 0)),
