@@ -68,9 +68,9 @@ class ParkedRow:
 # the drainer's walk of idx_parked_due reads heads and nothing behind them, however many
 # wait (before: every event behind a *retrying* head was read at every round, a second a
 # round at 100,000 of them, as in a long handler outage). A head that goes makes the next
-# one due (_PROMOTE, in the same transaction); a head left at 'infinity' by a race with
-# another process (an operator's discard committing as this runs) is made due by the
-# drainer's periodic promote_stranded.
+# one due (_PROMOTE, in the same transaction). A head deleted by another process as this
+# runs (an operator's discard of a held head) is seen by park()'s _PROMOTE_KEYS; any head
+# left at 'infinity' all the same, by the drainer's periodic promote_stranded.
 _PARK = """
 INSERT INTO parked_messages AS p (durable, ordering_key, stream_seq, delivered_seq, message_id,
                                   partition, subject, headers, data, state, attempts,
