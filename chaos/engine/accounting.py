@@ -36,6 +36,11 @@ from shared.contracts.topology import Topology, subject_matches
 
 #: Seconds around a redundant call in which a fault explains it (see :func:`explained`).
 WINDOW_SLACK = 3.0
+#: Seconds more after a fault on a handler link: the consumer's circuit breaker, opened by
+#: it, holds the messages in hand until its next probe (``probe_every``, 5 s by default,
+#: plus the probe's own call); an inbox lease can run out meanwhile, and a copy
+#: redelivered by another fault (a NATS restart) then claims and calls too (a 409).
+BREAKER_HOLD = 6.0
 #: Concurrent get_msg requests while reading a stream back.
 READ_CONCURRENCY = 64
 #: Times one get_msg is asked before a timeout fails the read (a server busy on a loaded
@@ -412,12 +417,14 @@ def explained(durable: str, applied_at: float, call_at: float, faults: list[Faul
     The answer to the applying call was lost somewhere between ``applied_at`` and the
     consumer's inbox update; a fault that could lose it (a consumer kill, a PostgreSQL
     crash, a fault on the consumer's database or handler link, or on the handler's
-    database link) must overlap ``[applied_at - slack, call_at]``.
+    database link) must overlap ``[applied_at - slack, call_at]`` (longer after a handler
+    fault: :data:`BREAKER_HOLD`).
     """
     for fault in faults:
         if not fault.ok or not (durable in fault.affects or "*" in fault.affects):
             continue
-        if fault.started <= call_at and fault.ended + WINDOW_SLACK >= applied_at:
+        slack = WINDOW_SLACK + (BREAKER_HOLD if fault.kind.startswith("handler_") else 0.0)
+        if fault.started <= call_at and fault.ended + slack >= applied_at:
             return True
     return False
 

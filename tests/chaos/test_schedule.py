@@ -89,3 +89,9 @@ def test_a_redundant_call_needs_a_fault_that_could_lose_the_answer() -> None:
     assert explained("d2", applied_at=101.0, call_at=110.0, faults=[crash])
     failed = FaultRecord("kill_consumer", "", 0, 100.0, 101.0, ok=False, affects=frozenset({"d1"}))
     assert not explained("d1", applied_at=99.5, call_at=108.0, faults=[failed])
+    # A handler fault: the breaker it opened holds messages until its next probe, so a
+    # copy's call a few seconds after it is still its doing; not a quarter minute after.
+    blackhole = _fault("handler_blackhole", 100.0, 106.0, {"d1"})
+    assert explained("d1", applied_at=111.6, call_at=111.8, faults=[blackhole])
+    assert not explained("d1", applied_at=111.6, call_at=111.8, faults=[kill])
+    assert not explained("d1", applied_at=121.0, call_at=121.2, faults=[blackhole])
