@@ -72,6 +72,10 @@ class ParkedRow:
 # runs (an operator's discard of a held head) is seen by park()'s _PROMOTE_KEYS; any head
 # left at 'infinity' all the same, by the drainer's periodic promote_stranded.
 _PARK = """
+WITH held AS (
+  SELECT DISTINCT ordering_key FROM parked_messages
+  WHERE durable = $1 AND ordering_key = ANY($2::text[]) AND state = 'held'
+)
 INSERT INTO parked_messages AS p (durable, ordering_key, stream_seq, delivered_seq, message_id,
                                   partition, subject, headers, data, state, attempts,
                                   next_attempt_at, reason)
@@ -93,10 +97,7 @@ ON CONFLICT (durable, message_id) DO UPDATE
   SET state = 'retrying', next_attempt_at = clock_timestamp(), attempts = 0,
       delivered_seq = EXCLUDED.delivered_seq, reason = EXCLUDED.reason
   WHERE p.state = 'held' AND EXCLUDED.reason = 'REPLAYED'
-RETURNING p.ordering_key,
-          EXISTS (SELECT 1 FROM parked_messages x
-                  WHERE x.durable = $1 AND x.ordering_key = p.ordering_key
-                    AND x.state = 'held') AS behind_held
+RETURNING p.ordering_key, p.ordering_key IN (SELECT ordering_key FROM held) AS behind_held
 """
 
 # The partition's keys ($1 durable, $2 partition) as the recursive CTE ``k``, one index
